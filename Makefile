@@ -1,0 +1,30 @@
+# The two entry points the README opens with: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# A CPU build from local disk; on a GPU machine with torch already installed, use your own.
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup demo test lint clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q $(TORCH_PIN)
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+demo: setup
+	$(BIN)/gpudoctor demo
+
+lint: setup
+	$(BIN)/ruff check src tests tools benchmarks
+	$(BIN)/ruff format --check src tests tools benchmarks
+
+test: setup lint
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .ruff_cache gpudoctor-demo

@@ -1,0 +1,3 @@
+from gpudoctor.cli.main import main
+
+main()

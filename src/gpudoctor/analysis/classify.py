@@ -1,0 +1,97 @@
+"""Names → meaning: which kernels communicate, multiply matrices, convolve, use tensor cores; which
+runtime calls launch work or block the host; which way a copy goes. One place for every pattern."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from gpudoctor.trace.model import Kind, Trace
+
+# HTA counts a kernel as communication when its name contains "nccl"; we add RCCL and the
+# collective names that other backends (and NCCL's newer `ncclDevKernel_*`) use.
+COMMUNICATION = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|AllToAll|SendRecv|Broadcast", re.I)
+MATMUL = re.compile(r"gemm|matmul|nvjet|cutlass|xmma|_mma|gmma|cublas|hipblaslt|splitK|Kernel2", re.I)
+CONVOLUTION = re.compile(
+    r"conv|implicit_?gemm|fprop|dgrad|wgrad|winograd|cudnn::|precomputed_convolve|im2col", re.I
+)
+# Tensor-core kernels announce the MMA shape or instruction, or a reduced-precision tile;
+# SIMT kernels (no tensor cores) say sgemm/dgemm/simt or name a plain fp32 tile.
+TENSOR_CORE = re.compile(
+    r"h\d{3,5}gemm|s\d{3,5}gemm|i\d{3,5}gemm|884|1688|16816|16832|hmma|gmma|wgmma|xmma|tensorop|"
+    r"tf32|bf16|f16|fp16|e4m3|e5m2|nvjet|sm\d\d_xmma|_h16|tst",
+    re.I,
+)
+NOT_TENSOR_CORE = re.compile(r"simt|sgemm(?!.*tf32)|dgemm|gemv|gemvx|fp32_?nt|_f32f32_f32f32", re.I)
+LAUNCH_CALLS = re.compile(
+    r"^(cuda|hip)(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch|MemcpyAsync|"
+    r"MemsetAsync|Memcpy2DAsync|MemcpyPeerAsync|ExtModuleLaunchKernel|ModuleLaunchKernel)|^cu(LaunchKernel|LaunchKernelEx|GraphLaunch)"
+)
+SYNC_CALLS = re.compile(
+    r"^(cuda|hip)(DeviceSynchronize|StreamSynchronize|EventSynchronize|Memcpy|Memcpy2D|MemcpyToSymbol|"
+    r"MemcpyFromSymbol|Memset)$|^cu(CtxSynchronize|StreamSynchronize|EventSynchronize|MemcpyDtoH|MemcpyHtoD)(_v2)?$"
+)
+COPY_CALLS = re.compile(r"^(cuda|hip)Memcpy|^cuMemcpy")
+ALLOCATOR_CALLS = re.compile(
+    r"^(cuda|hip)(Malloc|Free|MallocHost|FreeHost|MallocAsync|FreeAsync)$|^cuMem(Alloc|Free)"
+)
+_COPY_DIRECTION = re.compile(r"(HtoD|DtoH|DtoD|HtoH|PtoP|Peer)", re.I)
+_COPY_KINDS = re.compile(r"\((\w+)\s*->\s*(\w+)\)")
+
+COPY_DIRECTIONS = ("h2d", "d2h", "d2d", "other")
+
+
+def name_mask(trace: Trace, pattern: re.Pattern[str]) -> np.ndarray:
+    """Boolean mask over `trace.names` of the names the pattern matches."""
+    return trace.name_ids_matching(pattern.search)
+
+
+def rows_matching(trace: Trace, rows: np.ndarray, pattern: re.Pattern[str]) -> np.ndarray:
+    """The subset of `rows` whose name matches."""
+    return rows[name_mask(trace, pattern)[trace.name[rows]]]
+
+
+def copy_direction(name: str) -> str:
+    """'h2d', 'd2h', 'd2d' or 'other' from a Kineto memcpy name such as 'Memcpy HtoD (Pageable -> Device)'."""
+    m = _COPY_DIRECTION.search(name)
+    if not m:
+        return "other"
+    return {"htod": "h2d", "dtoh": "d2h", "dtod": "d2d"}.get(m.group(1).lower(), "other")
+
+
+def copy_memory_kinds(name: str) -> tuple[str, str] | None:
+    """('Pageable', 'Device') from 'Memcpy HtoD (Pageable -> Device)'; None if the name has none."""
+    m = _COPY_KINDS.search(name)
+    return (m.group(1), m.group(2)) if m else None
+
+
+def is_pageable(name: str) -> bool:
+    kinds = copy_memory_kinds(name)
+    return kinds is not None and "pageable" in (kinds[0].lower(), kinds[1].lower())
+
+
+def gpu_activity_label(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Per GPU row: 'compute', 'communication', 'memcpy_h2d' / _d2h / _d2d / _other, or 'memset'."""
+    labels = np.empty(len(rows), dtype=object)
+    kinds = trace.kind[rows]
+    comm = name_mask(trace, COMMUNICATION)[trace.name[rows]]
+    labels[(kinds == Kind.KERNEL) & ~comm] = "compute"
+    labels[(kinds == Kind.KERNEL) & comm] = "communication"
+    labels[kinds == Kind.MEMSET] = "memset"
+    copies = np.flatnonzero(kinds == Kind.MEMCPY)
+    if len(copies):
+        direction = np.array([copy_direction(n) for n in trace.names], dtype=object)
+        labels[copies] = "memcpy_" + direction[trace.name[rows[copies]]]
+    return labels
+
+
+ACTIVITY_LABELS = (
+    "compute",
+    "communication",
+    "memcpy_h2d",
+    "memcpy_d2h",
+    "memcpy_d2d",
+    "memcpy_other",
+    "memset",
+)

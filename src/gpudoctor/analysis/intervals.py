@@ -1,0 +1,72 @@
+"""Interval arithmetic on numpy arrays: unions, complements and how much of a set of disjoint
+intervals falls inside given windows. All vectorized; intervals are (start, end) float µs arrays."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Disjoint:
+    """Sorted, non-overlapping intervals with their covered length up to each one, for fast
+    `covered(a, b)` queries."""
+
+    start: np.ndarray
+    end: np.ndarray
+    _before: np.ndarray  # covered length of all intervals before i
+
+    @classmethod
+    def of(cls, start: np.ndarray, end: np.ndarray) -> Disjoint:
+        s, e = union(start, end)
+        before = np.concatenate(([0.0], np.cumsum(e - s)[:-1])) if len(s) else np.zeros(0)
+        return cls(s, e, before)
+
+    @property
+    def total(self) -> float:
+        return float((self.end - self.start).sum())
+
+    def upto(self, t: np.ndarray) -> np.ndarray:
+        """Covered length in (-inf, t] for each t."""
+        t = np.asarray(t, dtype=np.float64)
+        if not len(self.start):
+            return np.zeros_like(t)
+        i = np.searchsorted(self.start, t, side="right") - 1
+        ic = np.maximum(i, 0)
+        inside = np.clip(t - self.start[ic], 0.0, self.end[ic] - self.start[ic])
+        return np.where(i >= 0, self._before[ic] + inside, 0.0)
+
+    def covered(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Covered length inside each window [a, b]."""
+        return self.upto(b) - self.upto(a)
+
+
+def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Merge possibly overlapping intervals into sorted disjoint ones (touching ones merge)."""
+    if not len(start):
+        return np.zeros(0), np.zeros(0)
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    firsts = np.flatnonzero(new)
+    lasts = np.concatenate((firsts[1:] - 1, [len(s) - 1]))
+    return s[firsts], reach[lasts]
+
+
+def union_groups(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Like `union`, plus for each merged interval the index (into the inputs) of the interval
+    that opens it: the earliest-starting one."""
+    order = np.argsort(start, kind="stable")
+    s, e = start[order], end[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    if len(s):
+        new[0] = True
+        new[1:] = s[1:] > reach[:-1]
+    firsts = np.flatnonzero(new)
+    lasts = np.concatenate((firsts[1:] - 1, [len(s) - 1])) if len(firsts) else firsts
+    return s[firsts], reach[lasts], order[firsts]

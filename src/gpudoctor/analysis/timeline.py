@@ -1,0 +1,149 @@
+"""The GPU timeline: busy time by kind and idle time by cause, per step and overall.
+
+Busy is the union of all GPU activity (kernels, copies, memsets) on every stream of the device: the
+GPU is idle only when no stream runs anything. Each idle gap is put down to one cause, judged from the
+activity that ends it and the runtime call that launched that activity:
+
+- `launch_gap`: the launching call started before the gap opened (the work was queued, yet the GPU
+  waited): device-side launch latency between back-to-back kernels, or a cross-stream dependency;
+- `sync`: the host issued the next work only after the gap opened, and a host synchronization
+  (cudaDeviceSynchronize / StreamSynchronize / EventSynchronize, a synchronous copy) was still in
+  flight when it opened: the synchronization drained the queue;
+- `host_wait`: the host issued the next work only after the gap opened, with no synchronization to
+  blame: Python, the data loader or launch overhead kept the GPU waiting;
+- `other`: the activity that ends the gap has no recorded launching call.
+See docs/analysis.md for how this relates to HTA's per-stream idle-time breakdown.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpudoctor.analysis import classify
+from gpudoctor.analysis.intervals import Disjoint, union_groups
+from gpudoctor.analysis.syncs import SYNC_TOLERANCE_US, host_sync_rows
+from gpudoctor.trace.links import launch_rows
+from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
+from gpudoctor.trace.steps import Step
+
+IDLE_CAUSES = ("host_wait", "sync", "launch_gap", "other")
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Where the time of one window went on the GPU. Busy kinds are exclusive (a moment when compute
+    and a copy overlap counts as compute, in `classify.ACTIVITY_LABELS` order) and sum to busy."""
+
+    start_us: float
+    end_us: float
+    busy_us: float
+    busy_by_kind_us: dict[str, float]
+    idle_by_cause_us: dict[str, float]
+
+    @property
+    def window_us(self) -> float:
+        return self.end_us - self.start_us
+
+    @property
+    def idle_us(self) -> float:
+        return max(self.window_us - self.busy_us, 0.0)
+
+    @property
+    def busy_fraction(self) -> float:
+        return self.busy_us / self.window_us if self.window_us > 0 else float("nan")
+
+
+@dataclass(frozen=True)
+class GpuTimeline:
+    steps: tuple[TimeBreakdown, ...]  # one per profiled step (its CPU ProfilerStep span)
+    profiled_steps: TimeBreakdown | None  # from the first step's start to the last step's end
+    gpu_window: TimeBreakdown | None  # first GPU activity to last (HTA's window)
+    concurrent_kinds_us: dict[str, float]  # each kind's own union, overlaps included
+
+
+def gpu_timeline(trace: Trace, steps: tuple[Step, ...]) -> GpuTimeline:
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    if not len(gpu):
+        return GpuTimeline((), None, None, {})
+    start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
+    labels = classify.gpu_activity_label(trace, gpu)
+    busy_layers, concurrent = _busy_layers(start, end, labels)
+    idle = _idle_by_cause(trace, gpu, start, end, steps)
+
+    def window(a: float, b: float) -> TimeBreakdown:
+        return _breakdown(a, b, busy_layers, idle)
+
+    per_step = tuple(window(s.start_us, s.end_us) for s in steps)
+    profiled = window(steps[0].start_us, steps[-1].end_us) if steps else None
+    return GpuTimeline(per_step, profiled, window(float(start.min()), float(end.max())), concurrent)
+
+
+def _busy_layers(
+    start: np.ndarray, end: np.ndarray, labels: np.ndarray
+) -> tuple[list[tuple[str, Disjoint]], dict[str, float]]:
+    """Cumulative unions in priority order: layer k covers kinds 0..k; exclusive time of kind k in a
+    window is layer k minus layer k-1 there."""
+    layers: list[tuple[str, Disjoint]] = []
+    concurrent: dict[str, float] = {}
+    selected = np.zeros(len(start), dtype=bool)
+    for label in classify.ACTIVITY_LABELS:
+        mine = labels == label
+        if not mine.any():
+            continue
+        concurrent[label] = Disjoint.of(start[mine], end[mine]).total
+        selected |= mine
+        layers.append((label, Disjoint.of(start[selected], end[selected])))
+    return layers, concurrent
+
+
+def _breakdown(
+    a: float, b: float, layers: list[tuple[str, Disjoint]], idle: dict[str, Disjoint]
+) -> TimeBreakdown:
+    by_kind: dict[str, float] = {}
+    below = 0.0
+    for label, layer in layers:
+        covered = float(layer.covered(np.array([a]), np.array([b]))[0])
+        by_kind[label] = max(covered - below, 0.0)
+        below = covered
+    by_cause = {c: float(d.covered(np.array([a]), np.array([b]))[0]) for c, d in idle.items()}
+    return TimeBreakdown(a, b, below, by_kind, by_cause)
+
+
+def _idle_by_cause(
+    trace: Trace, gpu: np.ndarray, start: np.ndarray, end: np.ndarray, steps: tuple[Step, ...]
+) -> dict[str, Disjoint]:
+    """The idle gaps of the whole trace (including before the first and after the last activity,
+    as far as the steps reach), each labelled with its cause."""
+    busy_start, busy_end, opener = union_groups(start, end)
+    lo = min(float(busy_start[0]), steps[0].start_us) if steps else float(busy_start[0])
+    hi = max(float(busy_end[-1]), steps[-1].end_us) if steps else float(busy_end[-1])
+    gap_start = np.concatenate(([lo], busy_end))
+    gap_end = np.concatenate((busy_start, [hi]))
+    # The launch time of the activity that closes each gap (+inf after the last one: nothing came).
+    launch = launch_rows(trace, gpu[opener])
+    launch_ts = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)], np.nan)
+    next_launch = np.concatenate((launch_ts, [np.inf]))
+    has_launch = ~np.isnan(next_launch)
+    host_late = has_launch & (next_launch > gap_start)
+    in_sync = _sync_in_flight(trace, gap_start)
+    cause = np.full(len(gap_start), "other", dtype=object)
+    cause[has_launch & ~host_late] = "launch_gap"
+    cause[host_late & in_sync] = "sync"
+    cause[host_late & ~in_sync] = "host_wait"
+    keep = gap_end > gap_start
+    return {c: Disjoint.of(gap_start[keep & (cause == c)], gap_end[keep & (cause == c)]) for c in IDLE_CAUSES}
+
+
+def _sync_in_flight(trace: Trace, at: np.ndarray) -> np.ndarray:
+    """For each time, whether some host synchronization call spans it (within the tolerance)."""
+    syncs = host_sync_rows(trace)
+    if not len(syncs):
+        return np.zeros(len(at), dtype=bool)
+    order = np.argsort(trace.ts[syncs])
+    s_ts = trace.ts[syncs][order]
+    s_end = (trace.ts[syncs] + trace.dur[syncs])[order]
+    reach = np.maximum.accumulate(s_end)
+    i = np.searchsorted(s_ts, at + SYNC_TOLERANCE_US, side="right") - 1
+    return (i >= 0) & (reach[np.maximum(i, 0)] >= at - SYNC_TOLERANCE_US)

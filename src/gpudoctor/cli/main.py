@@ -1,0 +1,5 @@
+"""The `gpudoctor` console script."""
+
+
+def main() -> None:
+    raise SystemExit("gpudoctor: not wired yet")

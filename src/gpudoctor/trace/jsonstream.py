@@ -1,0 +1,256 @@
+"""Stream a Chrome/Kineto trace's `traceEvents` array in chunks of parsed events, in bounded memory.
+
+`read_trace_json(stream, decode)` yields the decoded chunks of the events array and returns the other
+top-level keys; only a block of the file and one chunk of events are alive at a time, so peak memory
+stays a fraction of the JSON size. A chunk boundary is a candidate `},{` that the decoder accepts as the
+end of a complete array: if a candidate falls inside a string or a nested object, the chunk fails to
+parse at its very end (not before), and we read on; an error earlier in the chunk is real corruption
+and is reported with its byte offset.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Generator
+from typing import Any, BinaryIO
+
+import msgspec
+
+from gpudoctor.util.errors import TraceFormatError
+
+BLOCK_BYTES = 4 << 20
+_HEADER_LIMIT = 256 << 20
+_EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
+_SPLIT = re.compile(rb"\}\s*,\s*\{")
+_WS = b" \t\r\n"
+
+_BYTE = re.compile(r"\(byte (\d+)\)")
+_untyped = msgspec.json.Decoder()
+
+Events = list[Any]
+Decode = Callable[[bytes], Events]
+
+
+def read_trace_json(
+    stream: BinaryIO, decode: Decode = _untyped.decode
+) -> Generator[Events, None, dict[str, Any]]:
+    """Yield the trace's events chunk by chunk, each as `decode` turns the bytes of a JSON array
+    into a list; return the top-level object without `traceEvents`.
+
+    Accepts the JSON object form (`{"traceEvents": [...], ...}`) and the bare array form (`[...]`).
+    Raises `TraceFormatError` for empty, truncated, corrupt or non-trace JSON.
+    """
+    reader = _BlockReader(stream)
+    first = reader.first_byte()
+    if first is None:
+        raise TraceFormatError("the file is empty")
+    if first == ord("["):
+        header: dict[str, Any] = {}
+        start = reader.buf.index(b"[") + 1
+    elif first == ord("{"):
+        header_or_none, start = _read_header(reader)
+        if header_or_none is None:
+            return (yield from _whole_document(reader, decode))
+        header = header_or_none
+    else:
+        raise TraceFormatError("not JSON: the file does not start with '{' or '['")
+    trailer = yield from _stream_events(reader, start, decode, bare=first == ord("["))
+    header.pop("traceEvents", None)
+    header.update(trailer)
+    return header
+
+
+class _BlockReader:
+    """A growable byte buffer over a binary stream, read a block at a time."""
+
+    def __init__(self, stream: BinaryIO) -> None:
+        self.stream = stream
+        self.buf = bytearray()
+        self.consumed = 0  # bytes dropped from the front of buf so far (for error offsets)
+        self.eof = False
+
+    def fill(self) -> bool:
+        if self.eof:
+            return False
+        try:
+            data = self.stream.read(BLOCK_BYTES)
+        except (OSError, EOFError, ValueError) as err:  # gzip: bad CRC, truncated stream, not gzip
+            raise TraceFormatError(f"cannot read the file: {err}") from err
+        if not data:
+            self.eof = True
+            return False
+        self.buf += data
+        return True
+
+    def first_byte(self) -> int | None:
+        while True:
+            stripped = self.buf.lstrip(_WS)
+            if stripped:
+                return stripped[0]
+            if not self.fill():
+                return None
+
+    def drop(self, upto: int) -> None:
+        del self.buf[:upto]
+        self.consumed += upto
+
+
+def _read_header(reader: _BlockReader) -> tuple[dict[str, Any] | None, int]:
+    """Find the top-level `"traceEvents": [`; return the keys before it and the offset after `[`.
+
+    Returns (None, 0) when the key is not found as a top-level key of the object: the caller then
+    parses the whole document (still correct, only slower and larger in memory).
+    """
+    searched = 0
+    while True:
+        m = _EVENTS_KEY.search(reader.buf, max(0, searched - 64))
+        if m:
+            break
+        searched = len(reader.buf)
+        if searched > _HEADER_LIMIT or not reader.fill():
+            return None, 0
+    prefix = bytes(reader.buf[: m.start()]).rstrip()
+    if not prefix.endswith((b"{", b",")):
+        return None, 0
+    try:
+        header = _untyped.decode(prefix + b'"traceEvents": null}')
+    except msgspec.DecodeError:
+        return None, 0
+    return header, m.end()
+
+
+def _parse_chunk(buf: bytearray, lo: int, hi: int, decode: Decode) -> tuple[Events | None, bool]:
+    """Parse `[buf[lo:hi]]`: (events, ok). ok False means it failed only at its very end."""
+    wrapped = b"[" + buf[lo:hi] + b"]"
+    try:
+        return decode(wrapped), True
+    except msgspec.DecodeError as err:
+        pos = _error_byte(err, wrapped)
+        if pos is None or pos >= len(wrapped) - 1:
+            return None, False
+        raise _Corrupt(pos, str(err).split(" (byte")[0]) from err
+
+
+def _error_byte(err: msgspec.DecodeError, doc: bytes) -> int | None:
+    """Where malformed JSON went wrong; None when the input simply ended too soon."""
+    if isinstance(err, msgspec.ValidationError):  # well-formed JSON of unexpected types
+        try:
+            _untyped.decode(doc)
+        except msgspec.DecodeError as syntax:
+            return _error_byte(syntax, doc)
+        raise AssertionError("a decoder rejected JSON without handling its types") from err
+    m = _BYTE.search(str(err))
+    return int(m.group(1)) if m else None
+
+
+class _Corrupt(Exception):
+    def __init__(self, pos: int, msg: str) -> None:
+        super().__init__(msg)
+        self.pos = pos
+        self.msg = msg
+
+
+def _stream_events(
+    reader: _BlockReader, start: int, decode: Decode, bare: bool
+) -> Generator[Events, None, dict[str, Any]]:
+    pos = start  # offset in reader.buf of the first byte after the last complete event (or the '[')
+    min_end = 0  # a failed split means the next try must reach further than this
+    while True:
+        grew = reader.fill()
+        if not grew:
+            break
+        buf = reader.buf
+        split = _last_split(buf, max(pos, min_end), len(buf))
+        if split is None:
+            continue
+        try:
+            events, ok = _parse_chunk(buf, pos, split + 1, decode)
+        except _Corrupt as err:
+            raise _corrupt_error(reader, pos, err) from None
+        if not ok:
+            min_end = split + 1
+            continue
+        if events:
+            yield events
+        del events
+        nxt = buf.index(b"{", split + 1)
+        reader.drop(nxt)
+        pos, min_end = 0, 0
+    return (yield from _finish(reader, pos, decode, bare))
+
+
+def _last_split(buf: bytearray, lo: int, hi: int) -> int | None:
+    """Offset of the `}` of the last `},{` between lo and hi, or None."""
+    p = hi
+    while True:
+        p = buf.rfind(b"}", lo, p)
+        if p < 0:
+            return None
+        if _SPLIT.match(buf, p):
+            return p
+
+
+def _finish(
+    reader: _BlockReader, pos: int, decode: Decode, bare: bool
+) -> Generator[Events, None, dict[str, Any]]:
+    """At end of file: parse the last events, the array's `]` and the keys after it."""
+    buf = reader.buf
+    end = len(buf)
+    for _ in range(10_000):
+        close = buf.rfind(b"]", pos, end)
+        if close < 0:
+            break
+        end = close
+        tail = bytes(buf[close + 1 :])
+        if bare:
+            if tail.strip(_WS):
+                continue
+            trailer: dict[str, Any] = {}
+        else:
+            try:
+                trailer = _untyped.decode(b'{"traceEvents": null' + tail)
+            except msgspec.DecodeError:
+                continue
+            if not isinstance(trailer, dict):
+                continue
+        if not buf[pos:close].strip(_WS):
+            return trailer
+        try:
+            events, ok = _parse_chunk(buf, pos, close, decode)
+        except _Corrupt as err:
+            raise _corrupt_error(reader, pos, err) from None
+        if ok:
+            if events:
+                yield events
+            return trailer
+    raise TraceFormatError(
+        f"truncated or corrupt trace: the traceEvents array does not end properly "
+        f"(read {reader.consumed + len(buf):,} bytes)"
+    )
+
+
+def _corrupt_error(reader: _BlockReader, pos: int, err: _Corrupt) -> TraceFormatError:
+    offset = reader.consumed + pos + max(err.pos - 1, 0)
+    return TraceFormatError(f"corrupt JSON near byte {offset:,}: {err.msg}")
+
+
+def _whole_document(reader: _BlockReader, decode: Decode) -> Generator[Events, None, dict[str, Any]]:
+    """Slow path: parse the whole document at once (used when streaming cannot find its way)."""
+    while reader.fill():
+        pass
+    try:
+        doc = _untyped.decode(reader.buf)
+    except msgspec.DecodeError as err:
+        pos = _error_byte(err, bytes(reader.buf))
+        if pos is None:
+            raise TraceFormatError("truncated JSON: the file ends in the middle of the document") from None
+        raise TraceFormatError(f"corrupt JSON near byte {pos:,}: {str(err).split(' (byte')[0]}") from None
+    reader.buf = bytearray()
+    if not isinstance(doc, dict) or "traceEvents" not in doc:
+        raise TraceFormatError("JSON is not a trace: it has no 'traceEvents' array")
+    events = doc.pop("traceEvents")
+    if not isinstance(events, list):
+        raise TraceFormatError("JSON is not a trace: 'traceEvents' is not an array")
+    if events:
+        yield decode(msgspec.json.encode(events))
+    return doc

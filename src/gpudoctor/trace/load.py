@@ -1,0 +1,399 @@
+"""Load Kineto / Chrome traces (`.json`, `.json.gz`, a directory of rank files) into columnar `Trace`s.
+
+Events arrive chunk by chunk from `jsonstream`; each chunk becomes numpy columns at once and its dicts
+are dropped, so memory stays near the size of the columns. Malformed events are counted in
+`Trace.skipped`, never fatal; a file that is not a trace at all raises `TraceFormatError`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import zlib
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from gpudoctor.device import DeviceInfo
+from gpudoctor.trace.jsonstream import read_trace_json
+from gpudoctor.trace.model import CATEGORY_KINDS, DistributedInfo, Kind, MemoryEvents, Trace, TraceMeta
+from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
+from gpudoctor.util.errors import TraceFormatError
+
+_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
+_NO_DIM = [0, 0, 0]
+
+
+def load_trace(path: str | os.PathLike[str]) -> Trace:
+    """Load one trace file. Raises `TraceFormatError` when the file is not a usable trace."""
+    p = Path(path)
+    if not p.exists():
+        raise TraceFormatError(f"no such file: {p}")
+    if p.is_dir():
+        raise TraceFormatError(f"{p} is a directory: use load_traces() for a directory of rank files")
+    try:
+        with _open(p) as stream:
+            builder = _Builder()
+            repairs = Repairs()
+            gen = read_trace_json(stream, decoder(repairs))
+            try:
+                while True:
+                    builder.add_chunk(next(gen))
+            except StopIteration as stop:
+                top: dict[str, Any] = stop.value
+            for reason, count in repairs.counts.items():
+                builder.skip(reason, count)
+    except TraceFormatError as err:
+        raise TraceFormatError(f"{p}: {err}") from None
+    except OSError as err:
+        raise TraceFormatError(f"{p}: cannot read: {err.strerror or err}") from None
+    return builder.build(str(p), top)
+
+
+def load_traces(path: str | os.PathLike[str]) -> list[Trace]:
+    """Load a trace file, or every trace file of a directory (one per rank), sorted by rank."""
+    p = Path(path)
+    if not p.is_dir():
+        return [load_trace(p)]
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
+    if not files:
+        raise TraceFormatError(f"{p}: no trace files (*.json, *.json.gz) in this directory")
+    traces = [load_trace(f) for f in files]
+    return sorted(traces, key=lambda t: t.meta.rank)
+
+
+def _open(p: Path) -> BinaryIO:
+    with open(p, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return _GzipReader(p)  # type: ignore[return-value]
+    return open(p, "rb")
+
+
+class _GzipReader:
+    """Reads a (possibly multi-member) gzip file, turning zlib/EOF errors into TraceFormatError."""
+
+    def __init__(self, p: Path) -> None:
+        self._f = gzip.open(p, "rb")  # noqa: SIM115 -- closed by __exit__
+
+    def read(self, n: int) -> bytes:
+        try:
+            return self._f.read(n)
+        except (zlib.error, gzip.BadGzipFile, EOFError) as err:
+            raise TraceFormatError(f"corrupt or truncated gzip: {err}") from None
+
+    def __enter__(self) -> _GzipReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
+
+
+class _Interner:
+    """Strings to dense ids, in first-seen order."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.strings: list[str] = []
+
+    def many(self, values: list[Any]) -> np.ndarray:
+        get = self.ids.get
+        try:
+            out = [get(v) for v in values]
+        except TypeError:  # an unhashable name (a list, say) in a damaged trace
+            out = [None] * len(values)
+        if None in out:
+            for i, v in enumerate(values):
+                if out[i] is None:
+                    out[i] = self.one(v)
+        return np.array(out, dtype=np.int32)
+
+    def one(self, value: Any) -> int:
+        key = value if isinstance(value, str) else ("" if value is None else str(value)[:200])
+        got = self.ids.get(key)
+        if got is None:
+            got = self.ids[key] = len(self.strings)
+            self.strings.append(key)
+        return got
+
+
+def _num(values: list[Any], dtype: type, default: float) -> np.ndarray:
+    """numpy array of numbers; anything that is not a number (None included) becomes `default`."""
+    try:
+        arr = np.array(values, dtype=dtype)
+        if arr.ndim == 1:
+            if default == default and arr.dtype.kind == "f":  # None became NaN; want the default
+                arr[np.isnan(arr)] = default
+            return arr
+    except (TypeError, ValueError, OverflowError):
+        pass
+    clean = [
+        v if isinstance(v, (int, float)) and not isinstance(v, bool) and _fits(v, dtype) else default
+        for v in values
+    ]
+    return np.array(clean, dtype=dtype)
+
+
+def _fits(v: float, dtype: type) -> bool:
+    if np.issubdtype(dtype, np.integer):
+        info = np.iinfo(dtype)
+        return v == v and info.min <= v <= info.max  # NaN fails
+    return True
+
+
+def _dims(values: list[Any]) -> np.ndarray:
+    clean = [v if type(v) is list and len(v) == 3 else _NO_DIM for v in values]
+    try:
+        return np.array(clean, dtype=np.int32).reshape(-1, 3)
+    except (TypeError, ValueError, OverflowError):
+        fixed = [v if all(isinstance(x, int) and 0 <= x < 2**31 for x in v) else _NO_DIM for v in clean]
+        return np.array(fixed, dtype=np.int32).reshape(-1, 3)
+
+
+class _Builder:
+    """Accumulates column blocks chunk by chunk."""
+
+    _COLUMNS = (
+        "kind", "name", "pid", "tid", "ts", "dur", "correlation", "external_id", "device", "stream",
+        "bytes", "grid", "block", "registers", "shared_memory", "occupancy", "blocks_per_sm",
+        "warps_per_sm", "python_id", "python_parent_id", "flops",
+    )  # fmt: skip
+    _MEMORY = ("ts", "bytes", "total_allocated", "total_reserved", "device_type", "device_id")
+
+    def __init__(self) -> None:
+        self.names = _Interner()
+        self.labels = _Interner()
+        self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._COLUMNS}
+        self.mem_blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._MEMORY}
+        self.thread_names: dict[tuple[int, int], str] = {}
+        self.skipped: dict[str, int] = {}
+        self.unknown_categories: dict[str, int] = {}
+        self.n_events = 0
+
+    def skip(self, reason: str, n: int = 1) -> None:
+        self.skipped[reason] = self.skipped.get(reason, 0) + n
+
+    # ---- one chunk -------------------------------------------------------------------------
+    def add_chunk(self, events: list[Event]) -> None:
+        self.n_events += len(events)
+        xs = [e for e in events if e.ph == "X"]
+        if len(xs) < len(events):
+            self._add_others([e for e in events if e.ph != "X"])
+        if xs:
+            self._add_durations(xs)
+
+    def _add_durations(self, xs: list[Event]) -> None:
+        n = len(xs)
+        kinds = self._kinds([e.cat for e in xs])
+        ts = _num([e.ts for e in xs], np.float64, np.nan)
+        dur = _num([e.dur for e in xs], np.float64, 0.0)
+        bad_ts = np.isnan(ts)
+        if bad_ts.any():
+            self.skip("duration event without a numeric ts", int(bad_ts.sum()))
+        negative = dur < 0
+        if negative.any():  # seen in the wild (HTA issue tracker); keep the event, as an instant
+            self.skip("negative duration clamped to 0", int(negative.sum()))
+            dur[negative] = 0.0
+        args = [e.args or NO_ARGS for e in xs]
+        b = self.blocks
+        b["kind"].append(kinds)
+        b["name"].append(self.names.many([e.name for e in xs]))
+        b["pid"].append(self._ids([e.pid for e in xs]))
+        b["tid"].append(self._ids([e.tid for e in xs]))
+        b["ts"].append(ts)
+        b["dur"].append(dur)
+        b["correlation"].append(_num([a.correlation for a in args], np.int64, -1))
+        b["external_id"].append(_num([a.external_id for a in args], np.int64, -1))
+        gpu = np.flatnonzero((kinds >= Kind.KERNEL) & (kinds <= Kind.GPU_SYNC))
+        kernel = np.flatnonzero(kinds == Kind.KERNEL)
+        copy = np.flatnonzero((kinds == Kind.MEMCPY) | (kinds == Kind.MEMSET))
+        python = np.flatnonzero(kinds == Kind.PYTHON)
+        cpu_op = np.flatnonzero(kinds == Kind.CPU_OP)
+        col = _Scatter(n, args)
+        b["device"].append(col.of(gpu, "device", np.int16, -1))
+        b["stream"].append(col.of(gpu, "stream", np.int64, -1))
+        b["bytes"].append(col.of(copy, "bytes", np.int64, -1))
+        b["registers"].append(col.of(kernel, "registers", np.int32, -1))
+        b["shared_memory"].append(col.of(kernel, "shared_memory", np.int64, -1))
+        b["occupancy"].append(col.of(kernel, "occupancy", np.float32, np.nan))
+        b["blocks_per_sm"].append(col.of(kernel, "blocks_per_sm", np.float32, np.nan))
+        b["warps_per_sm"].append(col.of(kernel, "warps_per_sm", np.float32, np.nan))
+        b["grid"].append(col.dims(kernel, "grid"))
+        b["block"].append(col.dims(kernel, "block"))
+        b["python_id"].append(col.of(python, "python_id", np.int64, -1))
+        b["python_parent_id"].append(col.of(python, "python_parent_id", np.int64, -1))
+        b["flops"].append(col.of(cpu_op, "flops", np.float64, np.nan))
+
+    def _kinds(self, cats: list[Any]) -> np.ndarray:
+        known = CATEGORY_KINDS
+        out = [known.get(c) for c in cats]  # type: ignore[arg-type]
+        if None in out:
+            for i, c in enumerate(cats):
+                if out[i] is None:
+                    out[i] = self._kind_of_unknown(c)
+        return np.array(out, dtype=np.int8)
+
+    def _kind_of_unknown(self, cat: Any) -> Kind:
+        text = str(cat).lower() if cat is not None else ""
+        kind = CATEGORY_KINDS.get(text)
+        if kind is None:
+            if text.endswith("_runtime"):
+                kind = Kind.RUNTIME
+            elif text.endswith("_driver"):
+                kind = Kind.DRIVER
+            else:
+                kind = Kind.OTHER
+                self.unknown_categories[text] = self.unknown_categories.get(text, 0) + 1
+        return kind
+
+    def _ids(self, values: list[Any]) -> np.ndarray:
+        try:
+            return np.array(values, dtype=np.int64)
+        except (TypeError, ValueError, OverflowError):
+            return np.array([self._id(v) for v in values], dtype=np.int64)
+
+    def _id(self, v: Any) -> int:
+        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
+            return v
+        return -self.labels.one(v) - 2
+
+    def _add_others(self, others: list[Event]) -> None:
+        memory = [e for e in others if e.name == "[memory]" and e.ph in ("i", "I")]
+        if memory:
+            self._add_memory(memory)
+        if len(memory) == len(others):
+            return
+        for e in others:
+            ph = e.ph
+            if ph == "M":
+                self._add_metadata(e)
+            elif ph in ("s", "f", "t"):
+                self.skip("flow events (links come from correlation ids)")
+            elif ph in ("i", "I"):
+                if e.name != "[memory]":
+                    self.skip("instant events")
+            else:
+                self.skip(f"events of phase {str(ph)[:8]!r}")
+
+    def _add_metadata(self, e: Event) -> None:
+        if e.name == "thread_name" and e.args is not None and e.args.name is not None:
+            self.thread_names[(self._id(e.pid), self._id(e.tid))] = e.args.name
+
+    def _add_memory(self, evs: list[Event]) -> None:
+        args = [e.args or NO_ARGS for e in evs]
+        m = self.mem_blocks
+        m["ts"].append(_num([e.ts for e in evs], np.float64, np.nan))
+        m["bytes"].append(_num([a.alloc_bytes for a in args], np.int64, 0))
+        m["total_allocated"].append(_num([a.total_allocated for a in args], np.int64, -1))
+        m["total_reserved"].append(_num([a.total_reserved for a in args], np.int64, -1))
+        m["device_type"].append(_num([a.device_type for a in args], np.int8, -1))
+        m["device_id"].append(_num([a.device_id for a in args], np.int16, -1))
+
+    # ---- the whole trace -------------------------------------------------------------------
+    def build(self, path: str, top: dict[str, Any]) -> Trace:
+        if self.n_events == 0 and not top:
+            raise TraceFormatError("no events: the trace is empty")
+        cols = {c: _concat(blocks, c) for c, blocks in self.blocks.items()}
+        mem = {c: _concat(blocks, "m" + c) for c, blocks in self.mem_blocks.items()}
+        valid = ~np.isnan(cols["ts"])
+        if not valid.all():
+            cols = {c: v[valid] for c, v in cols.items()}
+        mem_valid = ~np.isnan(mem["ts"])
+        if not mem_valid.all():
+            mem = {c: v[mem_valid] for c, v in mem.items()}
+        starts = [cols["ts"].min()] if len(cols["ts"]) else []
+        if len(mem["ts"]):
+            starts.append(mem["ts"].min())
+        origin = float(np.floor(min(starts))) if starts else 0.0
+        order = np.argsort(cols["ts"], kind="stable")
+        cols = {c: v[order] for c, v in cols.items()}
+        cols["ts"] -= origin
+        mem_order = np.argsort(mem["ts"], kind="stable")
+        mem = {c: v[mem_order] for c, v in mem.items()}
+        mem["ts"] -= origin
+        for cat, count in self.unknown_categories.items():
+            self.skip(f"unknown category {cat[:40]!r} (kept as OTHER)", count)
+        return Trace(
+            meta=_meta(path, top, origin),
+            names=tuple(self.names.strings),
+            memory=MemoryEvents(**mem),
+            labels=tuple(self.labels.strings),
+            thread_names=self.thread_names,
+            skipped=dict(self.skipped),
+            **cols,
+        )
+
+
+class _Scatter:
+    """Reads one args field for a subset of rows, into a full-length column."""
+
+    def __init__(self, n: int, args: list[Args]) -> None:
+        self.n = n
+        self.args = args
+
+    def of(self, rows: np.ndarray, field: str, dtype: type, default: float) -> np.ndarray:
+        out = np.full(self.n, default, dtype=dtype)
+        if len(rows):
+            args = self.args
+            get = attrgetter(field)
+            out[rows] = _num([get(args[i]) for i in rows.tolist()], dtype, default)
+        return out
+
+    def dims(self, rows: np.ndarray, field: str) -> np.ndarray:
+        out = np.zeros((self.n, 3), dtype=np.int32)
+        if len(rows):
+            args = self.args
+            get = attrgetter(field)
+            out[rows] = _dims([get(args[i]) for i in rows.tolist()])
+        return out
+
+
+def _concat(blocks: list[np.ndarray], column: str) -> np.ndarray:
+    if blocks:
+        return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
+    if column in ("grid", "block"):
+        return np.zeros((0, 3), dtype=np.int32)
+    dtype = {"mts": np.float64, "ts": np.float64, "dur": np.float64, "flops": np.float64}.get(
+        column, np.int64
+    )
+    return np.empty(0, dtype=dtype)
+
+
+def _meta(path: str, top: dict[str, Any], origin: float) -> TraceMeta:
+    devices = tuple(
+        DeviceInfo.from_kineto(d) for d in top.get("deviceProperties") or () if isinstance(d, dict)
+    )
+    dist = top.get("distributedInfo")
+    distributed = None
+    if isinstance(dist, dict):
+        rank = dist.get("rank")
+        world = dist.get("world_size")
+        distributed = DistributedInfo(
+            rank=rank if isinstance(rank, int) else _rank_from_name(path),
+            world_size=world if isinstance(world, int) else None,
+            backend=str(dist["backend"]) if dist.get("backend") is not None else None,
+        )
+    elif _RANK_IN_NAME.search(Path(path).name):
+        distributed = DistributedInfo(rank=_rank_from_name(path), world_size=None, backend=None)
+    base = top.get("baseTimeNanoseconds")
+    schema = top.get("schemaVersion")
+    config = {k: top[k] for k in ("with_stack", "profile_memory", "record_shapes", "with_flops") if k in top}
+    return TraceMeta(
+        path=path,
+        schema_version=schema if isinstance(schema, int) else None,
+        base_time_ns=base if isinstance(base, int) else None,
+        origin_us=origin,
+        devices=devices,
+        distributed=distributed,
+        trace_name=str(top["traceName"]) if "traceName" in top else None,
+        profiler_config=config,
+    )
+
+
+def _rank_from_name(path: str) -> int:
+    m = _RANK_IN_NAME.search(Path(path).name)
+    return int(m.group(1)) if m else 0

@@ -1,0 +1,197 @@
+"""The columnar `Trace`: every duration event of a Kineto trace as one row of numpy columns.
+
+Rows are sorted by start time. Times are float µs relative to `meta.origin_us` (the file's earliest
+timestamp); names are ids into `names`; a missing number is -1 (ids, sizes) or NaN (measurements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from gpudoctor.device import DeviceInfo
+
+
+class Kind(IntEnum):
+    """What a row is. The Kineto category names map onto these (see `CATEGORY_KINDS`)."""
+
+    OTHER = 0
+    CPU_OP = 1
+    USER_ANNOTATION = 2
+    PYTHON = 3
+    RUNTIME = 4
+    DRIVER = 5
+    KERNEL = 6
+    MEMCPY = 7
+    MEMSET = 8
+    GPU_ANNOTATION = 9
+    GPU_SYNC = 10
+
+
+# Kineto's category names, current and older spellings; lower-cased before lookup.
+CATEGORY_KINDS: dict[str, Kind] = {
+    "cpu_op": Kind.CPU_OP,
+    "operator": Kind.CPU_OP,
+    "user_annotation": Kind.USER_ANNOTATION,
+    "python_function": Kind.PYTHON,
+    "python": Kind.PYTHON,
+    "cuda_runtime": Kind.RUNTIME,
+    "runtime": Kind.RUNTIME,
+    "privateuse1_runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.DRIVER,
+    "driver": Kind.DRIVER,
+    "privateuse1_driver": Kind.DRIVER,
+    "kernel": Kind.KERNEL,
+    "gpu_memcpy": Kind.MEMCPY,
+    "memcpy": Kind.MEMCPY,
+    "gpu_memset": Kind.MEMSET,
+    "memset": Kind.MEMSET,
+    "gpu_user_annotation": Kind.GPU_ANNOTATION,
+    "cuda_sync": Kind.GPU_SYNC,
+    # known, and of no use to the analyses
+    "trace": Kind.OTHER,
+    "overhead": Kind.OTHER,
+}
+
+GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+LAUNCH_KINDS = (Kind.RUNTIME, Kind.DRIVER)
+
+
+@dataclass(frozen=True)
+class DistributedInfo:
+    rank: int
+    world_size: int | None
+    backend: str | None
+
+
+@dataclass(frozen=True)
+class TraceMeta:
+    """Everything about the trace that is not an event."""
+
+    path: str
+    schema_version: int | None
+    base_time_ns: int | None  # epoch ns of file timestamp 0, where the trace uses relative timestamps
+    origin_us: float  # the file timestamp that became 0 in `Trace.ts`
+    devices: tuple[DeviceInfo, ...]
+    distributed: DistributedInfo | None
+    trace_name: str | None
+    profiler_config: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        return self.distributed.rank if self.distributed else 0
+
+    @property
+    def epoch_origin_ns(self) -> int | None:
+        """Wall-clock ns of `ts == 0`; aligns the ranks of one distributed run."""
+        if self.base_time_ns is not None:
+            return self.base_time_ns + round(self.origin_us * 1000)
+        if self.origin_us > 1e14:  # absolute µs since the epoch (older Kineto)
+            return round(self.origin_us * 1000)
+        return None
+
+
+@dataclass(frozen=True)
+class MemoryEvents:
+    """`[memory]` instant events (profile_memory): one row per allocation (+) or free (−)."""
+
+    ts: np.ndarray  # float64 µs
+    bytes: np.ndarray  # int64, negative for a free
+    total_allocated: np.ndarray  # int64, -1 if absent
+    total_reserved: np.ndarray  # int64, -1 if absent
+    device_type: np.ndarray  # int8: 0 CPU, 1 CUDA (Kineto's c10 DeviceType)
+    device_id: np.ndarray  # int16
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One rank's trace, columnar. Build it with `gpudoctor.trace.load_trace`."""
+
+    meta: TraceMeta
+    names: tuple[str, ...]
+    kind: np.ndarray  # int8 Kind
+    name: np.ndarray  # int32 index into names
+    pid: np.ndarray  # int64 (string pids are negative ids into `labels`)
+    tid: np.ndarray  # int64
+    ts: np.ndarray  # float64 µs
+    dur: np.ndarray  # float64 µs
+    correlation: np.ndarray  # int64: runtime call <-> GPU activity
+    external_id: np.ndarray  # int64: CPU op <-> runtime call <-> GPU activity
+    device: np.ndarray  # int16, GPU rows
+    stream: np.ndarray  # int64, GPU rows
+    bytes: np.ndarray  # int64, memcpy / memset rows
+    grid: np.ndarray  # int32 (n, 3), kernel rows (0 if unknown, e.g. ROCm)
+    block: np.ndarray  # int32 (n, 3)
+    registers: np.ndarray  # int32 per thread, kernel rows
+    shared_memory: np.ndarray  # int64 bytes per block, kernel rows
+    occupancy: np.ndarray  # float32, Kineto's "est. achieved occupancy %", kernel rows
+    blocks_per_sm: np.ndarray  # float32
+    warps_per_sm: np.ndarray  # float32
+    python_id: np.ndarray  # int64, python rows
+    python_parent_id: np.ndarray  # int64
+    flops: np.ndarray  # float64, cpu ops with with_flops
+    memory: MemoryEvents
+    labels: tuple[str, ...] = ()  # string pids/tids: id -k-2 is labels[k]
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)  # events not kept, by reason
+    _memo: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # memo only
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    def name_of(self, row: int) -> str:
+        return self.names[int(self.name[row])]
+
+    def rows(self, *kinds: Kind) -> np.ndarray:
+        """Row indices of the given kinds, in time order."""
+        if len(kinds) == 1:
+            return self._rows_by_kind.get(int(kinds[0]), _EMPTY_ROWS)
+        parts = [self._rows_by_kind.get(int(k), _EMPTY_ROWS) for k in kinds]
+        return np.sort(np.concatenate(parts)) if parts else _EMPTY_ROWS
+
+    @cached_property
+    def _rows_by_kind(self) -> dict[int, np.ndarray]:
+        order = np.argsort(self.kind, kind="stable")
+        counts = np.bincount(self.kind, minlength=len(Kind))
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        return {k: order[bounds[k] : bounds[k + 1]] for k in range(len(counts)) if counts[k]}
+
+    def name_ids_matching(self, predicate: Any) -> np.ndarray:
+        """Boolean mask over `names` (not rows) where predicate(name) holds; memoized per predicate."""
+        mask = self._memo.get(predicate)
+        if mask is None:
+            mask = np.fromiter((bool(predicate(n)) for n in self.names), dtype=bool, count=len(self.names))
+            self._memo[predicate] = mask
+        return mask
+
+    @property
+    def has_gpu(self) -> bool:
+        return len(self.rows(*GPU_ACTIVITY_KINDS)) > 0
+
+    @property
+    def device_info(self) -> DeviceInfo | None:
+        """The properties of the GPU most of the trace's GPU activity ran on, if recorded."""
+        gpu = self.rows(*GPU_ACTIVITY_KINDS)
+        if not self.meta.devices:
+            return None
+        if len(gpu):
+            ids, counts = np.unique(self.device[gpu], return_counts=True)
+            main = int(ids[np.argmax(counts)])
+            for info in self.meta.devices:
+                if info.index == main:
+                    return info
+        return self.meta.devices[0]
+
+
+_EMPTY_ROWS = np.empty(0, dtype=np.int64)

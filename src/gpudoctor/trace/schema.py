@@ -1,0 +1,110 @@
+"""The fields of a Kineto event that gpudoctor reads, as msgspec structs.
+
+Decoding straight into these structs skips every other key without building it, which makes loading
+several times faster and smaller than building dicts. A chunk whose values have unexpected types (a
+damaged or foreign trace) is decoded again as plain JSON and repaired event by event: a bad `args` is
+dropped, a bad event is skipped, and both are counted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import msgspec
+
+_NAN = math.nan
+
+
+class Args(msgspec.Struct, frozen=True, gc=False):
+    correlation: int | None = -1
+    external_id: int | None = msgspec.field(name="External id", default=-1)
+    device: int | None = -1
+    stream: int | None = -1
+    bytes: int | None = -1
+    grid: list[int] | None = None
+    block: list[int] | None = None
+    registers: int | None = msgspec.field(name="registers per thread", default=-1)
+    shared_memory: int | None = msgspec.field(name="shared memory", default=-1)
+    occupancy: float | None = msgspec.field(name="est. achieved occupancy %", default=_NAN)
+    blocks_per_sm: float | None = msgspec.field(name="blocks per SM", default=_NAN)
+    warps_per_sm: float | None = msgspec.field(name="warps per SM", default=_NAN)
+    python_id: int | None = msgspec.field(name="Python id", default=-1)
+    python_parent_id: int | None = msgspec.field(name="Python parent id", default=-1)
+    flops: float | None = _NAN
+    # [memory] instant events
+    alloc_bytes: int | None = msgspec.field(name="Bytes", default=0)
+    total_allocated: int | None = msgspec.field(name="Total Allocated", default=-1)
+    total_reserved: int | None = msgspec.field(name="Total Reserved", default=-1)
+    device_type: int | None = msgspec.field(name="Device Type", default=-1)
+    device_id: int | None = msgspec.field(name="Device Id", default=-1)
+    # metadata events (thread_name, process_name)
+    name: str | None = None
+
+
+class Event(msgspec.Struct, frozen=True, gc=False):
+    ph: str | None = None
+    cat: str | None = None
+    name: str | None = None
+    pid: int | str | None = None
+    tid: int | str | None = None
+    ts: float | None = None
+    dur: float | None = 0.0
+    args: Args | None = None
+
+
+NO_ARGS = Args()
+_typed = msgspec.json.Decoder(list[Event])
+_untyped = msgspec.json.Decoder()
+
+
+class Repairs:
+    """Counts of what `decode_events` had to repair, by reason."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def add(self, reason: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+
+
+def decoder(repairs: Repairs) -> Any:
+    """A chunk decoder for `jsonstream.read_trace_json` that records its repairs in `repairs`."""
+
+    def decode(data: bytes) -> list[Event]:
+        try:
+            return _typed.decode(data)
+        except msgspec.ValidationError:
+            raw = _untyped.decode(data)  # a syntax error propagates to the stream reader
+            return [e for item in raw if (e := _repair(item, repairs)) is not None]
+
+    return decode
+
+
+def _repair(item: Any, repairs: Repairs) -> Event | None:
+    if not isinstance(item, dict):
+        repairs.add("not an event object")
+        return None
+    try:
+        return msgspec.convert(item, Event)
+    except msgspec.ValidationError:
+        pass
+    args = item.get("args")
+    if isinstance(args, dict):
+        clean = {k: v for k, v in args.items() if _arg_ok(k, v)}
+        try:
+            event = msgspec.convert({**item, "args": clean}, Event)
+            repairs.add("event args of unexpected types (those args dropped)")
+            return event
+        except msgspec.ValidationError:
+            pass
+    repairs.add("malformed event (skipped)")
+    return None
+
+
+def _arg_ok(key: str, value: Any) -> bool:
+    try:
+        msgspec.convert({key: value}, Args)
+        return True
+    except msgspec.ValidationError:
+        return False

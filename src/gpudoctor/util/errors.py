@@ -1,0 +1,22 @@
+"""The one error hierarchy. A `GpudoctorError` is a user error: the CLI prints its message on one line
+and exits with its `exit_code`; anything else is a bug and keeps its traceback."""
+
+from __future__ import annotations
+
+
+class GpudoctorError(Exception):
+    """An error the user can act on; `str(err)` is one line that says what and where."""
+
+    exit_code = 2
+
+
+class UsageError(GpudoctorError):
+    """A bad option or a combination of options that cannot work."""
+
+
+class TraceFormatError(GpudoctorError):
+    """A file that is not a readable trace: corrupt, truncated, empty, or not a Kineto/Chrome trace."""
+
+
+class NoGpuError(GpudoctorError):
+    """The operation needs a CUDA GPU and there is none (or torch cannot see it)."""

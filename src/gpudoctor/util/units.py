@@ -1,0 +1,46 @@
+"""Human-readable units. Inside gpudoctor times are float µs, sizes int bytes, rates per second;
+only renderers call these."""
+
+from __future__ import annotations
+
+import math
+
+
+def fmt_us(us: float | None) -> str:
+    """A duration given in µs, in the unit that keeps 3 significant figures readable."""
+    if us is None or (isinstance(us, float) and math.isnan(us)):
+        return "n/a"
+    a = abs(us)
+    if a >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if a >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    if a >= 1:
+        return f"{us:.3g} µs"
+    return f"{us * 1e3:.3g} ns"
+
+
+def fmt_bytes(n: float | None) -> str:
+    """A size in bytes with binary prefixes (KiB, MiB, GiB)."""
+    if n is None or (isinstance(n, float) and math.isnan(n)):
+        return "n/a"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def fmt_rate(bytes_per_s: float | None) -> str:
+    """A bandwidth in decimal GB/s, as vendors and nvidia-smi quote it."""
+    if bytes_per_s is None or math.isnan(bytes_per_s):
+        return "n/a"
+    return f"{bytes_per_s / 1e9:.3g} GB/s"
+
+
+def fmt_pct(share: float | None, digits: int = 1) -> str:
+    """A share in [0, 1] as a percentage."""
+    if share is None or math.isnan(share):
+        return "n/a"
+    return f"{share * 100:.{digits}f}%"
