@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.no_ns_rounding:
         os.environ["HTA_DISABLE_NS_ROUNDING"] = "1"
-    files = trace_files_in(args.trace_path)
+    files = trace_files_in(args.trace_path) if os.path.exists(args.trace_path) else []
     if not files:
         print(f"no .json / .json.gz trace in {args.trace_path}", file=sys.stderr)
         return 2

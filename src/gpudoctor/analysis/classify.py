@@ -13,6 +13,8 @@ from gpudoctor.trace.model import Kind, Trace
 # collective names that other backends (and NCCL's newer `ncclDevKernel_*`) use.
 COMMUNICATION = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|AllToAll|SendRecv|Broadcast", re.I)
 MATMUL = re.compile(r"gemm|matmul|nvjet|cutlass|xmma|_mma|gmma|cublas|hipblaslt|splitK|Kernel2", re.I)
+# cuDNN's layout conversions around NCHW convolutions (what channels_last removes), and transposes.
+LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|transpose", re.I)
 CONVOLUTION = re.compile(
     r"conv|implicit_?gemm|fprop|dgrad|wgrad|winograd|cudnn::|precomputed_convolve|im2col", re.I
 )

@@ -119,7 +119,11 @@ def python_stack(trace: Trace, row: int, depth: int = 12) -> list[str]:
     frames: list[str] = []
     if inner < 0:
         return frames
-    by_id = dict(zip(trace.python_id[python].tolist(), python.tolist(), strict=True))
+    by_id = trace._memo.get("python_by_id")
+    if by_id is None:
+        by_id = trace._memo["python_by_id"] = dict(
+            zip(trace.python_id[python].tolist(), python.tolist(), strict=True)
+        )
     current: int | None = inner
     while current is not None and current >= 0 and len(frames) < depth:
         frames.append(trace.name_of(current))
@@ -128,8 +132,8 @@ def python_stack(trace: Trace, row: int, depth: int = 12) -> list[str]:
 
 
 _LIBRARY_FRAME = re.compile(
-    r"(^|/)(torch|torchvision|site-packages|dist-packages|lib/python\d|contextlib|threading|"
-    r"gpudoctor|_?bootstrap|runpy)(/|\.py)|^<built-in|^\S+\.(?:py|pyc)?\(\d+\): <module>$|^<frozen"
+    r"(^|/)(torch|torchvision|site-packages|dist-packages)/|/lib/python3[\d.]*/|"
+    r"(^|/)(contextlib|threading|runpy|functools)\.py|(^|/)gpudoctor/(?!workloads/)|^<built-in|^<frozen"
 )
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from enum import Enum
 from typing import Any
 
@@ -32,3 +34,58 @@ def to_jsonable(obj: Any) -> Any:
         f = float(obj)
         return f if math.isfinite(f) else None
     return obj
+
+
+def from_jsonable(cls: type, data: Any) -> Any:
+    """Rebuild a (nested) frozen dataclass from `to_jsonable` output, guided by its type hints."""
+    return _build(cls, data)
+
+
+def _build(tp: Any, value: Any) -> Any:
+    origin = typing.get_origin(tp)
+    if tp is Any or tp is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        for option in options:
+            try:
+                return _build(option, value)
+            except (TypeError, ValueError, KeyError):
+                continue
+        raise ValueError(f"{value!r} fits none of {tp}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise TypeError(f"expected an object for {tp.__name__}")
+        hints = typing.get_type_hints(tp)
+        kwargs = {
+            f.name: _build(hints[f.name], value[f.name])
+            for f in dataclasses.fields(tp)
+            if f.init and not f.name.startswith("_") and f.name in value
+        }
+        return tp(**kwargs)
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_build(args[0], v) for v in value)
+        return tuple(_build(a, v) for a, v in zip(args, value, strict=True))
+    if origin is list:
+        (arg,) = typing.get_args(tp)
+        return [_build(arg, v) for v in value]
+    if origin is dict:
+        _, val_t = typing.get_args(tp)
+        return {k: _build(val_t, v) for k, v in value.items()}
+    if tp is float:
+        if value is None:
+            return math.nan
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise TypeError(f"expected a number, got {value!r}")
+        return float(value)
+    if tp in (int, str, bool):
+        if not isinstance(value, tp) or (tp is int and isinstance(value, bool)):
+            raise TypeError(f"expected {tp.__name__}, got {value!r}")
+        return value
+    if isinstance(tp, type) and issubclass(tp, Enum):
+        return tp(value)
+    return value

@@ -1,0 +1,166 @@
+"""The host side: per step, time in the DataLoader, the optimizer step, CPU ops and launch calls; and
+PyTorch ops ranked by the GPU time of the kernels they launched (self and with their children)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpudoctor.analysis import classify
+from gpudoctor.analysis.intervals import Disjoint
+from gpudoctor.trace.links import op_parents, op_rows
+from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, LAUNCH_KINDS, Kind, Trace
+from gpudoctor.trace.steps import Step
+
+DATALOADER = re.compile(r"DataLoader.*__next__|^DataLoader\.__next__|_next_data|fetch.*DataLoader", re.I)
+OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#|^Optimizer\.step$|optimizer\.step", re.I)
+ZERO_GRAD = re.compile(r"^Optimizer\.zero_grad#")
+
+
+@dataclass(frozen=True)
+class CpuStep:
+    number: int
+    duration_us: float
+    dataloader_us: float  # inside DataLoader __next__
+    optimizer_us: float  # inside Optimizer.step
+    cpu_ops_us: float  # top-level PyTorch ops, all threads (union)
+    launch_us: float  # runtime calls that launch GPU work
+    launch_count: int
+    sync_us: float  # runtime calls that block on the GPU
+
+
+@dataclass(frozen=True)
+class OpStat:
+    name: str
+    calls: int
+    cpu_total_us: float  # wall time inside the op (its children included)
+    cpu_self_us: float  # minus its child ops
+    gpu_self_us: float  # kernels/copies the op itself launched
+    gpu_total_us: float  # … plus those of its child ops
+    kernels: int  # GPU activities launched (self)
+
+
+def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> tuple[CpuStep, ...]:
+    if not steps:
+        return ()
+    starts = np.array([s.start_us for s in steps])
+    ends = np.array([s.end_us for s in steps])
+    cpu_rows = trace.rows(Kind.USER_ANNOTATION, Kind.PYTHON, Kind.CPU_OP)
+    loader = Disjoint.of(*_spans(trace, classify.rows_matching(trace, cpu_rows, DATALOADER)))
+    annotations = trace.rows(Kind.USER_ANNOTATION, Kind.CPU_OP)
+    optimizer = Disjoint.of(*_spans(trace, classify.rows_matching(trace, annotations, OPTIMIZER_STEP)))
+    ops = trace.rows(Kind.CPU_OP)
+    top_ops = ops[op_parents(trace, ops) < 0]
+    op_union = Disjoint.of(*_spans(trace, top_ops))
+    launches = classify.rows_matching(trace, trace.rows(*LAUNCH_KINDS), classify.LAUNCH_CALLS)
+    launch_union = Disjoint.of(*_spans(trace, launches))
+    sync_union = Disjoint.of(*_spans(trace, sync_rows))
+    launch_counts = (
+        np.histogram(trace.ts[launches], bins=_edges(starts, ends))[0][::2] if len(launches) else None
+    )
+    out = []
+    for i, s in enumerate(steps):
+        a, b = np.array([s.start_us]), np.array([s.end_us])
+        out.append(
+            CpuStep(
+                number=s.number,
+                duration_us=s.duration_us,
+                dataloader_us=float(loader.covered(a, b)[0]),
+                optimizer_us=float(optimizer.covered(a, b)[0]),
+                cpu_ops_us=float(op_union.covered(a, b)[0]),
+                launch_us=float(launch_union.covered(a, b)[0]),
+                launch_count=int(launch_counts[i]) if launch_counts is not None else 0,
+                sync_us=float(sync_union.covered(a, b)[0]),
+            )
+        )
+    return tuple(out)
+
+
+def _spans(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return trace.ts[rows], trace.ts[rows] + trace.dur[rows]
+
+
+def _edges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Histogram edges [s0, e0, s1, e1, ...]: even bins are the steps (steps never overlap)."""
+    edges = np.empty(2 * len(starts))
+    edges[0::2], edges[1::2] = starts, ends
+    return np.maximum.accumulate(edges)
+
+
+def op_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> tuple[OpStat, ...]:
+    """PyTorch ops by the GPU time they caused, with their children's (`gpu_total_us`)."""
+    ops = trace.rows(Kind.CPU_OP)
+    if not len(ops):
+        return ()
+    parent = op_parents(trace, ops)
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    owner = op_rows(trace, gpu)  # trace rows of ops
+    position = np.full(len(trace), -1, dtype=np.int64)
+    position[ops] = np.arange(len(ops))
+    owned = owner >= 0
+    owner_pos = position[owner[owned]]
+    ok = owner_pos >= 0
+    gpu_self = np.bincount(owner_pos[ok], weights=trace.dur[gpu[owned]][ok], minlength=len(ops))
+    kernels = np.bincount(owner_pos[ok], minlength=len(ops))
+    gpu_total = _roll_up(gpu_self, parent)
+    child_cpu = np.bincount(parent[parent >= 0], weights=trace.dur[ops[parent >= 0]], minlength=len(ops))
+    cpu_self = np.maximum(trace.dur[ops] - child_cpu, 0.0)
+    keep = np.ones(len(ops), dtype=bool)
+    if window is not None:
+        keep = (trace.ts[ops] >= window[0]) & (trace.ts[ops] < window[1])
+    names = trace.name[ops][keep]
+    ids, inverse = np.unique(names, return_inverse=True)
+
+    def per_name(values: np.ndarray) -> np.ndarray:
+        return np.bincount(inverse, weights=values[keep], minlength=len(ids))
+
+    calls = np.bincount(inverse, minlength=len(ids))
+    # An op nested in an op of the same name (aten::to inside aten::to) must not count twice.
+    outer = _not_inside_same_name(trace, ops, parent)
+    g_total = np.bincount(inverse, weights=np.where(outer, gpu_total, 0.0)[keep], minlength=len(ids))
+    c_total = np.bincount(inverse, weights=np.where(outer, trace.dur[ops], 0.0)[keep], minlength=len(ids))
+    g_self, c_self, k = per_name(gpu_self), per_name(cpu_self), per_name(kernels.astype(float))
+    order = np.lexsort((-c_total, -g_total))[:top]
+    return tuple(
+        OpStat(
+            trace.names[int(ids[i])],
+            int(calls[i]),
+            float(c_total[i]),
+            float(c_self[i]),
+            float(g_self[i]),
+            float(g_total[i]),
+            int(k[i]),
+        )
+        for i in order
+    )
+
+
+def _roll_up(values: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    """Each node's value plus all its descendants', children before parents (by depth)."""
+    depth = np.zeros(len(parent), dtype=np.int64)
+    has_parent = parent >= 0
+    current = parent.copy()
+    while has_parent.any():
+        depth[has_parent] += 1
+        current = np.where(has_parent, parent[np.maximum(current, 0)], -1)
+        has_parent = current >= 0
+    total = values.astype(np.float64).copy()
+    for d in range(int(depth.max()), 0, -1):
+        idx = np.flatnonzero(depth == d)
+        np.add.at(total, parent[idx], total[idx])
+    return total
+
+
+def _not_inside_same_name(trace: Trace, ops: np.ndarray, parent: np.ndarray) -> np.ndarray:
+    names = trace.name[ops]
+    outer = np.ones(len(ops), dtype=bool)
+    current = parent.copy()
+    while (current >= 0).any():
+        alive = current >= 0
+        same = np.zeros(len(ops), dtype=bool)
+        same[alive] = names[current[alive]] == names[alive]
+        outer &= ~same
+        current = np.where(alive, parent[np.maximum(current, 0)], -1)
+    return outer

@@ -1,0 +1,135 @@
+"""`analyze(trace) -> Analysis`: every analysis of one trace, per step and overall, as one
+serializable result. Parts the trace cannot support are None and say why in `notes`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
+from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
+from gpudoctor.analysis.memory import MemoryReport, memory_report
+from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
+from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline
+from gpudoctor.analysis.transfers import TransferReport, transfer_report
+from gpudoctor.device import DeviceInfo
+from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
+from gpudoctor.trace.steps import Step, find_steps
+from gpudoctor.util.errors import UsageError
+from gpudoctor.util.serial import from_jsonable, to_jsonable
+
+SCHEMA = "gpudoctor.analysis/1"
+
+
+@dataclass(frozen=True)
+class TraceSummary:
+    path: str
+    rank: int
+    world_size: int | None
+    events: int
+    gpu_activities: int
+    span_us: float
+    profiler_config: dict[str, Any]
+    skipped: dict[str, int]
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    number: int
+    duration_us: float
+    gpu: TimeBreakdown | None
+    cpu: CpuStep
+
+
+@dataclass(frozen=True)
+class Analysis:
+    schema: str
+    trace: TraceSummary
+    device: DeviceInfo | None
+    steps: tuple[StepSummary, ...]
+    step_time_us: Distribution | None
+    selected_step: int | None  # set when the analysis covers one step (--step)
+    timeline: GpuTimeline
+    kernels: KernelReport
+    transfers: TransferReport
+    syncs: SyncReport
+    ops: tuple[OpStat, ...]
+    memory: MemoryReport | None
+    notes: tuple[str, ...]
+
+    @property
+    def window(self) -> TimeBreakdown | None:
+        """The breakdown the summary leads with: the profiled steps, else the GPU's own span."""
+        return self.timeline.profiled_steps or self.timeline.gpu_window
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Analysis:
+        if data.get("schema") != SCHEMA:
+            raise UsageError(f"not a gpudoctor analysis of schema {SCHEMA} (got {data.get('schema')!r})")
+        return from_jsonable(cls, data)
+
+
+def analyze(trace: Trace, step: int | None = None) -> Analysis:
+    """All analyses of one trace; with `step`, the windowed analyses cover that step alone."""
+    steps = find_steps(trace)
+    notes: list[str] = []
+    if not steps:
+        notes.append("no ProfilerStep#N annotations: figures cover the whole trace, not steps")
+    if step is not None:
+        chosen = tuple(s for s in steps if s.number == step)
+        if not chosen:
+            have = ", ".join(str(s.number) for s in steps) or "none"
+            raise UsageError(f"no step {step} in this trace (steps: {have})")
+        steps = chosen
+    if not trace.has_gpu:
+        notes.append("no GPU activity: a CPU-only trace, so GPU figures are not available")
+    window = (steps[0].start_us, steps[-1].end_us) if steps else None
+    syncs = host_sync_rows(trace)
+    timeline = gpu_timeline(trace, steps)
+    cpu = cpu_steps(trace, steps, syncs)
+    step_rows = tuple(
+        StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
+        for i, s in enumerate(steps)
+    )
+    memory = memory_report(trace, steps)
+    if memory is None:
+        notes.append("no GPU memory events: record with profile_memory=True for the memory analysis")
+    durations = np.array([s.duration_us for s in steps])
+    return Analysis(
+        schema=SCHEMA,
+        trace=_summary(trace),
+        device=trace.device_info,
+        steps=step_rows,
+        step_time_us=Distribution.of(durations),
+        selected_step=step,
+        timeline=timeline,
+        kernels=kernel_report(trace, window),
+        transfers=transfer_report(trace, window),
+        syncs=sync_report(trace, steps),
+        ops=op_report(trace, window),
+        memory=memory,
+        notes=tuple(notes),
+    )
+
+
+def _summary(trace: Trace) -> TraceSummary:
+    span = float((trace.ts + trace.dur).max()) if len(trace) else 0.0
+    dist = trace.meta.distributed
+    return TraceSummary(
+        path=trace.meta.path,
+        rank=trace.meta.rank,
+        world_size=dist.world_size if dist else None,
+        events=len(trace) + len(trace.memory),
+        gpu_activities=len(trace.rows(*GPU_ACTIVITY_KINDS)),
+        span_us=span,
+        profiler_config=dict(trace.meta.profiler_config),
+        skipped=dict(trace.skipped),
+    )
+
+
+__all__ = ["SCHEMA", "Analysis", "Step", "analyze"]
