@@ -259,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
 
     hta_log = logging.getLogger("hta")
     hta_log.setLevel(logging.INFO if args.verbose else logging.ERROR)
-    for h in hta_log.handlers:  # HTA's logging.config points at stdout; keep stdout for the JSON
+    for h in hta_log.handlers:  # hta's logging.config (if set up) points at stdout; keep stdout for the JSON
         if isinstance(h, logging.StreamHandler):
             h.setStream(sys.stderr)
 

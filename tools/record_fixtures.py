@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import gzip
 import json
 import os
 import platform
@@ -40,10 +39,14 @@ COPY_PART_BYTES = 15 * 1024 * 1024
 
 try:
     from gpudoctor import workloads
+    from gpudoctor.trace import capture
+    from gpudoctor.trace.capture import ProfileOptions
     from gpudoctor.util.units import fmt_bytes, fmt_us
 except ImportError:  # run without PYTHONPATH=src
     sys.path.insert(0, str(REPO / "src"))
     from gpudoctor import workloads
+    from gpudoctor.trace import capture
+    from gpudoctor.trace.capture import ProfileOptions
     from gpudoctor.util.units import fmt_bytes, fmt_us
 
 
@@ -141,38 +144,14 @@ def time_steps(step: workloads.Step, device: torch.device, n: int) -> tuple[list
 
 def profile_steps(step: workloads.Step, device: torch.device, spec: FixtureSpec) -> int:
     """Profile wait=1, warmup=2, active=N steps into `spec.path` (gzipped); returns the file's size."""
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    raw = spec.out_dir / f".{spec.fixture}.json.tmp"
-    exported: list[Path] = []
-
-    def on_trace_ready(prof: profile) -> None:
-        prof.export_chrome_trace(str(raw))
-        exported.append(raw)
-
-    wait, warmup = 1, 2
-    with profile(
-        activities=activities,
-        schedule=schedule(wait=wait, warmup=warmup, active=spec.active_steps, repeat=1),
-        on_trace_ready=on_trace_ready,
-        record_shapes=spec.record_shapes,
-        profile_memory=spec.profile_memory,
+    options = ProfileOptions(
+        active=spec.active_steps,
+        cuda=device.type == "cuda",
         with_stack=spec.with_stack,
-    ) as prof:
-        for _ in range(wait + warmup + spec.active_steps):
-            step.run()
-            prof.step()
-    if not exported:
-        raise RuntimeError(f"{spec.fixture}: the profiler produced no trace")
-    try:
-        with raw.open("rb") as src, gzip.GzipFile(spec.path, "wb", compresslevel=6, mtime=0) as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-    finally:
-        raw.unlink(missing_ok=True)
-    return spec.path.stat().st_size
+        profile_memory=spec.profile_memory,
+        record_shapes=spec.record_shapes,
+    )
+    return capture.profile_steps(step.run, spec.path, options).stat().st_size
 
 
 def _driver_version() -> str | None:

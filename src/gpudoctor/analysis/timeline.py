@@ -63,8 +63,11 @@ class GpuTimeline:
     concurrent_kinds_us: dict[str, float]  # each kind's own union, overlaps included
 
 
-def gpu_timeline(trace: Trace, steps: tuple[Step, ...]) -> GpuTimeline:
-    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+def gpu_timeline(trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None = None) -> GpuTimeline:
+    """Busy and idle per step, over the profiled steps, and over the GPU's own span. `gpu` restricts
+    the GPU activity considered (default: all kernels, copies and memsets)."""
+    if gpu is None:
+        gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
         return GpuTimeline((), None, None, {})
     start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]

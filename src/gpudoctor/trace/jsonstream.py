@@ -25,7 +25,10 @@ _SPLIT = re.compile(rb"\}\s*,\s*\{")
 _WS = b" \t\r\n"
 
 _BYTE = re.compile(r"\(byte (\d+)\)")
+_AFTER_EVENTS = re.compile(rb'\]\s*(,\s*"|\})')  # the events' `]` and what follows it in the object form
 _untyped = msgspec.json.Decoder()
+# msgspec raises UnicodeDecodeError (not a DecodeError) for invalid UTF-8 inside a string
+_JSON_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 
 Events = list[Any]
 Decode = Callable[[bytes], Events]
@@ -55,8 +58,8 @@ def read_trace_json(
     else:
         raise TraceFormatError("not JSON: the file does not start with '{' or '['")
     trailer = yield from _stream_events(reader, start, decode, bare=first == ord("["))
-    header.pop("traceEvents", None)
     header.update(trailer)
+    header.pop("traceEvents", None)  # after the update: the trailer's parse puts a null there too
     return header
 
 
@@ -114,33 +117,56 @@ def _read_header(reader: _BlockReader) -> tuple[dict[str, Any] | None, int]:
         return None, 0
     try:
         header = _untyped.decode(prefix + b'"traceEvents": null}')
-    except msgspec.DecodeError:
+    except _JSON_ERRORS:
         return None, 0
     return header, m.end()
 
 
 def _parse_chunk(buf: bytearray, lo: int, hi: int, decode: Decode) -> tuple[Events | None, bool]:
-    """Parse `[buf[lo:hi]]`: (events, ok). ok False means it failed only at its very end."""
-    wrapped = b"[" + buf[lo:hi] + b"]"
+    """Parse `[buf[lo:hi]]`: (events, ok). ok False means it failed only at its very end.
+
+    In place, without copying: the separator bytes at lo-1 (`[` or `,`) and at hi (whitespace, `,`
+    or `]`) are overwritten with the brackets for the decode and restored after it.
+    """
+    before, after = buf[lo - 1], buf[hi]
+    buf[lo - 1], buf[hi] = 0x5B, 0x5D  # '[' and ']'
     try:
-        return decode(wrapped), True
-    except msgspec.DecodeError as err:
-        pos = _error_byte(err, wrapped)
-        if pos is None or pos >= len(wrapped) - 1:
-            return None, False
-        raise _Corrupt(pos, str(err).split(" (byte")[0]) from err
+        with memoryview(buf) as whole, whole[lo - 1 : hi + 1] as wrapped:
+            try:
+                return decode(wrapped), True
+            except _JSON_ERRORS as err:
+                pos = _error_byte(err, wrapped)
+                if pos is None or pos >= len(wrapped) - 1:
+                    return None, False
+                raise _Corrupt(pos, _reason(err)) from None
+    finally:
+        buf[lo - 1], buf[hi] = before, after
 
 
-def _error_byte(err: msgspec.DecodeError, doc: bytes) -> int | None:
+def _error_byte(err: Exception, doc: bytes | memoryview) -> int | None:
     """Where malformed JSON went wrong; None when the input simply ended too soon."""
+    if isinstance(err, UnicodeDecodeError):
+        try:
+            bytes(doc).decode("utf-8")
+        except UnicodeDecodeError as bad:
+            return bad.start
+        return 0
     if isinstance(err, msgspec.ValidationError):  # well-formed JSON of unexpected types
         try:
             _untyped.decode(doc)
-        except msgspec.DecodeError as syntax:
+        except msgspec.ValidationError:  # a number out of range: msgspec names its path, not its byte
+            return 0
+        except _JSON_ERRORS as syntax:
             return _error_byte(syntax, doc)
         raise AssertionError("a decoder rejected JSON without handling its types") from err
     m = _BYTE.search(str(err))
     return int(m.group(1)) if m else None
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, UnicodeDecodeError):
+        return "invalid UTF-8 in a string"
+    return str(err).split(" (byte")[0]
 
 
 class _Corrupt(Exception):
@@ -153,7 +179,7 @@ class _Corrupt(Exception):
 def _stream_events(
     reader: _BlockReader, start: int, decode: Decode, bare: bool
 ) -> Generator[Events, None, dict[str, Any]]:
-    pos = start  # offset in reader.buf of the first byte after the last complete event (or the '[')
+    pos = start  # offset in reader.buf just after the last complete event's ',' (or the '[')
     min_end = 0  # a failed split means the next try must reach further than this
     while True:
         grew = reader.fill()
@@ -166,6 +192,8 @@ def _stream_events(
         try:
             events, ok = _parse_chunk(buf, pos, split + 1, decode)
         except _Corrupt as err:
+            if not bare and _events_ended(buf, pos, err):
+                break  # that `},{` was in a key after the events (traceEvents is not the last key)
             raise _corrupt_error(reader, pos, err) from None
         if not ok:
             min_end = split + 1
@@ -173,10 +201,20 @@ def _stream_events(
         if events:
             yield events
         del events
-        nxt = buf.index(b"{", split + 1)
-        reader.drop(nxt)
-        pos, min_end = 0, 0
+        # keep the comma: the next chunk's '[' goes in its place
+        reader.drop(buf.index(b",", split + 1))
+        pos, min_end = 1, 0
+    while reader.fill():
+        pass
     return (yield from _finish(reader, pos, decode, bare))
+
+
+def _events_ended(buf: bytearray, pos: int, err: _Corrupt) -> bool:
+    """Whether a chunk failed because the events array closed inside it and a top-level key follows."""
+    if "trailing characters" not in err.msg:
+        return False
+    close = buf.rfind(b"]", pos, pos + err.pos)  # msgspec points at or just after the first trailing byte
+    return close >= 0 and _AFTER_EVENTS.match(buf, close) is not None
 
 
 def _last_split(buf: bytearray, lo: int, hi: int) -> int | None:
@@ -196,6 +234,7 @@ def _finish(
     """At end of file: parse the last events, the array's `]` and the keys after it."""
     buf = reader.buf
     end = len(buf)
+    corrupt: _Corrupt | None = None
     for _ in range(10_000):
         close = buf.rfind(b"]", pos, end)
         if close < 0:
@@ -209,7 +248,7 @@ def _finish(
         else:
             try:
                 trailer = _untyped.decode(b'{"traceEvents": null' + tail)
-            except msgspec.DecodeError:
+            except _JSON_ERRORS:
                 continue
             if not isinstance(trailer, dict):
                 continue
@@ -217,12 +256,15 @@ def _finish(
             return trailer
         try:
             events, ok = _parse_chunk(buf, pos, close, decode)
-        except _Corrupt as err:
-            raise _corrupt_error(reader, pos, err) from None
+        except _Corrupt as err:  # or this `]` closed a list in a key after the events: try an earlier one
+            corrupt = corrupt or err
+            continue
         if ok:
             if events:
                 yield events
             return trailer
+    if corrupt is not None:
+        raise _corrupt_error(reader, pos, corrupt)
     raise TraceFormatError(
         f"truncated or corrupt trace: the traceEvents array does not end properly "
         f"(read {reader.consumed + len(buf):,} bytes)"
@@ -240,11 +282,11 @@ def _whole_document(reader: _BlockReader, decode: Decode) -> Generator[Events, N
         pass
     try:
         doc = _untyped.decode(reader.buf)
-    except msgspec.DecodeError as err:
+    except _JSON_ERRORS as err:
         pos = _error_byte(err, bytes(reader.buf))
         if pos is None:
             raise TraceFormatError("truncated JSON: the file ends in the middle of the document") from None
-        raise TraceFormatError(f"corrupt JSON near byte {pos:,}: {str(err).split(' (byte')[0]}") from None
+        raise TraceFormatError(f"corrupt JSON near byte {pos:,}: {_reason(err)}") from None
     reader.buf = bytearray()
     if not isinstance(doc, dict) or "traceEvents" not in doc:
         raise TraceFormatError("JSON is not a trace: it has no 'traceEvents' array")

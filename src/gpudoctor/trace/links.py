@@ -150,34 +150,49 @@ def user_frame(stack: list[str]) -> str | None:
 
 def op_parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """For each of `rows`, the position in `rows` of its innermost enclosing row on the same thread
-    (-1 at the top).
+    (-1 at the top). Memoized per set of rows.
 
-    One pass with a stack per thread over rows sorted by (thread, start, longest first).
+    The parent of an interval is the latest earlier-starting one on its thread still open when it
+    starts (what a stack sweep finds): a "last position to the left with a value above x" query,
+    answered for all rows at once by binary lifting over a sparse table of running maxima.
     """
+    key = ("parents", len(rows), hash(rows.tobytes()))
+    memo = trace._memo
+    if key not in memo:
+        memo[key] = _parents(trace, rows)
+    return memo[key]
+
+
+def _parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     n = len(rows)
     parent = np.full(n, -1, dtype=np.int64)
     if not n:
         return parent
-    ts, end, tid, pid = trace.ts[rows], trace.ts[rows] + trace.dur[rows], trace.tid[rows], trace.pid[rows]
-    order = np.lexsort((-trace.dur[rows], ts, tid, pid))
-    ts_l, end_l, tid_l, pid_l = (
-        ts[order].tolist(),
-        end[order].tolist(),
-        tid[order].tolist(),
-        pid[order].tolist(),
-    )
-    order_l = order.tolist()
-    stack: list[int] = []  # positions in `order`
-    last_thread = None
-    for k in range(n):
-        thread = (pid_l[k], tid_l[k])
-        if thread != last_thread:
-            stack.clear()
-            last_thread = thread
-        t = ts_l[k]
-        while stack and end_l[stack[-1]] <= t:
-            stack.pop()
-        if stack:
-            parent[order_l[k]] = order_l[stack[-1]]
-        stack.append(k)
+    order = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    r = rows[order]
+    # Put each thread on its own stretch of the time axis so no interval can enclose another thread's.
+    thread = np.zeros(n, dtype=np.int64)
+    thread[1:] = np.cumsum((np.diff(trace.pid[r]) != 0) | (np.diff(trace.tid[r]) != 0))
+    lo, hi = float(trace.ts[r].min()), float((trace.ts[r] + trace.dur[r]).max())
+    shift = thread * (hi - lo + 1.0)
+    start = trace.ts[r] - lo + shift
+    end = trace.ts[r] + trace.dur[r] - lo + shift
+    # table[l][i] = max(end[i - 2**l + 1 .. i])
+    table = [end]
+    while (1 << len(table)) <= n:
+        prev, step = table[-1], 1 << (len(table) - 1)
+        nxt = prev.copy()
+        nxt[step:] = np.maximum(prev[step:], prev[:-step])
+        table.append(nxt)
+    p = np.arange(n) - 1  # candidate: the row just before
+    for level in range(len(table) - 1, -1, -1):
+        width = 1 << level
+        ok = p - width + 1 >= 0
+        idx = np.maximum(p, 0)
+        skip = ok & (table[level][idx] <= start)
+        p = np.where(skip, p - width, p)
+    found = (p >= 0) & (end[np.maximum(p, 0)] > start)
+    parent_sorted = np.where(found, p, -1)
+    # back to the caller's order of rows
+    parent[order] = np.where(parent_sorted >= 0, order[np.maximum(parent_sorted, 0)], -1)
     return parent

@@ -7,11 +7,15 @@ are dropped, so memory stays near the size of the columns. Malformed events are 
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
 import zlib
-from operator import attrgetter
+from collections import Counter
+from collections.abc import Sequence
+from itertools import compress, repeat
+from operator import attrgetter, eq, not_
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -47,11 +51,11 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 top: dict[str, Any] = stop.value
             for reason, count in repairs.counts.items():
                 builder.skip(reason, count)
+        return builder.build(str(p), top)
     except TraceFormatError as err:
         raise TraceFormatError(f"{p}: {err}") from None
     except OSError as err:
         raise TraceFormatError(f"{p}: cannot read: {err.strerror or err}") from None
-    return builder.build(str(p), top)
 
 
 def load_traces(path: str | os.PathLike[str]) -> list[Trace]:
@@ -100,16 +104,16 @@ class _Interner:
         self.ids: dict[str, int] = {}
         self.strings: list[str] = []
 
-    def many(self, values: list[Any]) -> np.ndarray:
+    def many(self, values: Sequence[Any]) -> np.ndarray:
         get = self.ids.get
         try:
-            out = [get(v) for v in values]
+            out = list(map(get, values))
+            if None in out:  # new names: add each once, then look all up again
+                for v in dict.fromkeys(v for v, i in zip(values, out, strict=True) if i is None):
+                    self.one(v)
+                out = list(map(get, values))
         except TypeError:  # an unhashable name (a list, say) in a damaged trace
-            out = [None] * len(values)
-        if None in out:
-            for i, v in enumerate(values):
-                if out[i] is None:
-                    out[i] = self.one(v)
+            out = [self.one(v) for v in values]
         return np.array(out, dtype=np.int32)
 
     def one(self, value: Any) -> int:
@@ -118,16 +122,25 @@ class _Interner:
         if got is None:
             got = self.ids[key] = len(self.strings)
             self.strings.append(key)
+        if key is not value:  # None, a number: look it up directly next time
+            with contextlib.suppress(TypeError):
+                self.ids[value] = got
         return got
 
 
-def _num(values: list[Any], dtype: type, default: float) -> np.ndarray:
+def _num(values: Sequence[Any], dtype: type, default: float) -> np.ndarray:
     """numpy array of numbers; anything that is not a number (None included) becomes `default`."""
     try:
         arr = np.array(values, dtype=dtype)
         if arr.ndim == 1:
             if default == default and arr.dtype.kind == "f":  # None became NaN; want the default
                 arr[np.isnan(arr)] = default
+            return arr
+    except (TypeError, ValueError, OverflowError):
+        pass
+    try:  # usually only nulls (e.g. a top-level Python frame's "Python parent id": null)
+        arr = np.array([default if v is None else v for v in values], dtype=dtype)
+        if arr.ndim == 1:
             return arr
     except (TypeError, ValueError, OverflowError):
         pass
@@ -179,18 +192,21 @@ class _Builder:
 
     # ---- one chunk -------------------------------------------------------------------------
     def add_chunk(self, events: list[Event]) -> None:
-        self.n_events += len(events)
-        xs = [e for e in events if e.ph == "X"]
+        phases = list(map(_PH, events))
+        self.n_events += len(phases) - phases.count(None)  # a JSON object without "ph" is no event
+        # C loops: no bytecode per event. eq, not "X".__eq__: that gives NotImplemented (truthy) for None
+        is_x = list(map(eq, repeat("X"), phases))
+        xs = list(compress(events, is_x))
         if len(xs) < len(events):
-            self._add_others([e for e in events if e.ph != "X"])
+            self._add_others(list(compress(events, map(not_, is_x))))
         if xs:
             self._add_durations(xs)
 
     def _add_durations(self, xs: list[Event]) -> None:
         n = len(xs)
-        kinds = self._kinds([e.cat for e in xs])
-        ts = _num([e.ts for e in xs], np.float64, np.nan)
-        dur = _num([e.dur for e in xs], np.float64, 0.0)
+        kinds = self._kinds(list(map(_CAT, xs)))
+        ts = _column(xs, "ts", np.float64, np.nan)
+        dur = _column(xs, "dur", np.float64, 0.0)
         bad_ts = np.isnan(ts)
         if bad_ts.any():
             self.skip("duration event without a numeric ts", int(bad_ts.sum()))
@@ -198,39 +214,42 @@ class _Builder:
         if negative.any():  # seen in the wild (HTA issue tracker); keep the event, as an instant
             self.skip("negative duration clamped to 0", int(negative.sum()))
             dur[negative] = 0.0
-        args = [e.args or NO_ARGS for e in xs]
+        args = list(map(_ARGS, xs))
+        if None in args:
+            args = [a or NO_ARGS for a in args]
         b = self.blocks
         b["kind"].append(kinds)
-        b["name"].append(self.names.many([e.name for e in xs]))
-        b["pid"].append(self._ids([e.pid for e in xs]))
-        b["tid"].append(self._ids([e.tid for e in xs]))
+        b["name"].append(self.names.many(list(map(_NAME, xs))))
+        b["pid"].append(self._ids(list(map(_PID, xs))))
+        b["tid"].append(self._ids(list(map(_TID, xs))))
         b["ts"].append(ts)
         b["dur"].append(dur)
-        b["correlation"].append(_num([a.correlation for a in args], np.int64, -1))
-        b["external_id"].append(_num([a.external_id for a in args], np.int64, -1))
-        gpu = np.flatnonzero((kinds >= Kind.KERNEL) & (kinds <= Kind.GPU_SYNC))
-        kernel = np.flatnonzero(kinds == Kind.KERNEL)
-        copy = np.flatnonzero((kinds == Kind.MEMCPY) | (kinds == Kind.MEMSET))
-        python = np.flatnonzero(kinds == Kind.PYTHON)
-        cpu_op = np.flatnonzero(kinds == Kind.CPU_OP)
-        col = _Scatter(n, args)
-        b["device"].append(col.of(gpu, "device", np.int16, -1))
-        b["stream"].append(col.of(gpu, "stream", np.int64, -1))
-        b["bytes"].append(col.of(copy, "bytes", np.int64, -1))
-        b["registers"].append(col.of(kernel, "registers", np.int32, -1))
-        b["shared_memory"].append(col.of(kernel, "shared_memory", np.int64, -1))
-        b["occupancy"].append(col.of(kernel, "occupancy", np.float32, np.nan))
-        b["blocks_per_sm"].append(col.of(kernel, "blocks_per_sm", np.float32, np.nan))
-        b["warps_per_sm"].append(col.of(kernel, "warps_per_sm", np.float32, np.nan))
-        b["grid"].append(col.dims(kernel, "grid"))
-        b["block"].append(col.dims(kernel, "block"))
-        b["python_id"].append(col.of(python, "python_id", np.int64, -1))
-        b["python_parent_id"].append(col.of(python, "python_parent_id", np.int64, -1))
-        b["flops"].append(col.of(cpu_op, "flops", np.float64, np.nan))
+        b["correlation"].append(_column(args, "correlation", np.int64, -1))
+        b["external_id"].append(_column(args, "external_id", np.int64, -1))
+        gpu = _Subset(n, np.flatnonzero((kinds >= Kind.KERNEL) & (kinds <= Kind.GPU_SYNC)), args)
+        b["device"].append(gpu.column("device", np.int16, -1))
+        b["stream"].append(gpu.column("stream", np.int64, -1))
+        b["bytes"].append(gpu.column("bytes", np.int64, -1))
+        kernel = _Subset(n, np.flatnonzero(kinds == Kind.KERNEL), args)
+        b["registers"].append(kernel.column("registers", np.int32, -1))
+        b["shared_memory"].append(kernel.column("shared_memory", np.int64, -1))
+        b["occupancy"].append(kernel.column("occupancy", np.float32, np.nan))
+        b["blocks_per_sm"].append(kernel.column("blocks_per_sm", np.float32, np.nan))
+        b["warps_per_sm"].append(kernel.column("warps_per_sm", np.float32, np.nan))
+        b["grid"].append(kernel.dims("grid"))
+        b["block"].append(kernel.dims("block"))
+        python = _Subset(n, np.flatnonzero(kinds == Kind.PYTHON), args)
+        b["python_id"].append(python.column("python_id", np.int64, -1))
+        b["python_parent_id"].append(python.column("python_parent_id", np.int64, -1))
+        cpu_op = _Subset(n, np.flatnonzero(kinds == Kind.CPU_OP), args)
+        b["flops"].append(cpu_op.column("flops", np.float64, np.nan))
 
-    def _kinds(self, cats: list[Any]) -> np.ndarray:
+    def _kinds(self, cats: Sequence[Any]) -> np.ndarray:
         known = CATEGORY_KINDS
-        out = [known.get(c) for c in cats]  # type: ignore[arg-type]
+        try:
+            out = list(map(known.get, cats))
+        except TypeError:  # an unhashable category in a damaged trace
+            out = [None] * len(cats)
         if None in out:
             for i, c in enumerate(cats):
                 if out[i] is None:
@@ -250,11 +269,13 @@ class _Builder:
                 self.unknown_categories[text] = self.unknown_categories.get(text, 0) + 1
         return kind
 
-    def _ids(self, values: list[Any]) -> np.ndarray:
-        try:
-            return np.array(values, dtype=np.int64)
-        except (TypeError, ValueError, OverflowError):
-            return np.array([self._id(v) for v in values], dtype=np.int64)
+    def _ids(self, values: Sequence[Any]) -> np.ndarray:
+        # No dtype= here: numpy would parse numeric strings ("5" -> 5) and keep negative ints, which
+        # collide with the label ids; `_id` turns both into labels, whatever the chunk holds.
+        arr = np.array(values)
+        if arr.dtype.kind == "i" and arr.ndim == 1 and (not len(arr) or arr.min() >= 0):
+            return arr.astype(np.int64, copy=False)
+        return np.array([self._id(v) for v in values], dtype=np.int64)
 
     def _id(self, v: Any) -> int:
         if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
@@ -265,19 +286,19 @@ class _Builder:
         memory = [e for e in others if e.name == "[memory]" and e.ph in ("i", "I")]
         if memory:
             self._add_memory(memory)
-        if len(memory) == len(others):
-            return
-        for e in others:
-            ph = e.ph
+        for ph, count in Counter(e.ph for e in others).items():
             if ph == "M":
-                self._add_metadata(e)
+                for e in others:
+                    if e.ph == "M":
+                        self._add_metadata(e)
             elif ph in ("s", "f", "t"):
-                self.skip("flow events (links come from correlation ids)")
+                self.skip("flow events (links come from correlation ids)", count)
             elif ph in ("i", "I"):
-                if e.name != "[memory]":
-                    self.skip("instant events")
+                count -= sum(1 for e in memory if e.ph == ph)
+                if count:
+                    self.skip("instant events", count)
             else:
-                self.skip(f"events of phase {str(ph)[:8]!r}")
+                self.skip(f"events of phase {str(ph)[:8]!r}", count)
 
     def _add_metadata(self, e: Event) -> None:
         if e.name == "thread_name" and e.args is not None and e.args.name is not None:
@@ -328,27 +349,41 @@ class _Builder:
         )
 
 
-class _Scatter:
-    """Reads one args field for a subset of rows, into a full-length column."""
+_PH, _CAT, _NAME, _PID, _TID, _ARGS = (attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "args"))
 
-    def __init__(self, n: int, args: list[Args]) -> None:
+
+def _column(objs: Sequence[Any], field: str, dtype: type, default: float) -> np.ndarray:
+    """One numeric field of every struct as an array; None or garbage becomes `default`."""
+    get = attrgetter(field)
+    try:  # the fast path: a C loop with no intermediate list
+        arr = np.fromiter(map(get, objs), dtype=dtype, count=len(objs))
+    except (TypeError, ValueError, OverflowError):
+        return _num(list(map(get, objs)), dtype, default)
+    if default == default and arr.dtype.kind == "f":  # fromiter turns None into NaN; want the default
+        arr[np.isnan(arr)] = default
+    return arr
+
+
+class _Subset:
+    """Reads `Args` fields for a subset of a chunk's rows into full-length columns."""
+
+    def __init__(self, n: int, rows: np.ndarray, args: Sequence[Args]) -> None:
         self.n = n
-        self.args = args
+        self.rows = rows
+        self.args = [args[i] for i in rows.tolist()] if len(rows) < n else args
 
-    def of(self, rows: np.ndarray, field: str, dtype: type, default: float) -> np.ndarray:
+    def column(self, field: str, dtype: type, default: float) -> np.ndarray:
+        if len(self.rows) == self.n:
+            return _column(self.args, field, dtype, default)
         out = np.full(self.n, default, dtype=dtype)
-        if len(rows):
-            args = self.args
-            get = attrgetter(field)
-            out[rows] = _num([get(args[i]) for i in rows.tolist()], dtype, default)
+        if len(self.rows):
+            out[self.rows] = _column(self.args, field, dtype, default)
         return out
 
-    def dims(self, rows: np.ndarray, field: str) -> np.ndarray:
+    def dims(self, field: str) -> np.ndarray:
         out = np.zeros((self.n, 3), dtype=np.int32)
-        if len(rows):
-            args = self.args
-            get = attrgetter(field)
-            out[rows] = _dims([get(args[i]) for i in rows.tolist()])
+        if len(self.rows):
+            out[self.rows] = _dims(list(map(attrgetter(field), self.args)))
         return out
 
 
