@@ -13,11 +13,12 @@ from gpudoctor.trace.model import Kind, Trace
 # collective names that other backends (and NCCL's newer `ncclDevKernel_*`) use.
 COMMUNICATION = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|AllToAll|SendRecv|Broadcast", re.I)
 MATMUL = re.compile(r"gemm|matmul|nvjet|cutlass|xmma|_mma|gmma|cublas|hipblaslt|splitK|Kernel2", re.I)
+# Fused attention (FlashAttention, cuDNN / CUTLASS fused MHA, memory-efficient attention).
+ATTENTION = re.compile(r"flash|fmha|attention|sdpa|_mha|mem_eff", re.I)
+NORMALIZATION = re.compile(r"batch_?norm|bn_fw|bn_bw|layer_?norm|rms_?norm|group_?norm|instance_?norm", re.I)
 # cuDNN's layout conversions around NCHW convolutions (what channels_last removes), and transposes.
 LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|transpose", re.I)
-CONVOLUTION = re.compile(
-    r"conv|implicit_?gemm|fprop|dgrad|wgrad|winograd|cudnn::|precomputed_convolve|im2col", re.I
-)
+CONVOLUTION = re.compile(r"conv|implicit_?gemm|fprop|dgrad|wgrad|winograd|precomputed_convolve|im2col", re.I)
 # Tensor-core kernels announce the MMA shape or instruction, or a reduced-precision tile;
 # SIMT kernels (no tensor cores) say sgemm/dgemm/simt or name a plain fp32 tile.
 TENSOR_CORE = re.compile(

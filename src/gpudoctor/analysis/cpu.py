@@ -26,7 +26,7 @@ class CpuStep:
     dataloader_us: float  # inside DataLoader __next__
     optimizer_us: float  # inside Optimizer.step
     cpu_ops_us: float  # top-level PyTorch ops, all threads (union)
-    launch_us: float  # runtime calls that launch GPU work
+    launch_us: float  # runtime calls that launch GPU work (and returned without waiting)
     launch_count: int
     sync_us: float  # runtime calls that block on the GPU
 
@@ -55,6 +55,7 @@ def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> t
     top_ops = ops[op_parents(trace, ops) < 0]
     op_union = Disjoint.of(*_spans(trace, top_ops))
     launches = classify.rows_matching(trace, trace.rows(*LAUNCH_KINDS), classify.LAUNCH_CALLS)
+    launches = np.setdiff1d(launches, sync_rows)  # a copy that blocked counts as a sync, not a launch
     launch_union = Disjoint.of(*_spans(trace, launches))
     sync_union = Disjoint.of(*_spans(trace, sync_rows))
     launch_counts = (

@@ -26,7 +26,7 @@ class KernelStat:
     blocks_per_sm: float | None  # duration-weighted mean
     grid: tuple[int, int, int] | None  # of the longest call
     block: tuple[int, int, int] | None
-    category: str  # 'matmul', 'convolution', 'layout', 'communication' or 'other'
+    category: str  # one of _CATEGORIES or 'other'
     tensor_cores: bool | None  # None where the name does not tell
 
 
@@ -62,6 +62,7 @@ class KernelReport:
 
 
 def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> KernelReport:
+    """Kernels that start inside `window` (default: all), the `top` by total time in detail."""
     rows = trace.rows(Kind.KERNEL)
     if window is not None:
         rows = rows[(trace.ts[rows] >= window[0]) & (trace.ts[rows] < window[1])]
@@ -80,8 +81,11 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     conv = classify.name_mask(trace, classify.CONVOLUTION)
     comm = classify.name_mask(trace, classify.COMMUNICATION)
     layout = classify.name_mask(trace, classify.LAYOUT)
-    conv = conv & ~layout
-    matmul = matmul & ~layout
+    attention = classify.name_mask(trace, classify.ATTENTION)
+    norm = classify.name_mask(trace, classify.NORMALIZATION)
+    special = layout | attention | norm | comm
+    conv = conv & ~special
+    matmul = matmul & ~special
     tc = classify.name_mask(trace, classify.TENSOR_CORE)
     not_tc = classify.name_mask(trace, classify.NOT_TENSOR_CORE)
 
@@ -102,14 +106,12 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
             blocks_per_sm=_weighted(trace.blocks_per_sm[members], weights),
             grid=_dims(trace.grid[longest]),
             block=_dims(trace.block[longest]),
-            category="layout"
-            if layout[name_id]
-            else _category(matmul[name_id], conv[name_id], comm[name_id]),
+            category=_category(name_id, comm, attention, norm, layout, conv, matmul),
             tensor_cores=_tensor_cores(bool(tc[name_id]), bool(not_tc[name_id])),
         )
 
-    is_conv = conv[names] & ~comm[names]  # before matmul: "implicit_gemm" is a convolution
-    is_mm = matmul[names] & ~is_conv & ~comm[names]
+    is_conv = conv[names]
+    is_mm = matmul[names] & ~is_conv  # "implicit_gemm" is a convolution
     heavy = is_mm | is_conv
     known = heavy & (tc[names] | not_tc[names])
     heavy_known_us = float(dur[known].sum())
@@ -133,7 +135,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
 
 
 def _weighted(values: np.ndarray, weights: np.ndarray | None) -> float | None:
-    ok = ~np.isnan(values)
+    ok = ~np.isnan(values) & (values > 0)  # Kineto writes 0 where it could not estimate
     if not ok.any():
         return None
     if weights is None:
@@ -148,14 +150,12 @@ def _dims(d: np.ndarray) -> tuple[int, int, int] | None:
     return (int(d[0]), int(d[1]), int(d[2]))
 
 
-def _category(is_matmul: bool, is_conv: bool, is_comm: bool) -> str:
-    if is_comm:
-        return "communication"
-    if is_conv:
-        return "convolution"
-    if is_matmul:
-        return "matmul"
-    return "other"
+_CATEGORIES = ("communication", "attention", "normalization", "layout", "convolution", "matmul")
+
+
+def _category(name_id: int, *masks: np.ndarray) -> str:
+    """The first of `_CATEGORIES` whose name mask holds, else 'other'."""
+    return next((c for c, m in zip(_CATEGORIES, masks, strict=True) if m[name_id]), "other")
 
 
 def _tensor_cores(tc: bool, not_tc: bool) -> bool | None:

@@ -15,6 +15,7 @@ from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
+from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
 from gpudoctor.trace.steps import Step, find_steps
 from gpudoctor.util.errors import UsageError
@@ -74,8 +75,9 @@ class Analysis:
         return from_jsonable(cls, data)
 
 
-def analyze(trace: Trace, step: int | None = None) -> Analysis:
-    """All analyses of one trace; with `step`, the windowed analyses cover that step alone."""
+def analyze(trace: Trace, step: int | None = None, top: int = 15) -> Analysis:
+    """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
+    kernels and ops are listed in detail."""
     steps = find_steps(trace)
     notes: list[str] = []
     if not steps:
@@ -90,7 +92,7 @@ def analyze(trace: Trace, step: int | None = None) -> Analysis:
         notes.append("no GPU activity: a CPU-only trace, so GPU figures are not available")
     window = (steps[0].start_us, steps[-1].end_us) if steps else None
     syncs = host_sync_rows(trace)
-    timeline = gpu_timeline(trace, steps)
+    timeline = gpu_timeline(trace, steps, _launched_within(trace, steps[0]) if step is not None else None)
     cpu = cpu_steps(trace, steps, syncs)
     step_rows = tuple(
         StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
@@ -108,13 +110,21 @@ def analyze(trace: Trace, step: int | None = None) -> Analysis:
         step_time_us=Distribution.of(durations),
         selected_step=step,
         timeline=timeline,
-        kernels=kernel_report(trace, window),
+        kernels=kernel_report(trace, window, top),
         transfers=transfer_report(trace, window),
         syncs=sync_report(trace, steps),
-        ops=op_report(trace, window),
+        ops=op_report(trace, window, top),
         memory=memory,
         notes=tuple(notes),
     )
+
+
+def _launched_within(trace: Trace, step: Step) -> np.ndarray:
+    """The GPU activity one step launched (or, where no launch is recorded, ran)."""
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    launch = launch_rows(trace, gpu)
+    when = np.where(launch >= 0, trace.ts[np.maximum(launch, 0)], trace.ts[gpu])
+    return gpu[(when >= step.start_us) & (when < step.end_us)]
 
 
 def _summary(trace: Trace) -> TraceSummary:

@@ -7,10 +7,11 @@ activity that ends it and the runtime call that launched that activity:
 - `launch_gap`: the launching call started before the gap opened (the work was queued, yet the GPU
   waited): device-side launch latency between back-to-back kernels, or a cross-stream dependency;
 - `sync`: the host issued the next work only after the gap opened, and a host synchronization
-  (cudaDeviceSynchronize / StreamSynchronize / EventSynchronize, a synchronous copy) was still in
-  flight when it opened: the synchronization drained the queue;
-- `host_wait`: the host issued the next work only after the gap opened, with no synchronization to
-  blame: Python, the data loader or launch overhead kept the GPU waiting;
+  (cudaDeviceSynchronize / StreamSynchronize / EventSynchronize, a synchronous copy) was in flight
+  when it opened: the part of the gap until that call returned (the round trip);
+- `host_wait`: the host issued the next work only after the gap opened: Python, the data loader or
+  launch overhead kept the GPU waiting (after a sync, the rest of the gap: the queue was drained, so
+  every host delay showed);
 - `other`: the activity that ends the gap has no recorded launching call.
 See docs/analysis.md for how this relates to HTA's per-stream idle-time breakdown.
 """
@@ -29,6 +30,7 @@ from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
 from gpudoctor.trace.steps import Step
 
 IDLE_CAUSES = ("host_wait", "sync", "launch_gap", "other")
+_AFTER_SYNC = "host_wait_after_sync"
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class TimeBreakdown:
     busy_us: float
     busy_by_kind_us: dict[str, float]
     idle_by_cause_us: dict[str, float]
+    host_wait_after_sync_us: float  # the part of host_wait that followed a sync (the queue was drained)
 
     @property
     def window_us(self) -> float:
@@ -111,7 +114,8 @@ def _breakdown(
         by_kind[label] = max(covered - below, 0.0)
         below = covered
     by_cause = {c: float(d.covered(np.array([a]), np.array([b]))[0]) for c, d in idle.items()}
-    return TimeBreakdown(a, b, below, by_kind, by_cause)
+    after_sync = by_cause.pop(_AFTER_SYNC)
+    return TimeBreakdown(a, b, below, by_kind, by_cause, after_sync)
 
 
 def _idle_by_cause(
@@ -130,23 +134,37 @@ def _idle_by_cause(
     next_launch = np.concatenate((launch_ts, [np.inf]))
     has_launch = ~np.isnan(next_launch)
     host_late = has_launch & (next_launch > gap_start)
-    in_sync = _sync_in_flight(trace, gap_start)
+    # A gap the host opened late while blocked in a synchronization: the GPU idles for the sync's
+    # return (`sync`), then for whatever the host does before its next launch (`host_wait`).
+    sync_end = _sync_in_flight(trace, gap_start)
+    in_sync = host_late & ~np.isnan(sync_end)
+    split = np.where(in_sync, np.clip(sync_end, gap_start, gap_end), gap_start)
     cause = np.full(len(gap_start), "other", dtype=object)
     cause[has_launch & ~host_late] = "launch_gap"
-    cause[host_late & in_sync] = "sync"
-    cause[host_late & ~in_sync] = "host_wait"
-    keep = gap_end > gap_start
-    return {c: Disjoint.of(gap_start[keep & (cause == c)], gap_end[keep & (cause == c)]) for c in IDLE_CAUSES}
+    cause[host_late] = "host_wait"
+    starts = {c: gap_start[cause == c] for c in IDLE_CAUSES}
+    ends = {c: gap_end[cause == c] for c in IDLE_CAUSES}
+    starts["sync"], ends["sync"] = gap_start[in_sync], split[in_sync]
+    starts["host_wait"] = np.where(in_sync, split, gap_start)[cause == "host_wait"]
+    starts[_AFTER_SYNC], ends[_AFTER_SYNC] = split[in_sync], gap_end[in_sync]
+    return {c: _nonempty(starts[c], ends[c]) for c in (*IDLE_CAUSES, _AFTER_SYNC)}
+
+
+def _nonempty(start: np.ndarray, end: np.ndarray) -> Disjoint:
+    keep = end > start
+    return Disjoint.of(start[keep], end[keep])
 
 
 def _sync_in_flight(trace: Trace, at: np.ndarray) -> np.ndarray:
-    """For each time, whether some host synchronization call spans it (within the tolerance)."""
+    """For each time, when the host synchronization in flight then returns (NaN if none is; the
+    tolerance absorbs host/device clock skew)."""
     syncs = host_sync_rows(trace)
     if not len(syncs):
-        return np.zeros(len(at), dtype=bool)
+        return np.full(len(at), np.nan)
     order = np.argsort(trace.ts[syncs])
     s_ts = trace.ts[syncs][order]
     s_end = (trace.ts[syncs] + trace.dur[syncs])[order]
     reach = np.maximum.accumulate(s_end)
     i = np.searchsorted(s_ts, at + SYNC_TOLERANCE_US, side="right") - 1
-    return (i >= 0) & (reach[np.maximum(i, 0)] >= at - SYNC_TOLERANCE_US)
+    ends = reach[np.maximum(i, 0)]
+    return np.where((i >= 0) & (ends >= at - SYNC_TOLERANCE_US), ends, np.nan)

@@ -12,6 +12,9 @@ from gpudoctor.analysis.syncs import SYNC_TOLERANCE_US
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import Kind, Trace
 
+# Below this many bytes a copy's time is latency, and bytes/time says nothing about bandwidth.
+MIN_BANDWIDTH_BYTES = 1 << 20
+
 
 @dataclass(frozen=True)
 class TransferStat:
@@ -19,7 +22,7 @@ class TransferStat:
     count: int
     bytes: int
     time_us: float
-    bandwidth: float | None  # bytes/s over the copies' own GPU time
+    bandwidth: float | None  # bytes/s over the copies' own GPU time (None under MIN_BANDWIDTH_BYTES)
     pageable_count: int  # host side in pageable (not pinned) memory
     pageable_bytes: int
     blocking_count: int  # the launching call returned only after the copy ended
@@ -64,7 +67,9 @@ def transfer_report(trace: Trace, window: tuple[float, float] | None = None) -> 
                 count=len(rows),
                 bytes=int(size.sum()),
                 time_us=time,
-                bandwidth=float(size.sum()) / (time * 1e-6) if time > 0 else None,
+                bandwidth=float(size.sum()) / (time * 1e-6)
+                if time > 0 and size.sum() >= MIN_BANDWIDTH_BYTES
+                else None,
                 pageable_count=int(pageable.sum()),
                 pageable_bytes=int(size[pageable].sum()),
                 blocking_count=int(blocking[mine].sum()),

@@ -126,11 +126,12 @@ def python_stack(trace: Trace, row: int, depth: int = 12) -> list[str]:
         )
     current: int | None = inner
     while current is not None and current >= 0 and len(frames) < depth:
-        frames.append(trace.name_of(current))
+        frames.append(_ADDRESS.sub("", trace.name_of(current)))
         current = by_id.get(int(trace.python_parent_id[current]))
     return frames
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # "<built-in method item of Tensor object at 0x7f..>"
 _LIBRARY_FRAME = re.compile(
     r"(^|/)(torch|torchvision|site-packages|dist-packages)/|/lib/python3[\d.]*/|"
     r"(^|/)(contextlib|threading|runpy|functools)\.py|(^|/)gpudoctor/(?!workloads/)|^<built-in|^<frozen"

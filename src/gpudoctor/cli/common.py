@@ -1,0 +1,38 @@
+"""What every command shares: the --debug option, the console, and the one-line error format."""
+
+from __future__ import annotations
+
+import os
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+DEBUG_KEY = "gpudoctor.debug"  # in click's context meta, which all nested contexts share
+PIPE_WIDTH = 120  # rich's 80 columns cramp the tables when the output goes to a file or a pipe
+
+DebugOption = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
+
+
+def set_debug(ctx: typer.Context, debug: bool) -> None:
+    """Record --debug for the error handler; given at either level (`gpudoctor --debug analyze` or
+    `gpudoctor analyze --debug`), it holds."""
+    if debug:
+        ctx.meta[DEBUG_KEY] = True
+
+
+def is_debug(ctx: typer.Context) -> bool:
+    return bool(ctx.meta.get(DEBUG_KEY))
+
+
+def stdout_console() -> Console:
+    console = Console(highlight=False)
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console.width = PIPE_WIDTH
+    return console
+
+
+def error_line(err: BaseException) -> str:
+    """`gpudoctor: error: <message>` on one line, whatever the message holds."""
+    message = " ".join(str(err).split()) or type(err).__name__
+    return f"gpudoctor: error: {message}"

@@ -1,0 +1,239 @@
+"""The terminal summary of an `Analysis` (rich): header, step time, GPU time, then the detail tables
+of `report.tables`. Renders only; a part the analysis could not produce prints a dim
+"not available: <reason>" line instead of disappearing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from gpudoctor.analysis.summary import Analysis, StepSummary
+from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
+from gpudoctor.report import tables
+from gpudoctor.report.style import (
+    count,
+    dim_line,
+    dur,
+    idle_label,
+    kind_label,
+    line,
+    not_available,
+    pct,
+    section,
+    table,
+)
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
+
+MAX_STEP_ROWS = 12
+
+
+def render_analysis(analysis: Analysis, console: Console, top: int = 10) -> None:
+    """The whole summary of one trace; `top` caps the rows of the kernel and op tables."""
+    render_header(analysis, console)
+    render_step_time(analysis, console)
+    render_gpu_time(analysis, console)
+    if analysis.trace.gpu_activities:
+        tables.render_kernels(analysis.kernels, console, top)
+        tables.render_launches(analysis.kernels, console)
+        tables.render_transfers(analysis.transfers, console)
+        tables.render_syncs(analysis.syncs, console)
+    else:
+        for title in ("Top kernels", "Launches", "Transfers", "Host synchronizations"):
+            section(console, title)
+            not_available(console, "no GPU activity in this trace")
+    tables.render_ops(analysis.ops, console, top)
+    render_memory(analysis, console)
+
+
+def render_header(analysis: Analysis, console: Console) -> None:
+    t = analysis.trace
+    title = Text("gpudoctor ", style="bold")
+    title.append(Path(t.path).name, style="bold cyan")
+    title.append(f"  {t.path}", style="dim")
+    console.print(title)
+    rank = f"rank {t.rank}" + (f" of {t.world_size}" if t.world_size else "")
+    line(console, _device_text(analysis), rank)
+    steps = f"{len(analysis.steps)} steps" if analysis.steps else "no steps"
+    if analysis.selected_step is not None:
+        steps = f"step {analysis.selected_step} only"
+    line(
+        console,
+        f"{count(t.events)} events",
+        f"{count(t.gpu_activities)} GPU activities",
+        f"{fmt_us(t.span_us)} traced",
+        steps,
+    )
+    options = _profiler_options(t.profiler_config)
+    if options:
+        line(console, f"profiler: {options}")
+    else:
+        dim_line(console, "profiler options: not recorded in the trace")
+    if t.skipped:
+        dim_line(console, "not kept: " + ", ".join(f"{count(n)} {why}" for why, n in t.skipped.items()))
+    for note in analysis.notes:
+        console.print(Text("  note: ", style="yellow") + Text(note))
+
+
+def _device_text(analysis: Analysis) -> str:
+    d = analysis.device
+    if d is None:
+        return "no GPU recorded"
+    parts = [d.name]
+    if d.sm_count:
+        parts.append(f"{d.sm_count} SMs")
+    if d.total_memory_bytes:
+        parts.append(fmt_bytes(d.total_memory_bytes))
+    if d.compute_capability:
+        parts.append(f"sm_{d.compute_capability[0]}{d.compute_capability[1]}")
+    return ", ".join(parts)
+
+
+def _profiler_options(config: dict[str, Any]) -> str:
+    shown = [k if v in (1, True) else f"{k}={v}" for k, v in config.items() if v not in (0, False, None)]
+    off = [k for k, v in config.items() if v in (0, False)]
+    return ", ".join(shown + ([f"off: {', '.join(off)}"] if off else []))
+
+
+def render_step_time(analysis: Analysis, console: Console) -> None:
+    section(console, "Step time")
+    dist = analysis.step_time_us
+    if dist is None:
+        not_available(
+            console, "no ProfilerStep#N annotations (use torch.profiler's schedule and prof.step())"
+        )
+        return
+    numbers = [s.number for s in analysis.steps]
+    span = f"#{numbers[0]}" if len(numbers) == 1 else f"#{numbers[0]}–#{numbers[-1]}"
+    line(
+        console,
+        f"{dist.count} step{'s' if dist.count != 1 else ''} ({span})",
+        f"median {fmt_us(dist.p50)}",
+        f"p90 {fmt_us(dist.p90)}",
+        f"mean {fmt_us(dist.mean)}",
+        f"max {fmt_us(dist.max)}",
+    )
+    if len(analysis.steps) > MAX_STEP_ROWS:
+        dim_line(console, f"per-step table left out: {len(analysis.steps)} steps (at most {MAX_STEP_ROWS})")
+        return
+    _step_table(analysis.steps, console)
+
+
+# Per-step columns: header, value of a step (µs, or a share for "GPU busy").
+_STEP_COLUMNS: tuple[tuple[str, Any], ...] = (
+    ("GPU\nbusy", lambda s: s.gpu.busy_fraction if s.gpu else None),
+    *(
+        (f"idle\n{idle_label(c)}", lambda s, c=c: s.gpu.idle_by_cause_us.get(c) if s.gpu else None)
+        for c in IDLE_CAUSES
+    ),
+    ("CPU\nDataLoader", lambda s: s.cpu.dataloader_us),
+    ("CPU\noptimizer", lambda s: s.cpu.optimizer_us),
+    ("CPU\nlaunch", lambda s: s.cpu.launch_us),
+    ("CPU\nsync", lambda s: s.cpu.sync_us),
+)
+
+
+def _step_table(steps: tuple[StepSummary, ...], console: Console) -> None:
+    columns = [(h, f) for h, f in _STEP_COLUMNS if any(f(s) for s in steps)]
+    missing = [h for h, f in _STEP_COLUMNS if all(f(s) is None for s in steps)]
+    zero = [
+        h.replace("\n", " ") for h, f in _STEP_COLUMNS if not any(f(s) for s in steps) and h not in missing
+    ]
+    t = table("step", "duration", *(h for h, _ in columns), "launch\ncalls")
+    for s in steps:
+        cells = [pct(f(s)) if h == "GPU\nbusy" else dur(f(s)) for h, f in columns]
+        t.add_row(str(s.number), fmt_us(s.duration_us), *cells, count(s.cpu.launch_count))
+    console.print(t)
+    if missing:
+        not_available(console, "GPU busy and idle per step: no GPU activity in this trace")
+    if zero:
+        dim_line(console, "zero in every step shown: " + ", ".join(zero))
+
+
+def render_gpu_time(analysis: Analysis, console: Console) -> None:
+    section(console, "GPU time")
+    tl = analysis.timeline
+    if tl.gpu_window is None:
+        not_available(console, "no GPU activity in this trace")
+        return
+    windows = [("profiled steps", tl.profiled_steps), ("GPU window (HTA)", tl.gpu_window)]
+    shown = [(name, b) for name, b in windows if b is not None]
+    t = table("", *(h for name, _ in shown for h in (name, "")))
+    for label, value in _gpu_rows([b for _, b in shown]):
+        cells = [c for _, b in shown for c in _gpu_cells(b, value, with_share=label != "window")]
+        t.add_row(Text(label, style="bold" if not label.startswith(" ") else ""), *cells)
+    console.print(t)
+    if tl.profiled_steps is None:
+        not_available(console, "profiled-steps window: no ProfilerStep#N annotations")
+    dim_line(console, "GPU window: first to last GPU activity of the whole trace, as HTA measures it")
+    if len(tl.concurrent_kinds_us) > 1:
+        each = ", ".join(f"{kind_label(k)} {fmt_us(v)}" for k, v in tl.concurrent_kinds_us.items())
+        dim_line(console, f"each kind on its own, overlaps included: {each}")
+
+
+def _gpu_rows(windows: list[TimeBreakdown]) -> list[tuple[str, Any]]:
+    """(label, how to read the value from a breakdown): the same rows for every window, covering the
+    kinds and causes of all of them."""
+    kinds = list(dict.fromkeys(k for b in windows for k in b.busy_by_kind_us))
+    causes = list(dict.fromkeys(c for b in windows for c in b.idle_by_cause_us))
+    rows: list[tuple[str, Any]] = [("window", lambda x: x.window_us), ("busy", lambda x: x.busy_us)]
+    rows += [(f"  {kind_label(k)}", lambda x, k=k: x.busy_by_kind_us.get(k, 0.0)) for k in kinds]
+    rows.append(("idle", lambda x: x.idle_us))
+    rows += [(f"  {idle_label(c)}", lambda x, c=c: x.idle_by_cause_us.get(c, 0.0)) for c in causes]
+    return rows
+
+
+def _gpu_cells(b: TimeBreakdown, value: Any, with_share: bool) -> tuple[str, str]:
+    us = value(b)
+    share = us / b.window_us if b.window_us > 0 else None
+    return dur(us), (pct(share) if with_share else "")
+
+
+def render_memory(analysis: Analysis, console: Console) -> None:
+    section(console, "Memory")
+    m = analysis.memory
+    if m is None:
+        not_available(console, "no GPU memory events (record with profile_memory=True)")
+        return
+    cap = m.capacity
+    line(
+        console,
+        f"peak allocated {fmt_bytes(m.peak_allocated)}"
+        + (f" ({fmt_pct(m.peak_allocated / cap)})" if cap else ""),
+        f"peak reserved {fmt_bytes(m.peak_reserved)}"
+        + (f" ({fmt_pct(m.peak_reserved / cap)})" if cap else ""),
+        f"capacity {fmt_bytes(cap)}" if cap else "capacity not recorded",
+        f"device {m.device}",
+    )
+    if m.steps:
+        per_step = ", ".join(
+            f"#{s.number}: {count(s.allocations)} ({fmt_bytes(s.allocated_bytes)})"
+            for s in m.steps[:MAX_STEP_ROWS]
+        )
+        line(console, f"allocations per step: {per_step}")
+
+
+def render_rank_overview(analyses: list[Analysis], console: Console, detailed: int | None = None) -> None:
+    """One line per rank, before the detail of one of them (`detailed`, a rank)."""
+    section(console, f"{len(analyses)} ranks")
+    t = table(
+        "rank", "trace", "steps", "step p50", "GPU busy", "idle host wait", "idle sync", "syncs", first_left=2
+    )
+    for a in analyses:
+        w = a.window
+        idle = w.idle_by_cause_us if w else {}
+        t.add_row(
+            str(a.trace.rank),
+            Text(Path(a.trace.path).name),
+            str(len(a.steps)),
+            fmt_us(a.step_time_us.p50) if a.step_time_us else "n/a",
+            fmt_pct(w.busy_fraction) if w else "n/a",
+            dur(idle.get("host_wait")) if w else "n/a",
+            dur(idle.get("sync")) if w else "n/a",
+            count(a.syncs.count),
+        )
+    console.print(t)
+    if detailed is not None:
+        dim_line(console, f"below: rank {detailed} in detail (choose with --rank)")
