@@ -99,7 +99,9 @@ def analyze(trace: Trace, step: int | None = None, top: int = 15) -> Analysis:
         for i, s in enumerate(steps)
     )
     memory = memory_report(trace, steps)
-    if memory is None:
+    if memory is None and len(trace.memory):
+        notes.append("memory events only for the CPU: no GPU memory to analyze")
+    elif memory is None:
         notes.append("no GPU memory events: record with profile_memory=True for the memory analysis")
     durations = np.array([s.duration_us for s in steps])
     return Analysis(

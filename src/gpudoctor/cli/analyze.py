@@ -54,7 +54,7 @@ def analyze_command(
     host synchronizations, top ops and memory, from a Kineto trace file or a directory of rank traces.
     """
     set_debug(ctx, debug)
-    analyses = [analyze(trace, step=step) for trace in load_traces(path)]
+    analyses = [analyze(trace, step=step, top=max(top, 15)) for trace in load_traces(path)]
     chosen = _choose_rank(analyses, rank)
     if as_json:
         doc = analysis_json([chosen] if rank is not None else analyses)

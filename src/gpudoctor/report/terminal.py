@@ -195,7 +195,7 @@ def render_memory(analysis: Analysis, console: Console) -> None:
     section(console, "Memory")
     m = analysis.memory
     if m is None:
-        not_available(console, "no GPU memory events (record with profile_memory=True)")
+        not_available(console, next((n for n in analysis.notes if "memory" in n), "no GPU memory events"))
         return
     cap = m.capacity
     line(

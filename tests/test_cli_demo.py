@@ -1,0 +1,35 @@
+"""`gpudoctor demo` end to end on the CPU: the README's first command records, analyzes and writes
+its run directory."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.cli.main import app
+
+
+def test_demo_records_and_diagnoses_on_the_cpu(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["demo", "--cpu", "--out", str(tmp_path), "--steps", "2"])
+    assert result.exit_code == 0, result.output
+    assert "Step time" in result.output and "Top ops" in result.output
+    trace = tmp_path / "sync_every_step.json.gz"
+    assert trace.exists() and not (tmp_path / "sync_every_step.json").exists()
+    analysis = Analysis.from_json(json.loads((tmp_path / "analysis.json").read_text()))
+    assert [s.number for s in analysis.steps] == [3, 4]
+    assert any("CPU-only" in n for n in analysis.notes)
+
+
+def test_demo_lists_its_workloads() -> None:
+    result = CliRunner().invoke(app, ["demo", "--list"])
+    assert result.exit_code == 0
+    assert "sync_every_step" in result.output and "dataloader_bound" in result.output
+
+
+def test_an_unknown_workload_is_a_one_line_error(tmp_path: Path) -> None:
+    result = CliRunner().invoke(app, ["demo", "--cpu", "--out", str(tmp_path), "--workload", "nope"])
+    assert result.exit_code == 2
+    assert "unknown workload 'nope'" in result.output and "Traceback" not in result.output
