@@ -16,9 +16,22 @@ MATMUL = re.compile(r"gemm|matmul|nvjet|cutlass|xmma|_mma|gmma|cublas|hipblaslt|
 # Fused attention (FlashAttention, cuDNN / CUTLASS fused MHA, memory-efficient attention).
 ATTENTION = re.compile(r"flash|fmha|attention|sdpa|_mha|mem_eff", re.I)
 NORMALIZATION = re.compile(r"batch_?norm|bn_fw|bn_bw|layer_?norm|rms_?norm|group_?norm|instance_?norm", re.I)
+LOSS = re.compile(r"LogSoftMax|log_softmax|nll_loss|cross_entropy", re.I)
+SOFTMAX = re.compile(r"softmax", re.I)
+# Optimizers' multi-tensor kernels (foreach / fused); per-parameter optimizers look like elementwise.
+OPTIMIZER = re.compile(r"multi_tensor_apply|fused_?adam|FusedAdam|fused_sgd", re.I)
+COMPILED = re.compile(r"^triton_|^fused_|^cutlass_fused", re.I)  # kernels a compiler already fused
+REDUCTION = re.compile(r"reduce_kernel|reduction|cub::|radix_?sort|scan_kernel", re.I)
+ELEMENTWISE = re.compile(
+    r"elementwise|pointwise|fill_kernel|copy_kernel|CatArrayBatchedCopy|index_?select|gather|scatter|"
+    r"dropout|where_kernel|masked_fill",
+    re.I,
+)
 # cuDNN's layout conversions around NCHW convolutions (what channels_last removes), and transposes.
 LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|transpose", re.I)
-CONVOLUTION = re.compile(r"conv|implicit_?gemm|fprop|dgrad|wgrad|winograd|precomputed_convolve|im2col", re.I)
+CONVOLUTION = re.compile(
+    r"conv(?!ert)|implicit_?gemm|fprop|dgrad|wgrad|winograd|precomputed_convolve|im2col", re.I
+)
 # Tensor-core kernels announce the MMA shape or instruction, or a reduced-precision tile;
 # SIMT kernels (no tensor cores) say sgemm/dgemm/simt or name a plain fp32 tile.
 TENSOR_CORE = re.compile(
@@ -87,6 +100,37 @@ def gpu_activity_label(trace: Trace, rows: np.ndarray) -> np.ndarray:
         direction = np.array([copy_direction(n) for n in trace.names], dtype=object)
         labels[copies] = "memcpy_" + direction[trace.name[rows[copies]]]
     return labels
+
+
+# Kernel categories, most specific first: a kernel gets the first that matches its name.
+KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("communication", COMMUNICATION),
+    ("attention", ATTENTION),
+    ("loss", LOSS),
+    ("softmax", SOFTMAX),
+    ("normalization", NORMALIZATION),
+    ("layout", LAYOUT),
+    ("convolution", CONVOLUTION),
+    ("matmul", MATMUL),
+    ("optimizer", OPTIMIZER),
+    ("compiled", COMPILED),
+    ("reduction", REDUCTION),
+    ("elementwise", ELEMENTWISE),
+)
+
+
+def kernel_category(trace: Trace) -> np.ndarray:
+    """Per name id, the kernel category (see KERNEL_CATEGORIES; 'other' if none matches)."""
+    memo = trace._memo.get("kernel_category")
+    if memo is None:
+        memo = np.full(len(trace.names), "other", dtype=object)
+        unset = np.ones(len(trace.names), dtype=bool)
+        for label, pattern in KERNEL_CATEGORIES:
+            hit = unset & name_mask(trace, pattern)
+            memo[hit] = label
+            unset &= ~hit
+        trace._memo["kernel_category"] = memo
+    return memo
 
 
 ACTIVITY_LABELS = (

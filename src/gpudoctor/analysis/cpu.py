@@ -29,6 +29,9 @@ class CpuStep:
     launch_us: float  # runtime calls that launch GPU work (and returned without waiting)
     launch_count: int
     sync_us: float  # runtime calls that block on the GPU
+    allocator_calls: int  # cudaMalloc / cudaFree (and host-pinned ones): the caching allocator missed
+    allocator_us: float
+    optimizer_launches: int  # launch calls made inside Optimizer.step
 
 
 @dataclass(frozen=True)
@@ -58,9 +61,13 @@ def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> t
     launches = np.setdiff1d(launches, sync_rows)  # a copy that blocked counts as a sync, not a launch
     launch_union = Disjoint.of(*_spans(trace, launches))
     sync_union = Disjoint.of(*_spans(trace, sync_rows))
-    launch_counts = (
-        np.histogram(trace.ts[launches], bins=_edges(starts, ends))[0][::2] if len(launches) else None
-    )
+    edges = _edges(starts, ends)
+    launch_counts = _per_step(trace.ts[launches], edges)
+    allocs = classify.rows_matching(trace, trace.rows(*LAUNCH_KINDS), classify.ALLOCATOR_CALLS)
+    alloc_union = Disjoint.of(*_spans(trace, allocs))
+    alloc_counts = _per_step(trace.ts[allocs], edges)
+    in_optimizer = optimizer.covered(trace.ts[launches], trace.ts[launches] + 1e-9) > 0
+    optimizer_launches = _per_step(trace.ts[launches[in_optimizer]], edges)
     out = []
     for i, s in enumerate(steps):
         a, b = np.array([s.start_us]), np.array([s.end_us])
@@ -72,8 +79,11 @@ def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> t
                 optimizer_us=float(optimizer.covered(a, b)[0]),
                 cpu_ops_us=float(op_union.covered(a, b)[0]),
                 launch_us=float(launch_union.covered(a, b)[0]),
-                launch_count=int(launch_counts[i]) if launch_counts is not None else 0,
+                launch_count=int(launch_counts[i]),
                 sync_us=float(sync_union.covered(a, b)[0]),
+                allocator_calls=int(alloc_counts[i]),
+                allocator_us=float(alloc_union.covered(a, b)[0]),
+                optimizer_launches=int(optimizer_launches[i]),
             )
         )
     return tuple(out)
@@ -83,6 +93,13 @@ def _spans(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return trace.ts[rows], trace.ts[rows] + trace.dur[rows]
 
 
+def _per_step(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """How many of `times` fall in each step (the even bins of `edges`)."""
+    if len(edges) == 2:
+        return np.array([int(((times >= edges[0]) & (times <= edges[1])).sum())])
+    return np.histogram(times, bins=edges)[0][::2]
+
+
 def _edges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Histogram edges [s0, e0, s1, e1, ...]: even bins are the steps (steps never overlap)."""
     edges = np.empty(2 * len(starts))
@@ -90,8 +107,11 @@ def _edges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate(edges)
 
 
-def op_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> tuple[OpStat, ...]:
-    """PyTorch ops by the GPU time they caused, with their children's (`gpu_total_us`)."""
+def op_report(
+    trace: Trace, window: tuple[float, float] | None = None, top: int | None = None
+) -> tuple[OpStat, ...]:
+    """PyTorch ops by the GPU time they caused, with their children's (`gpu_total_us`); all of them,
+    or the `top` ones."""
     ops = trace.rows(Kind.CPU_OP)
     if not len(ops):
         return ()

@@ -26,7 +26,7 @@ class KernelStat:
     blocks_per_sm: float | None  # duration-weighted mean
     grid: tuple[int, int, int] | None  # of the longest call
     block: tuple[int, int, int] | None
-    category: str  # one of _CATEGORIES or 'other'
+    category: str  # one of classify.KERNEL_CATEGORIES or 'other'
     tensor_cores: bool | None  # None where the name does not tell
 
 
@@ -59,6 +59,9 @@ class KernelReport:
     matmul_us: float
     convolution_us: float
     tensor_core_share: float | None  # of matmul + convolution time, where the names tell
+    no_tensor_core_us: float  # matmul + convolution time in kernels that say they use no tensor cores
+    time_by_category_us: dict[str, float]  # every kernel, by classify.KERNEL_CATEGORIES
+    under_one_wave_us: float  # time in kernels with fewer blocks than SMs (Kineto's blocks per SM < 1)
 
 
 def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> KernelReport:
@@ -67,7 +70,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     if window is not None:
         rows = rows[(trace.ts[rows] >= window[0]) & (trace.ts[rows] < window[1])]
     if not len(rows):
-        return KernelReport(0, 0.0, 0, (), 0.0, 0.0, None, 0.0, 0.0, None)
+        return KernelReport(0, 0.0, 0, (), 0.0, 0.0, None, 0.0, 0.0, None, 0.0, {}, 0.0)
     dur = trace.dur[rows]
     total = float(dur.sum())
     names = trace.name[rows]
@@ -77,15 +80,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     order = np.argsort(-per_total)
     sort_by_group = np.lexsort((dur, inverse))
     bounds = np.concatenate(([0], np.cumsum(counts)))
-    matmul = classify.name_mask(trace, classify.MATMUL)
-    conv = classify.name_mask(trace, classify.CONVOLUTION)
-    comm = classify.name_mask(trace, classify.COMMUNICATION)
-    layout = classify.name_mask(trace, classify.LAYOUT)
-    attention = classify.name_mask(trace, classify.ATTENTION)
-    norm = classify.name_mask(trace, classify.NORMALIZATION)
-    special = layout | attention | norm | comm
-    conv = conv & ~special
-    matmul = matmul & ~special
+    category = classify.kernel_category(trace)
     tc = classify.name_mask(trace, classify.TENSOR_CORE)
     not_tc = classify.name_mask(trace, classify.NOT_TENSOR_CORE)
 
@@ -106,13 +101,15 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
             blocks_per_sm=_weighted(trace.blocks_per_sm[members], weights),
             grid=_dims(trace.grid[longest]),
             block=_dims(trace.block[longest]),
-            category=_category(name_id, comm, attention, norm, layout, conv, matmul),
+            category=str(category[name_id]),
             tensor_cores=_tensor_cores(bool(tc[name_id]), bool(not_tc[name_id])),
         )
 
-    is_conv = conv[names]
-    is_mm = matmul[names] & ~is_conv  # "implicit_gemm" is a convolution
+    cat = category[names]
+    is_conv, is_mm = cat == "convolution", cat == "matmul"
     heavy = is_mm | is_conv
+    by_category = {str(c): float(dur[cat == c].sum()) for c in np.unique(cat)}
+    bps = trace.blocks_per_sm[rows]
     known = heavy & (tc[names] | not_tc[names])
     heavy_known_us = float(dur[known].sum())
     tc_us = float(dur[known & tc[names] & ~not_tc[names]].sum())
@@ -131,6 +128,9 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
         matmul_us=float(dur[is_mm].sum()),
         convolution_us=float(dur[is_conv].sum()),
         tensor_core_share=tc_us / heavy_known_us if heavy_known_us > 0 else None,
+        no_tensor_core_us=float(dur[heavy & not_tc[names]].sum()),
+        time_by_category_us=by_category,
+        under_one_wave_us=float(dur[(bps > 0) & (bps < 1)].sum()),
     )
 
 
@@ -148,14 +148,6 @@ def _dims(d: np.ndarray) -> tuple[int, int, int] | None:
     if not d.any():
         return None
     return (int(d[0]), int(d[1]), int(d[2]))
-
-
-_CATEGORIES = ("communication", "attention", "normalization", "layout", "convolution", "matmul")
-
-
-def _category(name_id: int, *masks: np.ndarray) -> str:
-    """The first of `_CATEGORIES` whose name mask holds, else 'other'."""
-    return next((c for c, m in zip(_CATEGORIES, masks, strict=True) if m[name_id]), "other")
 
 
 def _tensor_cores(tc: bool, not_tc: bool) -> bool | None:

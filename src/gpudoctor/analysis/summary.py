@@ -56,7 +56,7 @@ class Analysis:
     kernels: KernelReport
     transfers: TransferReport
     syncs: SyncReport
-    ops: tuple[OpStat, ...]
+    ops: tuple[OpStat, ...]  # every op, by GPU time caused (with children), then CPU time
     memory: MemoryReport | None
     notes: tuple[str, ...]
 
@@ -115,7 +115,7 @@ def analyze(trace: Trace, step: int | None = None, top: int = 15) -> Analysis:
         kernels=kernel_report(trace, window, top),
         transfers=transfer_report(trace, window),
         syncs=sync_report(trace, steps),
-        ops=op_report(trace, window, top),
+        ops=op_report(trace, window),
         memory=memory,
         notes=tuple(notes),
     )
