@@ -20,7 +20,18 @@ ALLOWED: dict[str, set[str]] = {
     "rules": {"util", "analysis"},
     "fixes": {"util", "timing", "trace", "analysis", "rules"},
     "report": {"util", "analysis", "rules", "device", "trace", "timing", "monitor", "fixes"},
-    "cli": {"util", "device", "timing", "monitor", "trace", "analysis", "rules", "fixes", "report", "workloads"},
+    "cli": {
+        "util",
+        "device",
+        "timing",
+        "monitor",
+        "trace",
+        "analysis",
+        "rules",
+        "fixes",
+        "report",
+        "workloads",
+    },
     "workloads": {"util"},
 }
 

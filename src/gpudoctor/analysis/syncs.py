@@ -22,6 +22,7 @@ class SyncSite:
     """All synchronizations made by one call from one place."""
 
     call: str  # cudaStreamSynchronize, cudaMemcpyAsync (blocking), ...
+    kind: str  # 'synchronize', or the blocking copy's direction: 'copy_h2d', 'copy_d2h', 'copy_d2d', 'copy_other'
     op: str | None  # the outermost CPU op around the call, e.g. aten::item
     inner_op: str | None  # the innermost, e.g. aten::_local_scalar_dense
     source: str | None  # the user's frame, e.g. "train.py(42): train_step"
@@ -65,6 +66,18 @@ def _blocking_copies(trace: Trace) -> np.ndarray:
     return copies[call_end >= copy_end - SYNC_TOLERANCE_US]
 
 
+def _sync_kinds(trace: Trace, rows: np.ndarray) -> list[str]:
+    """'synchronize' for explicit syncs; for copies that blocked, 'copy_' + the copy's direction."""
+    target = gpu_rows_of_launch(trace, rows)
+    out = []
+    for r, t in zip(rows.tolist(), target.tolist(), strict=True):
+        if t < 0 or "Synchronize" in trace.name_of(r):
+            out.append("synchronize")
+        else:
+            out.append("copy_" + classify.copy_direction(trace.name_of(t)))
+    return out
+
+
 def sync_report(trace: Trace, steps: tuple[Step, ...]) -> SyncReport:
     rows = host_sync_rows(trace)
     blocking = len(_blocking_copies(trace))
@@ -77,12 +90,14 @@ def sync_report(trace: Trace, steps: tuple[Step, ...]) -> SyncReport:
     inner = enclosing_rows(trace, ops, rows)
     outer = enclosing_rows(trace, ops, rows, outermost=True)
     has_stacks = len(trace.rows(Kind.PYTHON)) > 0
-    groups: dict[tuple[str, str | None, str | None, str | None], list[int]] = {}
-    stacks: dict[tuple[str, str | None, str | None, str | None], tuple[str, ...]] = {}
+    kinds = _sync_kinds(trace, rows)
+    groups: dict[tuple[str, str, str | None, str | None, str | None], list[int]] = {}
+    stacks: dict[tuple[str, str, str | None, str | None, str | None], tuple[str, ...]] = {}
     for i, r in enumerate(rows.tolist()):
         stack = tuple(python_stack(trace, r)) if has_stacks else ()
         key = (
             trace.name_of(r),
+            kinds[i],
             trace.name_of(int(outer[i])) if outer[i] >= 0 else None,
             trace.name_of(int(inner[i])) if inner[i] >= 0 else None,
             user_frame(list(stack)),

@@ -30,6 +30,7 @@ from gpudoctor.util.errors import TraceFormatError
 _TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NO_DIM = [0, 0, 0]
+_MAX_TIME_US = 1e18  # ~31,700 years; epoch µs are ~1.8e15 (even epoch ns, 1.8e18, would not fit in µs)
 
 
 def load_trace(path: str | os.PathLike[str]) -> Trace:
@@ -320,10 +321,15 @@ class _Builder:
             raise TraceFormatError("no events: the trace is empty")
         cols = {c: _concat(blocks, c) for c, blocks in self.blocks.items()}
         mem = {c: _concat(blocks, "m" + c) for c, blocks in self.mem_blocks.items()}
-        valid = ~np.isnan(cols["ts"])
+        # NaN (no ts) fails these too. One event at ts=-1e308 would otherwise become the origin and
+        # push every other row to ~1e308, where float64 has no resolution left.
+        valid = (np.abs(cols["ts"]) < _MAX_TIME_US) & (cols["dur"] < _MAX_TIME_US)
         if not valid.all():
+            absurd = int((~valid & ~np.isnan(cols["ts"])).sum())
+            if absurd:
+                self.skip(f"duration event with ts or dur beyond {_MAX_TIME_US:.0e} µs", absurd)
             cols = {c: v[valid] for c, v in cols.items()}
-        mem_valid = ~np.isnan(mem["ts"])
+        mem_valid = np.abs(mem["ts"]) < _MAX_TIME_US
         if not mem_valid.all():
             mem = {c: v[mem_valid] for c, v in mem.items()}
         starts = [cols["ts"].min()] if len(cols["ts"]) else []
@@ -399,9 +405,10 @@ def _concat(blocks: list[np.ndarray], column: str) -> np.ndarray:
 
 
 def _meta(path: str, top: dict[str, Any], origin: float) -> TraceMeta:
-    devices = tuple(
-        DeviceInfo.from_kineto(d) for d in top.get("deviceProperties") or () if isinstance(d, dict)
-    )
+    props = top.get("deviceProperties")
+    if not isinstance(props, list):  # a damaged trace: a number, say, where the list should be
+        props = []
+    devices = tuple(DeviceInfo.from_kineto(d) for d in props if isinstance(d, dict))
     dist = top.get("distributedInfo")
     distributed = None
     if isinstance(dist, dict):

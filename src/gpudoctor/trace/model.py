@@ -91,7 +91,7 @@ class TraceMeta:
         if self.base_time_ns is not None:
             return self.base_time_ns + round(self.origin_us * 1000)
         if self.origin_us > 1e14:  # absolute µs since the epoch (older Kineto)
-            return round(self.origin_us * 1000)
+            return round(self.origin_us) * 1000  # origin is whole µs; * 1000 in float64 would round
         return None
 
 

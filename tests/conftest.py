@@ -1,0 +1,71 @@
+"""Shared fixtures: the H200-recorded Kineto traces under tests/fixtures/traces, their parsed JSON, and a
+writer for variants of them in tmp_path."""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import json
+from collections.abc import Callable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TRACES_DIR = Path(__file__).parent / "fixtures" / "traces"
+TRACE_NAMES = (
+    "conv_bf16_train",
+    "transformer_train",
+    "dataloader_bound",
+    "sync_every_step",
+    "sync_every_step_stack",
+    "inference",
+)
+
+WriteTrace = Callable[..., Path]
+
+
+@cache
+def _parsed(name: str) -> Any:
+    with gzip.open(TRACES_DIR / f"{name}.json.gz", "rb") as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="session")
+def trace_paths() -> dict[str, Path]:
+    """Every recorded fixture trace (`.json.gz`), by name."""
+    return {name: TRACES_DIR / f"{name}.json.gz" for name in TRACE_NAMES}
+
+
+@pytest.fixture
+def trace_doc() -> Callable[[str], dict[str, Any]]:
+    """`trace_doc(name)`: a fresh deep copy of a fixture's JSON document, free to mutate."""
+    return lambda name: copy.deepcopy(_parsed(name))
+
+
+def write_json(path: Path, doc: Any, *, indent: int | None = None, compact: bool = False) -> Path:
+    """Write `doc` as JSON (gzipped when the name ends in .gz); compact means on one line, no spaces."""
+    separators = (",", ":") if compact else None
+    text = json.dumps(doc, indent=indent, separators=separators, ensure_ascii=False).encode()
+    return write_bytes(path, text)
+
+
+def write_bytes(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(gzip.compress(data) if path.name.endswith(".gz") else data)
+    return path
+
+
+@pytest.fixture
+def write_trace(tmp_path: Path) -> WriteTrace:
+    """`write_trace(doc, name="trace.json", indent=None, compact=False)` -> the path written in tmp_path.
+    `doc` may also be `bytes` (written as is, gzipped for a .gz name)."""
+
+    def write(doc: Any, name: str = "trace.json", indent: int | None = None, compact: bool = False) -> Path:
+        path = tmp_path / name
+        if isinstance(doc, bytes):
+            return write_bytes(path, doc)
+        return write_json(path, doc, indent=indent, compact=compact)
+
+    return write
