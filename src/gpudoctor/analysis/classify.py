@@ -58,14 +58,15 @@ _COPY_KINDS = re.compile(r"\((\w+)\s*->\s*(\w+)\)")
 COPY_DIRECTIONS = ("h2d", "d2h", "d2d", "other")
 
 
-def name_mask(trace: Trace, pattern: re.Pattern[str]) -> np.ndarray:
-    """Boolean mask over `trace.names` of the names the pattern matches."""
-    return trace.name_ids_matching(pattern.search)
+def name_mask(trace: Trace, pattern: re.Pattern[str], rows: np.ndarray) -> np.ndarray:
+    """Boolean mask over `trace.names` of the names the pattern matches, valid for the names of `rows`
+    (only those are matched: regexes over every Python frame's name would cost more than the rest)."""
+    return trace.name_ids_matching(pattern.search, trace.name[rows])
 
 
 def rows_matching(trace: Trace, rows: np.ndarray, pattern: re.Pattern[str]) -> np.ndarray:
     """The subset of `rows` whose name matches."""
-    return rows[name_mask(trace, pattern)[trace.name[rows]]]
+    return rows[name_mask(trace, pattern, rows)[trace.name[rows]]]
 
 
 def copy_direction(name: str) -> str:
@@ -74,6 +75,13 @@ def copy_direction(name: str) -> str:
     if not m:
         return "other"
     return {"htod": "h2d", "dtoh": "d2h", "dtod": "d2d"}.get(m.group(1).lower(), "other")
+
+
+def copy_directions(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """copy_direction of each memcpy row, as an object array."""
+    ids, inverse = np.unique(trace.name[rows], return_inverse=True)
+    per_name = np.array([copy_direction(trace.names[i]) for i in ids.tolist()], dtype=object)
+    return per_name[inverse] if len(rows) else np.array([], dtype=object)
 
 
 def copy_memory_kinds(name: str) -> tuple[str, str] | None:
@@ -91,14 +99,13 @@ def gpu_activity_label(trace: Trace, rows: np.ndarray) -> np.ndarray:
     """Per GPU row: 'compute', 'communication', 'memcpy_h2d' / _d2h / _d2d / _other, or 'memset'."""
     labels = np.empty(len(rows), dtype=object)
     kinds = trace.kind[rows]
-    comm = name_mask(trace, COMMUNICATION)[trace.name[rows]]
+    comm = name_mask(trace, COMMUNICATION, rows)[trace.name[rows]]
     labels[(kinds == Kind.KERNEL) & ~comm] = "compute"
     labels[(kinds == Kind.KERNEL) & comm] = "communication"
     labels[kinds == Kind.MEMSET] = "memset"
     copies = np.flatnonzero(kinds == Kind.MEMCPY)
     if len(copies):
-        direction = np.array([copy_direction(n) for n in trace.names], dtype=object)
-        labels[copies] = "memcpy_" + direction[trace.name[rows[copies]]]
+        labels[copies] = "memcpy_" + copy_directions(trace, rows[copies])
     return labels
 
 
@@ -120,13 +127,15 @@ KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 
 def kernel_category(trace: Trace) -> np.ndarray:
-    """Per name id, the kernel category (see KERNEL_CATEGORIES; 'other' if none matches)."""
+    """Per name id, the kernel category (see KERNEL_CATEGORIES; 'other' if none matches); valid for the
+    names of kernels."""
     memo = trace._memo.get("kernel_category")
     if memo is None:
+        kernels = trace.rows(Kind.KERNEL)
         memo = np.full(len(trace.names), "other", dtype=object)
         unset = np.ones(len(trace.names), dtype=bool)
         for label, pattern in KERNEL_CATEGORIES:
-            hit = unset & name_mask(trace, pattern)
+            hit = unset & name_mask(trace, pattern, kernels)
             memo[hit] = label
             unset &= ~hit
         trace._memo["kernel_category"] = memo

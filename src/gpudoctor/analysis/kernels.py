@@ -62,6 +62,7 @@ class KernelReport:
     no_tensor_core_us: float  # matmul + convolution time in kernels that say they use no tensor cores
     time_by_category_us: dict[str, float]  # every kernel, by classify.KERNEL_CATEGORIES
     under_one_wave_us: float  # time in kernels with fewer blocks than SMs (Kineto's blocks per SM < 1)
+    under_one_wave_fill: float | None  # their duration-weighted mean blocks per SM: the share of SMs used
 
 
 def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> KernelReport:
@@ -70,7 +71,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     if window is not None:
         rows = rows[(trace.ts[rows] >= window[0]) & (trace.ts[rows] < window[1])]
     if not len(rows):
-        return KernelReport(0, 0.0, 0, (), 0.0, 0.0, None, 0.0, 0.0, None, 0.0, {}, 0.0)
+        return KernelReport(0, 0.0, 0, (), 0.0, 0.0, None, 0.0, 0.0, None, 0.0, {}, 0.0, None)
     dur = trace.dur[rows]
     total = float(dur.sum())
     names = trace.name[rows]
@@ -81,8 +82,8 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     sort_by_group = np.lexsort((dur, inverse))
     bounds = np.concatenate(([0], np.cumsum(counts)))
     category = classify.kernel_category(trace)
-    tc = classify.name_mask(trace, classify.TENSOR_CORE)
-    not_tc = classify.name_mask(trace, classify.NOT_TENSOR_CORE)
+    tc = classify.name_mask(trace, classify.TENSOR_CORE, rows)
+    not_tc = classify.name_mask(trace, classify.NOT_TENSOR_CORE, rows)
 
     def stat(g: int) -> KernelStat:
         members = rows[sort_by_group[bounds[g] : bounds[g + 1]]]
@@ -110,6 +111,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     heavy = is_mm | is_conv
     by_category = {str(c): float(dur[cat == c].sum()) for c in np.unique(cat)}
     bps = trace.blocks_per_sm[rows]
+    under = (bps > 0) & (bps < 1)
     known = heavy & (tc[names] | not_tc[names])
     heavy_known_us = float(dur[known].sum())
     tc_us = float(dur[known & tc[names] & ~not_tc[names]].sum())
@@ -130,7 +132,10 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
         tensor_core_share=tc_us / heavy_known_us if heavy_known_us > 0 else None,
         no_tensor_core_us=float(dur[heavy & not_tc[names]].sum()),
         time_by_category_us=by_category,
-        under_one_wave_us=float(dur[(bps > 0) & (bps < 1)].sum()),
+        under_one_wave_us=float(dur[under].sum()),
+        under_one_wave_fill=float(np.average(bps[under], weights=dur[under]))
+        if dur[under].sum() > 0
+        else None,
     )
 
 

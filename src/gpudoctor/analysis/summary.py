@@ -59,6 +59,9 @@ class Analysis:
     ops: tuple[OpStat, ...]  # every op, by GPU time caused (with children), then CPU time
     memory: MemoryReport | None
     notes: tuple[str, ...]
+    # The step time measured without the profiler (a light run, or given by the user): what the
+    # profiler's own overhead is judged against. None when unknown.
+    unprofiled_step_us: float | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -75,9 +78,11 @@ class Analysis:
         return from_jsonable(cls, data)
 
 
-def analyze(trace: Trace, step: int | None = None, top: int = 15) -> Analysis:
+def analyze(
+    trace: Trace, step: int | None = None, top: int = 15, unprofiled_step_us: float | None = None
+) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
-    kernels and ops are listed in detail."""
+    kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler."""
     steps = find_steps(trace)
     notes: list[str] = []
     if not steps:
@@ -118,6 +123,7 @@ def analyze(trace: Trace, step: int | None = None, top: int = 15) -> Analysis:
         ops=op_report(trace, window),
         memory=memory,
         notes=tuple(notes),
+        unprofiled_step_us=unprofiled_step_us,
     )
 
 

@@ -55,7 +55,7 @@ def _explicit_syncs(trace: Trace) -> np.ndarray:
 def _blocking_copies(trace: Trace) -> np.ndarray:
     launches = trace.rows(*LAUNCH_KINDS)
     copies = classify.rows_matching(trace, launches, classify.COPY_CALLS)
-    copies = copies[~classify.name_mask(trace, classify.SYNC_CALLS)[trace.name[copies]]]
+    copies = copies[~classify.name_mask(trace, classify.SYNC_CALLS, copies)[trace.name[copies]]]
     if not len(copies):
         return copies
     target = gpu_rows_of_launch(trace, copies)

@@ -44,9 +44,8 @@ def transfer_report(trace: Trace, window: tuple[float, float] | None = None) -> 
     if window is not None:
         copies = copies[(trace.ts[copies] >= window[0]) & (trace.ts[copies] < window[1])]
         memsets = memsets[(trace.ts[memsets] >= window[0]) & (trace.ts[memsets] < window[1])]
-    direction_of_name = np.array([classify.copy_direction(n) for n in trace.names], dtype=object)
-    pageable_name = trace.name_ids_matching(classify.is_pageable)
-    direction = direction_of_name[trace.name[copies]] if len(copies) else np.array([], dtype=object)
+    pageable_name = trace.name_ids_matching(classify.is_pageable, trace.name[copies])
+    direction = classify.copy_directions(trace, copies)
     launch = launch_rows(trace, copies)
     linked = launch >= 0
     blocking = np.zeros(len(copies), dtype=bool)

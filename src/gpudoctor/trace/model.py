@@ -167,12 +167,22 @@ class Trace:
         bounds = np.concatenate(([0], np.cumsum(counts)))
         return {k: order[bounds[k] : bounds[k + 1]] for k in range(len(counts)) if counts[k]}
 
-    def name_ids_matching(self, predicate: Any) -> np.ndarray:
-        """Boolean mask over `names` (not rows) where predicate(name) holds; memoized per predicate."""
-        mask = self._memo.get(predicate)
-        if mask is None:
-            mask = np.fromiter((bool(predicate(n)) for n in self.names), dtype=bool, count=len(self.names))
-            self._memo[predicate] = mask
+    def name_ids_matching(self, predicate: Any, ids: np.ndarray | None = None) -> np.ndarray:
+        """Boolean mask over `names` (not rows) where predicate(name) holds, evaluated for the name
+        ids given (default: all) and memoized per predicate. Entries not asked for read False: index
+        the result only with the ids you passed."""
+        done, mask = self._memo.get(predicate) or (
+            np.zeros(len(self.names), bool),
+            np.zeros(len(self.names), bool),
+        )
+        todo = np.flatnonzero(~done) if ids is None else np.unique(ids)[~done[np.unique(ids)]]
+        if len(todo):
+            names = self.names
+            mask[todo] = np.fromiter(
+                (bool(predicate(names[i])) for i in todo.tolist()), dtype=bool, count=len(todo)
+            )
+            done[todo] = True
+            self._memo[predicate] = (done, mask)
         return mask
 
     @property

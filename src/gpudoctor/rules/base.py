@@ -1,0 +1,58 @@
+"""What every rule shares: the `Rule` signature, building a `Finding`, and formatting numbers in
+evidence sentences."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.facts import Facts
+from gpudoctor.rules.finding import Finding, Fix, Severity
+from gpudoctor.util.units import fmt_bytes, fmt_us
+
+Rule = Callable[[Analysis, Facts], Finding | None]
+
+# A finding whose fix would save less than this share of the step is noise, not advice.
+MIN_SAVING_PCT = 1.0
+
+
+def finding(
+    id: str,
+    title: str,
+    saving_pct: float,
+    evidence: list[str],
+    fix: Fix,
+    values: dict[str, float],
+    sources: tuple[str, ...] = (),
+    severity: Severity | None = None,
+) -> Finding:
+    saving = round(max(0.0, min(saving_pct, 100.0)), 1)
+    return Finding(
+        id=id,
+        severity=severity or Severity.of_saving(saving),
+        title=title,
+        est_saving_pct=saving,
+        evidence=tuple(evidence),
+        fix=fix,
+        values={k: round(float(v), 3) for k, v in values.items()},
+        sources=sources,
+    )
+
+
+def us(x: float) -> str:
+    return fmt_us(x)
+
+
+def size(x: float) -> str:
+    return fmt_bytes(x)
+
+
+def pct(x: float) -> str:
+    return f"{x:.0f}%" if x >= 10 else f"{x:.1f}%"
+
+
+def step_phrase(f: Facts) -> str:
+    """'of each 16.4 ms step' (with the unprofiled time where known)."""
+    if f.profiler_overhead is not None:
+        return f"of each {us(f.step_us)} step (measured without the profiler)"
+    return f"of each {us(f.step_us)} step"

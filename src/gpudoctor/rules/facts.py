@@ -1,0 +1,105 @@
+"""`Facts`: the per-step quantities every rule reasons with, computed once from an `Analysis`, with the
+profiler's own overhead taken out where the unprofiled step time is known.
+
+The profiler slows the host (every op, launch and Python call is recorded), not the GPU's kernels. So
+when the unprofiled step time T is known, the GPU's real idle time per step is T − busy, and each
+host-caused idle figure from the trace is scaled by `host_scale` = real idle / traced idle.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from gpudoctor.analysis.summary import Analysis
+
+
+@dataclass(frozen=True)
+class Facts:
+    steps: int  # profiled steps averaged (1 when the trace has no step annotations)
+    traced_step_us: float  # median profiled step time
+    step_us: float  # the step time savings are a share of: unprofiled if known, else traced
+    busy_us: float  # GPU busy per step (mean)
+    traced_idle_us: float  # GPU idle per step, as traced (mean)
+    idle_us: float  # real GPU idle per step: step_us − busy_us
+    host_scale: float  # idle_us / traced_idle_us, in [0, 1]
+    host_wait_us: float  # per step, as traced
+    host_wait_after_sync_us: float
+    sync_idle_us: float
+    launch_gap_us: float
+    dataloader_us: float  # host time in DataLoader __next__ per step
+    optimizer_us: float
+    launch_count: float
+    launch_us: float
+    allocator_calls: float
+    allocator_us: float
+    optimizer_launches: float
+    kernel_us: float  # kernel time per step
+
+    @property
+    def profiler_overhead(self) -> float | None:
+        """Traced over unprofiled step time, minus one; None when the unprofiled time is unknown."""
+        return self.traced_step_us / self.step_us - 1 if self.step_us != self.traced_step_us else None
+
+    @property
+    def busy_fraction(self) -> float:
+        return min(self.busy_us / self.step_us, 1.0) if self.step_us > 0 else 0.0
+
+    def pct(self, us: float) -> float:
+        """A per-step time as a percentage of the step."""
+        return 100.0 * us / self.step_us if self.step_us > 0 else 0.0
+
+    def per_step(self, total_us: float) -> float:
+        return total_us / self.steps
+
+
+def facts_of(a: Analysis) -> Facts | None:
+    """None when the trace has no GPU activity: nothing for the GPU rules to say."""
+    if a.window is None:
+        return None
+    if a.steps and all(s.gpu is not None for s in a.steps):
+        n = len(a.steps)
+        traced = statistics.median(s.duration_us for s in a.steps)
+        busy = sum(s.gpu.busy_us for s in a.steps) / n  # type: ignore[union-attr]
+        causes = {c: sum(s.gpu.idle_by_cause_us[c] for s in a.steps) / n for c in a.window.idle_by_cause_us}  # type: ignore[union-attr]
+        after_sync = sum(s.gpu.host_wait_after_sync_us for s in a.steps) / n  # type: ignore[union-attr]
+        cpu = [s.cpu for s in a.steps]
+
+        def mean(attr: str) -> float:
+            return sum(float(getattr(c, attr)) for c in cpu) / n
+    else:  # no steps: the GPU window is one "step"
+        n, w = 1, a.window
+        traced, busy, causes, after_sync = (
+            w.window_us,
+            w.busy_us,
+            dict(w.idle_by_cause_us),
+            w.host_wait_after_sync_us,
+        )
+
+        def mean(attr: str) -> float:
+            return 0.0
+
+    step = a.unprofiled_step_us if a.unprofiled_step_us else traced
+    traced_idle = max(traced - busy, 0.0)
+    idle = max(step - busy, 0.0)
+    return Facts(
+        steps=n,
+        traced_step_us=traced,
+        step_us=step,
+        busy_us=busy,
+        traced_idle_us=traced_idle,
+        idle_us=idle,
+        host_scale=min(idle / traced_idle, 1.0) if traced_idle > 0 else 0.0,
+        host_wait_us=causes.get("host_wait", 0.0),
+        host_wait_after_sync_us=after_sync,
+        sync_idle_us=causes.get("sync", 0.0),
+        launch_gap_us=causes.get("launch_gap", 0.0),
+        dataloader_us=mean("dataloader_us"),
+        optimizer_us=mean("optimizer_us"),
+        launch_count=mean("launch_count"),
+        launch_us=mean("launch_us"),
+        allocator_calls=mean("allocator_calls"),
+        allocator_us=mean("allocator_us"),
+        optimizer_launches=mean("optimizer_launches"),
+        kernel_us=a.kernels.total_us / n,
+    )

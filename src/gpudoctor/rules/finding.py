@@ -1,0 +1,69 @@
+"""What the doctor says: a `Finding` per bottleneck — stable id, severity, the share of step time its
+fix can save at most, the evidence from the trace, and the fix — and the `Diagnosis` that ranks them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from gpudoctor.util.errors import UsageError
+from gpudoctor.util.serial import from_jsonable, to_jsonable
+
+SCHEMA = "gpudoctor.findings/1"
+
+
+class Severity(str, Enum):
+    CRITICAL = "critical"
+    MAJOR = "major"
+    MINOR = "minor"
+    INFO = "info"
+
+    @classmethod
+    def of_saving(cls, pct: float) -> Severity:
+        """Severity by what the fix can save: ≥ 20% of the step critical, ≥ 8% major, ≥ 2% minor."""
+        if pct >= 20:
+            return cls.CRITICAL
+        if pct >= 8:
+            return cls.MAJOR
+        if pct >= 2:
+            return cls.MINOR
+        return cls.INFO
+
+
+@dataclass(frozen=True)
+class Fix:
+    summary: str  # what to change, in one sentence
+    snippet: str  # runnable PyTorch showing the change
+
+
+@dataclass(frozen=True)
+class Finding:
+    id: str  # stable API: JSON consumers and CI gates depend on it
+    severity: Severity
+    title: str
+    est_saving_pct: float  # upper bound on the share of step time the fix saves, justified in `evidence`
+    evidence: tuple[str, ...]  # sentences with the numbers, kernel and op names, source lines
+    fix: Fix
+    values: dict[str, float]  # the numbers behind the evidence, machine-readable
+    sources: tuple[str, ...] = ()  # the user's Python frames involved, where the trace has stacks
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    schema: str
+    findings: tuple[Finding, ...]  # by est_saving_pct, highest first
+    bound: str  # what limits the step, in one sentence
+    summary: dict[str, float | None]
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Diagnosis:
+        if data.get("schema") != SCHEMA:
+            raise UsageError(f"not gpudoctor findings of schema {SCHEMA} (got {data.get('schema')!r})")
+        return from_jsonable(cls, data)
+
+    def get(self, finding_id: str) -> Finding | None:
+        return next((f for f in self.findings if f.id == finding_id), None)

@@ -1,0 +1,61 @@
+"""`host_sync`: the host waits for the GPU inside the step (`.item()`, `.cpu()`, printing a tensor,
+explicit synchronize, synchronous device-to-host copies), which drains the GPU's queue. Nsight
+Systems' "synchronization APIs" and "synchronous memcpy" rules, with the PyTorch op and source line."""
+
+from __future__ import annotations
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.facts import Facts
+from gpudoctor.rules.finding import Finding, Fix
+
+FIX = Fix(
+    summary="Keep per-step values on the GPU and read them back rarely; find hidden syncs with "
+    "torch.cuda.set_sync_debug_mode.",
+    snippet="""\
+torch.cuda.set_sync_debug_mode("warn")       # warns at every synchronizing call (debug only)
+running_loss = torch.zeros((), device="cuda")
+for step, (inputs, targets) in enumerate(loader):
+    loss = criterion(model(inputs), targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    running_loss += loss.detach()            # no .item() / .cpu() / print(tensor) per step
+    if step % 100 == 99:                     # one synchronization every 100 steps
+        print(f"loss {running_loss.item() / 100:.4f}")
+        running_loss.zero_()""",
+)
+
+
+def host_sync(a: Analysis, f: Facts) -> Finding | None:
+    # Blocking host-to-device copies are the pageable_copy rule's; the rest drain the queue here.
+    sites = [s for s in a.syncs.sites if s.kind != "copy_h2d"]
+    if not sites:
+        return None
+    calls = sum(s.count for s in sites)
+    share = calls / max(sum(s.count for s in a.syncs.sites), 1)
+    drained = (f.sync_idle_us + f.host_wait_after_sync_us) * f.host_scale * share
+    per_step = calls / f.steps
+    top = sites[:3]
+    where = "; ".join(
+        f"{s.call} in {s.op or s.inner_op or 'no op'}"
+        + (f" from {s.source}" if s.source else "")
+        + f" ×{s.count}"
+        for s in top
+    )
+    evidence = [
+        f"{per_step:.0f} host synchronizations per step: {where}.",
+        f"Each one drains the GPU's queue: the GPU then idles {us(drained)} {step_phrase(f)} "
+        f"({pct(f.pct(drained))}) until the host issues work again.",
+    ]
+    if not any(s.source for s in sites):
+        evidence.append("Record with with_stack=True to see the source line of each synchronization.")
+    return finding(
+        "host_sync",
+        "Host-device synchronizations inside the step",
+        f.pct(drained),
+        evidence,
+        FIX,
+        {"syncs_per_step": per_step, "drained_idle_us": drained, "step_us": f.step_us},
+        sources=tuple(dict.fromkeys(s.source for s in sites if s.source)),
+    )

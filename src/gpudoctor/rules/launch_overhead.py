@@ -1,0 +1,62 @@
+"""`launch_overhead`: the GPU idles between many short kernels while the CPU launches them one by one.
+Nsight Systems' "GPU gaps" and TensorBoard's "GPU utilization < 50%" rules, told apart from data
+loading and synchronizations, which have rules of their own."""
+
+from __future__ import annotations
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.facts import Facts
+from gpudoctor.rules.finding import Finding, Fix
+
+MIN_LAUNCHES_PER_STEP = 100
+MAX_MEAN_KERNEL_US = 50.0
+
+FIX = Fix(
+    summary="Launch the step's kernels as one CUDA graph (torch.compile mode='reduce-overhead', or "
+    "torch.cuda.CUDAGraph), or fuse them with torch.compile; give each launch more work.",
+    snippet="""\
+# Capture the step once, replay it with a single launch (static shapes, inputs copied into place):
+step_fn = torch.compile(model, mode="reduce-overhead")
+out = step_fn(inputs)
+
+# or by hand, for inference:
+static_in = inputs.clone()
+stream = torch.cuda.Stream()
+stream.wait_stream(torch.cuda.current_stream())
+with torch.cuda.stream(stream):
+    for _ in range(3):                       # warm up outside the graph
+        model(static_in)
+torch.cuda.current_stream().wait_stream(stream)
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    static_out = model(static_in)
+static_in.copy_(inputs)
+graph.replay()                               # static_out now holds the result""",
+)
+
+
+def launch_overhead(a: Analysis, f: Facts) -> Finding | None:
+    if f.launch_count < MIN_LAUNCHES_PER_STEP:
+        return None
+    mean_kernel = f.kernel_us / f.launch_count
+    if mean_kernel > MAX_MEAN_KERNEL_US:
+        return None
+    # Host-caused idle that neither data loading nor a synchronization explains.
+    waiting = (f.host_wait_us - f.host_wait_after_sync_us) * f.host_scale
+    saving_us = max(waiting - f.dataloader_us, 0.0)
+    per_launch = f.launch_us / f.launch_count
+    evidence = [
+        f"{f.launch_count:.0f} kernel launches per step; the mean kernel runs {us(mean_kernel)}, "
+        f"{pct(100 * a.kernels.short_count_share)} of kernels under 10 µs.",
+        f"The host spends {us(per_launch)} per launch call; the GPU waits for the host {us(saving_us)} "
+        f"{step_phrase(f)} ({pct(f.pct(saving_us))}) and is busy {pct(100 * f.busy_fraction)} of it.",
+    ]
+    return finding(
+        "launch_overhead",
+        "The GPU waits while the CPU launches many short kernels",
+        f.pct(saving_us),
+        evidence,
+        FIX,
+        {"launches_per_step": f.launch_count, "mean_kernel_us": mean_kernel, "host_wait_us": saving_us},
+    )

@@ -1,0 +1,89 @@
+"""Every rule, and `diagnose(analysis) -> Diagnosis`: run them all, rank the findings by what their
+fix can save, and say what bounds the step."""
+
+from __future__ import annotations
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.allocator import allocator_thrash
+from gpudoctor.rules.attention import attention_materialized
+from gpudoctor.rules.base import MIN_SAVING_PCT, Rule, pct, us
+from gpudoctor.rules.batch import small_batch
+from gpudoctor.rules.facts import Facts, facts_of
+from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
+from gpudoctor.rules.fusion import unfused_elementwise
+from gpudoctor.rules.host_sync import host_sync
+from gpudoctor.rules.input_pipeline import input_pipeline
+from gpudoctor.rules.launch_overhead import launch_overhead
+from gpudoctor.rules.layout import conv_layout
+from gpudoctor.rules.memory import memory_pressure
+from gpudoctor.rules.optimizer import optimizer_unfused
+from gpudoctor.rules.pageable_copy import pageable_copy
+from gpudoctor.rules.profiler import profiler_distortion
+from gpudoctor.rules.tensor_cores import tensor_cores_unused
+
+RULES: tuple[Rule, ...] = (
+    input_pipeline,
+    host_sync,
+    launch_overhead,
+    pageable_copy,
+    tensor_cores_unused,
+    attention_materialized,
+    unfused_elementwise,
+    conv_layout,
+    allocator_thrash,
+    optimizer_unfused,
+    small_batch,
+    memory_pressure,
+    profiler_distortion,
+)
+# Findings that carry no time saving by nature: kept even at 0%.
+ALWAYS_KEPT = {"memory_pressure", "profiler_distortion"}
+_SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.MAJOR: 1, Severity.MINOR: 2, Severity.INFO: 3}
+
+
+def diagnose(analysis: Analysis) -> Diagnosis:
+    facts = facts_of(analysis)
+    if facts is None:
+        return Diagnosis(SCHEMA, (), "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
+    found: list[Finding] = []
+    for rule in RULES:
+        f = rule(analysis, facts)
+        if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
+            found.append(f)
+    found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
+    return Diagnosis(SCHEMA, tuple(found), bound(analysis, facts), _summary(facts))
+
+
+def bound(a: Analysis, f: Facts) -> str:
+    """What limits the step, in one sentence."""
+    busy = 100 * f.busy_fraction
+    cats = a.kernels.time_by_category_us
+    total = sum(cats.values()) or 1.0
+    top_cat, top_us = max(cats.items(), key=lambda kv: kv[1]) if cats else ("kernels", 0.0)
+    if busy >= 85:
+        tc = a.kernels.tensor_core_share
+        heavy = (cats.get("matmul", 0.0) + cats.get("convolution", 0.0) + cats.get("attention", 0.0)) / total
+        detail = f"{pct(100 * heavy)} of GPU time in matmul, convolution and attention"
+        if tc is not None:
+            detail += f", {pct(100 * tc)} of matmul/convolution time on tensor cores"
+        return f"GPU-bound: the GPU is busy {pct(busy)} of each {us(f.step_us)} step; {detail}."
+    causes = {
+        "waiting for the host": f.host_wait_us * f.host_scale,
+        "synchronizations": f.sync_idle_us,
+        "launch gaps between queued kernels": f.launch_gap_us,
+    }
+    cause = max(causes, key=lambda c: causes[c])
+    return (
+        f"The GPU idles {pct(100 - busy)} of each {us(f.step_us)} step, mostly {cause}; when busy, "
+        f"{pct(100 * top_us / total)} of its time is {top_cat}."
+    )
+
+
+def _summary(f: Facts) -> dict[str, float | None]:
+    return {
+        "step_us": f.step_us,
+        "traced_step_us": f.traced_step_us,
+        "gpu_busy_pct": 100 * f.busy_fraction,
+        "gpu_idle_us": f.idle_us,
+        "profiler_overhead_pct": 100 * f.profiler_overhead if f.profiler_overhead is not None else None,
+    }

@@ -1,0 +1,51 @@
+"""`tensor_cores_unused`: matmul and convolution time in fp32 kernels that run on the SIMT cores, not
+the tensor cores (bf16 is 10-15× faster on Hopper). TensorBoard's "AMP eligible" rule, from the kernels
+that actually ran."""
+
+from __future__ import annotations
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.facts import Facts
+from gpudoctor.rules.finding import Finding, Fix
+
+# bf16 tensor cores vs fp32 SIMT on an H100: 775 vs 51 TFLOP/s (shared/GPU.md): such a kernel keeps
+# at most about 1/15 of its time; 0.9 leaves room for what does not speed up.
+SPEEDUP_SHARE = 0.9
+
+FIX = Fix(
+    summary="Run matmuls and convolutions in bfloat16 under autocast (or allow TF32 for float32).",
+    snippet="""\
+with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+    outputs = model(inputs)
+    loss = criterion(outputs, targets)
+loss.backward()
+optimizer.step()
+
+# or keep float32 tensors and let matmuls use TF32 tensor cores (about 1e-3 relative precision):
+torch.set_float32_matmul_precision("high")
+torch.backends.cudnn.allow_tf32 = True""",
+)
+
+
+def tensor_cores_unused(a: Analysis, f: Facts) -> Finding | None:
+    fp32_us = f.per_step(a.kernels.no_tensor_core_us)
+    saving_us = SPEEDUP_SHARE * fp32_us
+    if f.pct(saving_us) < 1:
+        return None
+    names = [
+        k.name for k in a.kernels.top if k.tensor_cores is False and k.category in ("matmul", "convolution")
+    ]
+    evidence = [
+        f"{us(fp32_us)} {step_phrase(f)} ({pct(f.pct(fp32_us))}) is matmul/convolution in float32 kernels "
+        f"that do not use tensor cores" + (f", e.g. {names[0][:90]}." if names else "."),
+        "bfloat16 tensor cores run such work an order of magnitude faster.",
+    ]
+    return finding(
+        "tensor_cores_unused",
+        "Matmuls and convolutions run in float32 without tensor cores",
+        f.pct(saving_us),
+        evidence,
+        FIX,
+        {"fp32_matmul_conv_us": fp32_us, "step_us": f.step_us},
+    )
