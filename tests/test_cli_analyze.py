@@ -16,12 +16,14 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner, Result
 
-from gpudoctor.analysis.summary import SCHEMA, Analysis, analyze
+from gpudoctor.analysis.summary import SCHEMA, analyze
 from gpudoctor.cli.main import app, main
-from gpudoctor.report.json_out import RANKS_SCHEMA, analyses_from_json, analysis_json
-from gpudoctor.report.names import short_kernel_name
+from gpudoctor.report.json_out import RANKS_SCHEMA, report_json, reports_from_json
 from gpudoctor.report.terminal import render_analysis
+from gpudoctor.rules import SCHEMA as FINDINGS_SCHEMA
+from gpudoctor.rules import diagnose
 from gpudoctor.trace import load_traces
+from gpudoctor.util.names import short_kernel_name
 from gpudoctor.util.units import fmt_us
 
 TRACES = Path(__file__).parent / "fixtures" / "traces"
@@ -65,13 +67,20 @@ def test_analyze_prints_every_section(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", FIXTURES)
-def test_json_is_the_analysis_and_round_trips(name: str) -> None:
+def test_json_is_the_diagnosis_with_the_analysis_and_round_trips(name: str) -> None:
     result = run("analyze", fixture(name), "--json")
     assert result.exit_code == 0, result.output
     doc = json.loads(result.stdout)  # the whole of stdout is one JSON document
-    assert doc["schema"] == SCHEMA
-    assert Analysis.from_json(doc).to_json() == doc
-    assert analyses_from_json(doc)[0].trace.path.endswith(f"{name}.json.gz")
+    assert doc["schema"] == FINDINGS_SCHEMA and isinstance(doc["bound"], str)
+    savings = [f["est_saving_pct"] for f in doc["findings"]]
+    assert savings == sorted(savings, reverse=True)
+    for f in doc["findings"]:
+        assert {"id", "severity", "title", "est_saving_pct", "evidence", "fix"} <= set(f)
+    assert doc["analysis"]["schema"] == SCHEMA
+    analysis, diagnosis = reports_from_json(doc)[0]
+    assert analysis.to_json() == doc["analysis"]
+    assert report_json([(analysis, diagnosis)]) == doc
+    assert analysis.trace.path.endswith(f"{name}.json.gz")
 
 
 def test_memory_section_shows_peak_when_recorded() -> None:
@@ -86,7 +95,7 @@ def test_memory_section_shows_peak_when_recorded() -> None:
 
 def test_step_selects_one_step() -> None:
     result = run("analyze", fixture("inference"), "--json", "--step", "4")
-    doc = json.loads(result.stdout)
+    doc = json.loads(result.stdout)["analysis"]
     assert doc["selected_step"] == 4
     assert [s["number"] for s in doc["steps"]] == [4]
     text = run("analyze", fixture("inference"), "--step", "4").stdout
@@ -207,8 +216,9 @@ def test_cpu_only_trace_says_gpu_parts_are_not_available(cpu_trace: Path) -> Non
     assert out.count("not available: no GPU activity in this trace") >= 5  # GPU time, kernels, ...
     assert "aten::mm" in out  # the CPU side is still there
     doc = json.loads(run("analyze", cpu_trace, "--json").stdout)
-    assert doc["timeline"]["gpu_window"] is None
-    assert doc["kernels"]["count"] == 0
+    assert doc["findings"] == [] and "No GPU activity" in doc["bound"]
+    assert doc["analysis"]["timeline"]["gpu_window"] is None
+    assert doc["analysis"]["kernels"]["count"] == 0
 
 
 # --- several ranks -----------------------------------------------------------------------------
@@ -232,19 +242,20 @@ def test_ranks_overview_then_detail(rank_dir: Path) -> None:
 def test_ranks_json(rank_dir: Path) -> None:
     doc = json.loads(run("analyze", rank_dir, "--json").stdout)
     assert doc["schema"] == RANKS_SCHEMA
-    assert [a.trace.rank for a in analyses_from_json(doc)] == [0, 1]
+    assert [a.trace.rank for a, _ in reports_from_json(doc)] == [0, 1]
     one = json.loads(run("analyze", rank_dir, "--json", "--rank", "1").stdout)
-    assert one["schema"] == SCHEMA and one["trace"]["rank"] == 1
+    assert one["schema"] == FINDINGS_SCHEMA and one["analysis"]["trace"]["rank"] == 1
 
 
 def test_unknown_rank_is_a_one_line_error(rank_dir: Path) -> None:
     assert_one_line_error(run("analyze", rank_dir, "--rank", "7"), contains="no rank 7")
 
 
-def test_analysis_json_shapes() -> None:
+def test_report_json_shapes() -> None:
     a = analyze(load_traces(fixture("inference"))[0])
-    assert analysis_json([a]) == a.to_json()
-    both = analysis_json([a, a])
+    d = diagnose(a)
+    assert report_json([(a, d)]) == {**d.to_json(), "analysis": a.to_json()}
+    both = report_json([(a, d), (a, d)])
     assert both["schema"] == RANKS_SCHEMA and len(both["ranks"]) == 2
 
 

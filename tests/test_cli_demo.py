@@ -18,7 +18,7 @@ def test_demo_records_and_diagnoses_on_the_cpu(tmp_path: Path) -> None:
     assert "Step time" in result.output and "Top ops" in result.output
     trace = tmp_path / "sync_every_step.json.gz"
     assert trace.exists() and not (tmp_path / "sync_every_step.json").exists()
-    analysis = Analysis.from_json(json.loads((tmp_path / "analysis.json").read_text()))
+    analysis = Analysis.from_json(json.loads((tmp_path / "analysis.json").read_text())["analysis"])
     assert [s.number for s in analysis.steps] == [3, 4]
     assert any("CPU-only" in n for n in analysis.notes)
 

@@ -11,8 +11,9 @@ import typer
 
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.report.json_out import analysis_json
+from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis, render_rank_overview
+from gpudoctor.rules import diagnose
 from gpudoctor.trace import load_traces
 from gpudoctor.util.errors import UsageError
 
@@ -46,25 +47,43 @@ def analyze_command(
     top: Annotated[
         int, typer.Option("--top", metavar="K", min=1, help="Rows in the top-kernel and top-op tables.")
     ] = 10,
+    step_time_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--step-time-ms",
+            metavar="MS",
+            min=0.001,
+            help="The step time measured without the profiler: the profiler's own overhead is then "
+            "taken out of the diagnosis.",
+            show_default=False,
+        ),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
-    """Summarize a torch.profiler trace.
+    """Diagnose a torch.profiler trace.
 
-    Step time, GPU busy time and idle time by cause, top kernels, launches, host/device transfers,
-    host synchronizations, top ops and memory, from a Kineto trace file or a directory of rank traces.
+    What bounds the step and each bottleneck found, ranked by what its fix can save, with evidence and
+    the change to make; then step time, GPU busy time and idle time by cause, top kernels, launches,
+    host/device transfers, host synchronizations, top ops and memory. PATH: a Kineto trace file or a
+    directory of rank traces.
     """
     set_debug(ctx, debug)
-    analyses = [analyze(trace, step=step, top=max(top, 15)) for trace in load_traces(path)]
+    unprofiled = step_time_ms * 1000 if step_time_ms else None
+    analyses = [
+        analyze(trace, step=step, top=max(top, 15), unprofiled_step_us=unprofiled)
+        for trace in load_traces(path)
+    ]
     chosen = _choose_rank(analyses, rank)
     if as_json:
-        doc = analysis_json([chosen] if rank is not None else analyses)
+        chosen_ones = [chosen] if rank is not None else analyses
+        doc = report_json([(a, diagnose(a)) for a in chosen_ones])
         typer.echo(json.dumps(doc, indent=1, allow_nan=False))
         return
     console = stdout_console()
     if len(analyses) > 1:
         render_rank_overview(analyses, console, detailed=chosen.trace.rank)
         console.print()
-    render_analysis(chosen, console, top=top)
+    render_analysis(chosen, console, top=top, diagnosis=diagnose(chosen))
 
 
 def _choose_rank(analyses: list[Analysis], rank: int | None) -> Analysis:

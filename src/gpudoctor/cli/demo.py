@@ -11,8 +11,9 @@ import typer
 
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.report.json_out import analysis_json
+from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis
+from gpudoctor.rules import diagnose
 from gpudoctor.trace import load_trace
 from gpudoctor.trace.capture import ProfileOptions, profile_steps
 
@@ -61,9 +62,10 @@ def demo_command(
     finally:
         step.close()
     analysis = analyze(load_trace(trace_path))
+    diagnosis = diagnose(analysis)
     analysis_path = out / "analysis.json"
-    analysis_path.write_text(json.dumps(analysis_json([analysis]), indent=1, allow_nan=False))
-    render_analysis(analysis, console)
+    analysis_path.write_text(json.dumps(report_json([(analysis, diagnosis)]), indent=1, allow_nan=False))
+    render_analysis(analysis, console, diagnosis=diagnosis)
     console.print(f"\ntrace: {trace_path}   analysis: {analysis_path}   (gpudoctor analyze {trace_path})")
 
 

@@ -1,9 +1,9 @@
 """The JSON document of `gpudoctor analyze --json`.
 
-One trace: the `Analysis` itself (`Analysis.to_json()`, schema `gpudoctor.analysis/1`), so a saved
-file loads with `Analysis.from_json`. Several ranks: `{"schema": "gpudoctor.ranks/1", "ranks": [...]}`
-with one analysis per rank, in rank order. `schema` is always at the top level; `analyses_from_json`
-reads both shapes.
+One trace: the doctor's `Diagnosis` (schema `gpudoctor.findings/1`: `findings` ranked by
+`est_saving_pct`, `bound`, `summary`) with the whole `Analysis` under `analysis` (schema
+`gpudoctor.analysis/1`). Several ranks: `{"schema": "gpudoctor.ranks/1", "ranks": [...]}` with one such
+document per rank, in rank order. `schema` is always at the top level; `reports_from_json` reads both.
 """
 
 from __future__ import annotations
@@ -11,24 +11,34 @@ from __future__ import annotations
 from typing import Any
 
 from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.errors import UsageError
 
 RANKS_SCHEMA = "gpudoctor.ranks/1"
+Report = tuple[Analysis, Diagnosis]
 
 
-def analysis_json(analyses: list[Analysis]) -> dict[str, Any]:
-    if not analyses:
-        raise ValueError("analysis_json needs at least one analysis")
-    if len(analyses) == 1:
-        return analyses[0].to_json()
-    return {"schema": RANKS_SCHEMA, "ranks": [a.to_json() for a in analyses]}
+def report_json(reports: list[Report]) -> dict[str, Any]:
+    if not reports:
+        raise ValueError("report_json needs at least one report")
+    docs = [{**diagnosis.to_json(), "analysis": analysis.to_json()} for analysis, diagnosis in reports]
+    if len(docs) == 1:
+        return docs[0]
+    return {"schema": RANKS_SCHEMA, "ranks": docs}
 
 
-def analyses_from_json(data: dict[str, Any]) -> list[Analysis]:
-    """The analyses of a document written by `analysis_json` (either shape)."""
+def reports_from_json(data: dict[str, Any]) -> list[Report]:
+    """The reports of a document written by `report_json` (either shape)."""
     if data.get("schema") == RANKS_SCHEMA:
         ranks = data.get("ranks")
         if not isinstance(ranks, list):
             raise UsageError(f"a {RANKS_SCHEMA} document needs a list of ranks")
-        return [Analysis.from_json(r) for r in ranks]
-    return [Analysis.from_json(data)]
+        return [_one(r) for r in ranks]
+    return [_one(data)]
+
+
+def _one(doc: dict[str, Any]) -> Report:
+    if not isinstance(doc.get("analysis"), dict):
+        raise UsageError("not a gpudoctor report: it has no 'analysis'")
+    rest = {k: v for k, v in doc.items() if k != "analysis"}
+    return Analysis.from_json(doc["analysis"]), Diagnosis.from_json(rest)

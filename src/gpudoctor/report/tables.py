@@ -10,8 +10,8 @@ from gpudoctor.analysis.cpu import OpStat
 from gpudoctor.analysis.kernels import SHORT_KERNEL_US, KernelReport, KernelStat
 from gpudoctor.analysis.syncs import SyncReport
 from gpudoctor.analysis.transfers import TransferReport
-from gpudoctor.report.names import short_kernel_name
 from gpudoctor.report.style import count, cut, dim_line, dur, line, not_available, section, table
+from gpudoctor.util.names import short_kernel_name
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
 
 _CATEGORY = {"convolution": "conv", "communication": "comm"}

@@ -13,6 +13,7 @@ from rich.text import Text
 from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
+from gpudoctor.report.findings_view import render_diagnosis
 from gpudoctor.report.style import (
     count,
     dim_line,
@@ -25,14 +26,20 @@ from gpudoctor.report.style import (
     section,
     table,
 )
+from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 
 MAX_STEP_ROWS = 12
 
 
-def render_analysis(analysis: Analysis, console: Console, top: int = 10) -> None:
-    """The whole summary of one trace; `top` caps the rows of the kernel and op tables."""
+def render_analysis(
+    analysis: Analysis, console: Console, top: int = 10, diagnosis: Diagnosis | None = None
+) -> None:
+    """The whole summary of one trace, the doctor's findings first when given; `top` caps the rows of
+    the kernel and op tables."""
     render_header(analysis, console)
+    if diagnosis is not None:
+        render_diagnosis(diagnosis, console)
     render_step_time(analysis, console)
     render_gpu_time(analysis, console)
     if analysis.trace.gpu_activities:

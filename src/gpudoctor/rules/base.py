@@ -8,6 +8,7 @@ from collections.abc import Callable
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix, Severity
+from gpudoctor.util.names import short_kernel_name
 from gpudoctor.util.units import fmt_bytes, fmt_us
 
 Rule = Callable[[Analysis, Facts], Finding | None]
@@ -56,3 +57,8 @@ def step_phrase(f: Facts) -> str:
     if f.profiler_overhead is not None:
         return f"of each {us(f.step_us)} step (measured without the profiler)"
     return f"of each {us(f.step_us)} step"
+
+
+def kernel(name: str) -> str:
+    """A kernel's name, short enough for a sentence."""
+    return short_kernel_name(name)

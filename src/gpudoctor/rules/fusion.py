@@ -4,7 +4,7 @@ time; each reads and writes the whole tensor, where a compiler would fuse the ch
 from __future__ import annotations
 
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
@@ -39,7 +39,7 @@ def unfused_elementwise(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"Elementwise, normalization and reduction kernels take {pct(100 * memory_bound / total)} of GPU "
         f"kernel time: {us(per_step)} {step_phrase(f)}.",
-        "The largest: " + "; ".join(f"{k.name[:70]} ({us(k.total_us / f.steps)}/step)" for k in top) + "."
+        "The largest: " + "; ".join(f"{kernel(k.name)} ({us(k.total_us / f.steps)}/step)" for k in top) + "."
         if top
         else "Each such kernel reads and writes its whole tensor.",
     ]

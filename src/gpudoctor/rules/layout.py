@@ -4,7 +4,7 @@ to NHWC and back around each tensor-core convolution."""
 from __future__ import annotations
 
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
@@ -29,7 +29,7 @@ def conv_layout(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"Layout conversions (NCHW↔NHWC) take {us(layout_us)} of GPU time {step_phrase(f)} "
         f"({pct(f.pct(layout_us))}), around {us(f.per_step(cats['convolution']))} of convolutions"
-        + (f"; e.g. {names[0][:80]}." if names else "."),
+        + (f"; e.g. {kernel(names[0])}." if names else "."),
         "Tensor-core convolutions want NHWC; in channels_last the conversions disappear.",
     ]
     return finding(

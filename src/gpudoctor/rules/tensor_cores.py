@@ -5,7 +5,7 @@ that actually ran."""
 from __future__ import annotations
 
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
@@ -38,7 +38,7 @@ def tensor_cores_unused(a: Analysis, f: Facts) -> Finding | None:
     ]
     evidence = [
         f"{us(fp32_us)} {step_phrase(f)} ({pct(f.pct(fp32_us))}) is matmul/convolution in float32 kernels "
-        f"that do not use tensor cores" + (f", e.g. {names[0][:90]}." if names else "."),
+        f"that do not use tensor cores" + (f", e.g. {kernel(names[0])}." if names else "."),
         "bfloat16 tensor cores run such work an order of magnitude faster.",
     ]
     return finding(

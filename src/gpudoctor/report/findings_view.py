@@ -1,0 +1,49 @@
+"""The doctor's verdict in the terminal: what bounds the step, then each finding — severity, what its
+fix can save, the evidence and the change to make, with its code. Renders only."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.text import Text
+
+from gpudoctor.report.style import section
+from gpudoctor.rules.finding import Diagnosis, Finding, Severity
+
+SEVERITY_STYLE = {
+    Severity.CRITICAL: "bold white on red",
+    Severity.MAJOR: "bold black on dark_orange",
+    Severity.MINOR: "black on yellow",
+    Severity.INFO: "black on grey70",
+}
+SNIPPETS_SHOWN = 3  # the code of the first few findings; the rest show their one-line fix
+
+
+def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
+    section(console, "Diagnosis")
+    console.print(Text(f"  {diagnosis.bound}", style="bold"))
+    if not diagnosis.findings:
+        console.print(Text("  No bottleneck found that a change would shorten by 1% or more.", style="green"))
+        return
+    for i, finding in enumerate(diagnosis.findings):
+        _render_finding(finding, console, with_snippet=i < SNIPPETS_SHOWN)
+
+
+def _render_finding(f: Finding, console: Console, with_snippet: bool) -> None:
+    console.print()
+    head = Text("  ")
+    head.append(f" {f.severity.value.upper()} ", style=SEVERITY_STYLE[f.severity])
+    head.append(f"  {f.title}", style="bold")
+    saving = f"  up to {f.est_saving_pct:g}% of the step" if f.est_saving_pct > 0 else ""
+    head.append(saving, style="bold green")
+    head.append(f"  [{f.id}]", style="dim")
+    console.print(head)
+    for sentence in f.evidence:
+        console.print(Text(f"    • {sentence}"))
+    fix = Text("    fix: ", style="bold cyan")
+    fix.append(f.fix.summary)
+    console.print(fix)
+    if with_snippet:
+        console.print(
+            Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default", padding=(0, 6))
+        )
