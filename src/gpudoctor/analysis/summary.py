@@ -31,6 +31,7 @@ class TraceSummary:
     world_size: int | None
     events: int
     gpu_activities: int
+    gpu_devices: tuple[int, ...]  # the devices this process ran GPU work on
     span_us: float
     profiler_config: dict[str, Any]
     skipped: dict[str, int]
@@ -137,13 +138,15 @@ def _launched_within(trace: Trace, step: Step) -> np.ndarray:
 
 def _summary(trace: Trace) -> TraceSummary:
     span = float((trace.ts + trace.dur).max()) if len(trace) else 0.0
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     dist = trace.meta.distributed
     return TraceSummary(
         path=trace.meta.path,
         rank=trace.meta.rank,
         world_size=dist.world_size if dist else None,
         events=len(trace) + len(trace.memory),
-        gpu_activities=len(trace.rows(*GPU_ACTIVITY_KINDS)),
+        gpu_activities=len(gpu),
+        gpu_devices=tuple(int(d) for d in np.unique(trace.device[gpu]) if d >= 0),
         span_us=span,
         profiler_config=dict(trace.meta.profiler_config),
         skipped=dict(trace.skipped),

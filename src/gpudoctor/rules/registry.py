@@ -8,6 +8,7 @@ from gpudoctor.rules.allocator import allocator_thrash
 from gpudoctor.rules.attention import attention_materialized
 from gpudoctor.rules.base import MIN_SAVING_PCT, Rule, pct, us
 from gpudoctor.rules.batch import small_batch
+from gpudoctor.rules.data_parallel import data_parallel
 from gpudoctor.rules.facts import Facts, facts_of
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
 from gpudoctor.rules.fusion import unfused_elementwise
@@ -35,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     small_batch,
     memory_pressure,
     profiler_distortion,
+    data_parallel,
 )
 # Findings that carry no time saving by nature: kept even at 0%.
 ALWAYS_KEPT = {"memory_pressure", "profiler_distortion"}

@@ -1,0 +1,94 @@
+"""The doctor on the recorded traces: what it names first, how it ranks, and how the step time
+measured without the profiler changes its verdict. (The planted-bottleneck zoo is tests/test_zoo.py.)"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.analysis.summary import Analysis, analyze
+from gpudoctor.rules import Diagnosis, Severity, diagnose
+from gpudoctor.trace import load_trace
+
+TRACES = Path(__file__).parent / "fixtures" / "traces"
+MANIFEST = json.loads((TRACES / "manifest.json").read_text())["fixtures"]
+
+
+@functools.cache
+def diagnosis(name: str, unprofiled: bool = True) -> Diagnosis:
+    step = MANIFEST[name]["unprofiled_step_us"]["median"] if unprofiled else None
+    return diagnose(analyze(load_trace(TRACES / f"{name}.json.gz"), unprofiled_step_us=step))
+
+
+@pytest.mark.parametrize(
+    ("name", "first"),
+    [
+        ("dataloader_bound", "input_pipeline"),
+        ("inference", "pageable_copy"),
+        ("sync_every_step", "tensor_cores_unused"),
+    ],
+)
+def test_the_first_finding_is_the_main_cause(name: str, first: str) -> None:
+    d = diagnosis(name)
+    assert d.findings[0].id == first
+    assert d.findings[0].severity is Severity.CRITICAL
+
+
+@pytest.mark.parametrize("name", sorted(MANIFEST))
+def test_findings_are_ranked_and_bounded(name: str) -> None:
+    d = diagnosis(name)
+    savings = [f.est_saving_pct for f in d.findings]
+    assert savings == sorted(savings, reverse=True)
+    assert all(0 <= s <= 100 for s in savings)
+    assert len({f.id for f in d.findings}) == len(d.findings)
+    assert all(f.evidence and f.fix.summary and f.fix.snippet for f in d.findings)
+    assert Diagnosis.from_json(json.loads(json.dumps(d.to_json()))) == d
+
+
+def test_the_syncs_are_named_with_their_source_line() -> None:
+    f = diagnosis("sync_every_step_stack").get("host_sync")
+    assert f is not None and f.sources == ("gpudoctor/workloads/sync_every_step.py(26): run",)
+    assert "aten::item" in f.evidence[0]
+
+
+def test_profiler_overhead_is_taken_out() -> None:
+    # Profiled, the transformer step looks host-bound (launch overhead, critical); measured without the
+    # profiler its GPU is busy 94% of the step: a minor finding and an info about the distortion.
+    traced, real = diagnosis("transformer_train", unprofiled=False), diagnosis("transformer_train")
+    assert traced.get("launch_overhead").severity is Severity.CRITICAL  # type: ignore[union-attr]
+    assert real.get("launch_overhead").severity in (Severity.MINOR, Severity.INFO)  # type: ignore[union-attr]
+    assert real.get("profiler_distortion") is not None and traced.get("profiler_distortion") is None
+    assert real.bound.startswith("GPU-bound") and not traced.bound.startswith("GPU-bound")
+
+
+def test_a_cpu_only_analysis_has_nothing_to_diagnose() -> None:
+    d = diagnose(
+        analyze(load_trace(TRACES / "inference.json.gz"), step=None).__class__.from_json(_cpu_only())
+    )
+    assert d.findings == () and "No GPU activity" in d.bound
+
+
+def _cpu_only() -> dict:
+    doc = copy.deepcopy(analyze(load_trace(TRACES / "inference.json.gz")).to_json())
+    doc["timeline"] = {"steps": [], "profiled_steps": None, "gpu_window": None, "concurrent_kinds_us": {}}
+    doc["steps"] = [{**s, "gpu": None} for s in doc["steps"]]
+    return doc
+
+
+def test_data_parallel_needs_work_on_several_devices(tmp_path: Path) -> None:
+    import gzip
+
+    doc = json.loads(gzip.decompress((TRACES / "conv_bf16_train.json.gz").read_bytes()))
+    kernels = [e for e in doc["traceEvents"] if e.get("cat") == "kernel"]
+    for e in kernels[::2]:  # half the kernels now run on a second GPU of the same process
+        e["args"]["device"] = 1
+    path = tmp_path / "dp.json"
+    path.write_text(json.dumps(doc))
+    d = diagnose(analyze(load_trace(path)))
+    f = d.get("data_parallel")
+    assert f is not None and "2 devices" in f.evidence[0]
+    assert diagnosis("conv_bf16_train").get("data_parallel") is None
