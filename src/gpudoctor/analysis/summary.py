@@ -19,6 +19,7 @@ from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
 from gpudoctor.trace.steps import Step, find_steps
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.serial import from_jsonable, to_jsonable
 
 SCHEMA = "gpudoctor.analysis/1"
@@ -84,6 +85,11 @@ def analyze(
 ) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
     kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler."""
+    with gc_paused():
+        return _analyze(trace, step, top, unprofiled_step_us)
+
+
+def _analyze(trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None) -> Analysis:
     steps = find_steps(trace)
     notes: list[str] = []
     if not steps:

@@ -26,6 +26,7 @@ from gpudoctor.trace.jsonstream import read_trace_json
 from gpudoctor.trace.model import CATEGORY_KINDS, DistributedInfo, Kind, MemoryEvents, Trace, TraceMeta
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
 from gpudoctor.util.errors import TraceFormatError
+from gpudoctor.util.gcpause import gc_paused
 
 _TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
@@ -41,7 +42,7 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
     if p.is_dir():
         raise TraceFormatError(f"{p} is a directory: use load_traces() for a directory of rank files")
     try:
-        with _open(p) as stream:
+        with gc_paused(), _open(p) as stream:
             builder = _Builder()
             repairs = Repairs()
             gen = read_trace_json(stream, decoder(repairs))
