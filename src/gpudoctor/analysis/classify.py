@@ -27,6 +27,7 @@ ELEMENTWISE = re.compile(
     r"dropout|where_kernel|masked_fill",
     re.I,
 )
+CHANNELS_LAST = re.compile(r"channels_?last|nhwc", re.I)  # kernels written for the NHWC layout
 # cuDNN's layout conversions around NCHW convolutions (what channels_last removes), and transposes.
 LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|transpose", re.I)
 CONVOLUTION = re.compile(

@@ -25,6 +25,8 @@ class CpuStep:
     duration_us: float
     dataloader_us: float  # inside DataLoader __next__
     optimizer_us: float  # inside Optimizer.step
+    dataloader_gpu_wait_us: float  # GPU idle waiting for the host while the host was in the DataLoader
+    optimizer_gpu_wait_us: float  # … while the host was in Optimizer.step
     cpu_ops_us: float  # top-level PyTorch ops, all threads (union)
     launch_us: float  # runtime calls that launch GPU work (and returned without waiting)
     launch_count: int
@@ -45,7 +47,11 @@ class OpStat:
     kernels: int  # GPU activities launched (self)
 
 
-def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> tuple[CpuStep, ...]:
+def cpu_steps(
+    trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray, host_wait: Disjoint | None = None
+) -> tuple[CpuStep, ...]:
+    """Host-side figures per step; `host_wait` (the GPU's host-wait idle intervals) lets each be set
+    against the GPU time it cost."""
     if not steps:
         return ()
     starts = np.array([s.start_us for s in steps])
@@ -67,6 +73,8 @@ def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> t
     alloc_union = Disjoint.of(*_spans(trace, allocs))
     alloc_counts = _per_step(trace.ts[allocs], edges)
     in_optimizer = optimizer.covered(trace.ts[launches], trace.ts[launches] + 1e-9) > 0
+    loader_wait = _overlap_per_step(loader, host_wait, edges)
+    optimizer_wait = _overlap_per_step(optimizer, host_wait, edges)
     optimizer_launches = _per_step(trace.ts[launches[in_optimizer]], edges)
     out = []
     for i, s in enumerate(steps):
@@ -77,6 +85,8 @@ def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> t
                 duration_us=s.duration_us,
                 dataloader_us=float(loader.covered(a, b)[0]),
                 optimizer_us=float(optimizer.covered(a, b)[0]),
+                dataloader_gpu_wait_us=float(loader_wait[i]),
+                optimizer_gpu_wait_us=float(optimizer_wait[i]),
                 cpu_ops_us=float(op_union.covered(a, b)[0]),
                 launch_us=float(launch_union.covered(a, b)[0]),
                 launch_count=int(launch_counts[i]),
@@ -91,6 +101,16 @@ def cpu_steps(trace: Trace, steps: tuple[Step, ...], sync_rows: np.ndarray) -> t
 
 def _spans(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return trace.ts[rows], trace.ts[rows] + trace.dur[rows]
+
+
+def _overlap_per_step(spans: Disjoint, idle: Disjoint | None, edges: np.ndarray) -> np.ndarray:
+    """Per step, how much of `idle` falls inside `spans` (each span counted in the step it starts in)."""
+    if idle is None or not len(spans.start):
+        return np.zeros(len(edges) // 2)
+    overlap = idle.covered(spans.start, spans.end)
+    step = np.searchsorted(edges, spans.start, side="right") - 1
+    inside = (step >= 0) & (step % 2 == 0)  # even bins are steps
+    return np.bincount(step[inside] // 2, weights=overlap[inside], minlength=len(edges) // 2)
 
 
 def _per_step(times: np.ndarray, edges: np.ndarray) -> np.ndarray:

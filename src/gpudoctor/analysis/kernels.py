@@ -63,6 +63,7 @@ class KernelReport:
     time_by_category_us: dict[str, float]  # every kernel, by classify.KERNEL_CATEGORIES
     under_one_wave_us: float  # time in kernels with fewer blocks than SMs (Kineto's blocks per SM < 1)
     under_one_wave_fill: float | None  # their duration-weighted mean blocks per SM: the share of SMs used
+    nchw_normalization_us: float  # normalization kernels of the NCHW layout (not channels_last / NHWC)
 
 
 def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> KernelReport:
@@ -71,7 +72,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     if window is not None:
         rows = rows[(trace.ts[rows] >= window[0]) & (trace.ts[rows] < window[1])]
     if not len(rows):
-        return KernelReport(0, 0.0, 0, (), 0.0, 0.0, None, 0.0, 0.0, None, 0.0, {}, 0.0, None)
+        return KernelReport(0, 0.0, 0, (), 0.0, 0.0, None, 0.0, 0.0, None, 0.0, {}, 0.0, None, 0.0)
     dur = trace.dur[rows]
     total = float(dur.sum())
     names = trace.name[rows]
@@ -82,6 +83,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     sort_by_group = np.lexsort((dur, inverse))
     bounds = np.concatenate(([0], np.cumsum(counts)))
     category = classify.kernel_category(trace)
+    channels_last = classify.name_mask(trace, classify.CHANNELS_LAST, rows)
     tc = classify.name_mask(trace, classify.TENSOR_CORE, rows)
     not_tc = classify.name_mask(trace, classify.NOT_TENSOR_CORE, rows)
 
@@ -136,6 +138,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
         under_one_wave_fill=float(np.average(bps[under], weights=dur[under]))
         if dur[under].sum() > 0
         else None,
+        nchw_normalization_us=float(dur[(cat == "normalization") & ~channels_last[names]].sum()),
     )
 
 

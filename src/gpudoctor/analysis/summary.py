@@ -12,7 +12,7 @@ from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
-from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline
+from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.trace.links import launch_rows
@@ -102,10 +102,12 @@ def _analyze(trace: Trace, step: int | None, top: int, unprofiled_step_us: float
         steps = chosen
     if not trace.has_gpu:
         notes.append("no GPU activity: a CPU-only trace, so GPU figures are not available")
-    window = (steps[0].start_us, steps[-1].end_us) if steps else None
+    window = (steps[0].window_start_us, steps[-1].window_end_us) if steps else None  # GPU side
+    cpu_window = (steps[0].start_us, steps[-1].end_us) if steps else None
     syncs = host_sync_rows(trace)
-    timeline = gpu_timeline(trace, steps, _launched_within(trace, steps[0]) if step is not None else None)
-    cpu = cpu_steps(trace, steps, syncs)
+    gpu_rows = _launched_within(trace, steps[0]) if step is not None else None
+    timeline = gpu_timeline(trace, steps, gpu_rows)
+    cpu = cpu_steps(trace, steps, syncs, idle_intervals(trace, steps, gpu_rows).get("host_wait"))
     step_rows = tuple(
         StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
         for i, s in enumerate(steps)
@@ -127,7 +129,7 @@ def _analyze(trace: Trace, step: int | None, top: int, unprofiled_step_us: float
         kernels=kernel_report(trace, window, top),
         transfers=transfer_report(trace, window),
         syncs=sync_report(trace, steps),
-        ops=op_report(trace, window),
+        ops=op_report(trace, cpu_window),
         memory=memory,
         notes=tuple(notes),
         unprofiled_step_us=unprofiled_step_us,

@@ -60,7 +60,7 @@ class TimeBreakdown:
 
 @dataclass(frozen=True)
 class GpuTimeline:
-    steps: tuple[TimeBreakdown, ...]  # one per profiled step (its CPU ProfilerStep span)
+    steps: tuple[TimeBreakdown, ...]  # one per profiled step (its window: see trace.steps.Step)
     profiled_steps: TimeBreakdown | None  # from the first step's start to the last step's end
     gpu_window: TimeBreakdown | None  # first GPU activity to last (HTA's window)
     concurrent_kinds_us: dict[str, float]  # each kind's own union, overlaps included
@@ -76,13 +76,13 @@ def gpu_timeline(trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None =
     start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
     labels = classify.gpu_activity_label(trace, gpu)
     busy_layers, concurrent = _busy_layers(start, end, labels)
-    idle = _idle_by_cause(trace, gpu, start, end, steps)
+    idle = idle_intervals(trace, steps, gpu)
 
     def window(a: float, b: float) -> TimeBreakdown:
         return _breakdown(a, b, busy_layers, idle)
 
-    per_step = tuple(window(s.start_us, s.end_us) for s in steps)
-    profiled = window(steps[0].start_us, steps[-1].end_us) if steps else None
+    per_step = tuple(window(s.window_start_us, s.window_end_us) for s in steps)
+    profiled = window(steps[0].window_start_us, steps[-1].window_end_us) if steps else None
     return GpuTimeline(per_step, profiled, window(float(start.min()), float(end.max())), concurrent)
 
 
@@ -118,14 +118,28 @@ def _breakdown(
     return TimeBreakdown(a, b, below, by_kind, by_cause, after_sync)
 
 
+def idle_intervals(
+    trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None = None
+) -> dict[str, Disjoint]:
+    """The GPU's idle intervals by cause (and `host_wait_after_sync`), over the whole trace; `gpu`
+    restricts the activity considered. Memoized per trace, steps and activity."""
+    if gpu is None:
+        gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    key = ("idle", len(gpu), hash(gpu.tobytes()), tuple((s.window_start_us, s.window_end_us) for s in steps))
+    if key not in trace._memo:
+        start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
+        trace._memo[key] = _idle_by_cause(trace, gpu, start, end, steps) if len(gpu) else {}
+    return trace._memo[key]
+
+
 def _idle_by_cause(
     trace: Trace, gpu: np.ndarray, start: np.ndarray, end: np.ndarray, steps: tuple[Step, ...]
 ) -> dict[str, Disjoint]:
     """The idle gaps of the whole trace (including before the first and after the last activity,
     as far as the steps reach), each labelled with its cause."""
     busy_start, busy_end, opener = union_groups(start, end)
-    lo = min(float(busy_start[0]), steps[0].start_us) if steps else float(busy_start[0])
-    hi = max(float(busy_end[-1]), steps[-1].end_us) if steps else float(busy_end[-1])
+    lo = min(float(busy_start[0]), steps[0].window_start_us) if steps else float(busy_start[0])
+    hi = max(float(busy_end[-1]), steps[-1].window_end_us) if steps else float(busy_end[-1])
     gap_start = np.concatenate(([lo], busy_end))
     gap_end = np.concatenate((busy_start, [hi]))
     # The launch time of the activity that closes each gap (+inf after the last one: nothing came).

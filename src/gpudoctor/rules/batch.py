@@ -8,7 +8,8 @@ from gpudoctor.rules.base import finding, pct, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
-MIN_UNDER_WAVE_SHARE = 0.5  # of kernel time
+MIN_UNDER_WAVE_SHARE = 0.5  # of kernel time in kernels with fewer blocks than SMs
+MAX_FILL = 0.5  # and those kernels use under half the SMs on average
 
 FIX = Fix(
     summary="Give each step more work: a larger batch (scale the learning rate, or accumulate "
@@ -32,6 +33,7 @@ def small_batch(a: Analysis, f: Facts) -> Finding | None:
         not k.total_us
         or k.under_one_wave_us / k.total_us < MIN_UNDER_WAVE_SHARE
         or k.under_one_wave_fill is None
+        or k.under_one_wave_fill > MAX_FILL
     ):
         return None
     fill = k.under_one_wave_fill
@@ -39,8 +41,7 @@ def small_batch(a: Analysis, f: Facts) -> Finding | None:
     # shares the per-launch host overhead (the GPU's wait for launches) among more samples. Waiting
     # for data or for synchronizations grows with the batch, so it does not count.
     unused_us = f.per_step(k.under_one_wave_us) * (1 - fill)
-    launch_wait_us = max((f.host_wait_us - f.host_wait_after_sync_us) * f.host_scale - f.dataloader_us, 0.0)
-    saving_us = unused_us + launch_wait_us
+    saving_us = unused_us + f.launch_wait_us
     sms = a.device.sm_count if a.device and a.device.sm_count else None
     evidence = [
         f"{pct(100 * k.under_one_wave_us / k.total_us)} of kernel time is in kernels with fewer thread blocks "

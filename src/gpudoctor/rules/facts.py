@@ -28,7 +28,9 @@ class Facts:
     sync_idle_us: float
     launch_gap_us: float
     dataloader_us: float  # host time in DataLoader __next__ per step
+    dataloader_wait_us: float  # GPU host-wait idle while the host was in the DataLoader, as traced
     optimizer_us: float
+    optimizer_wait_us: float  # GPU host-wait idle while the host was in Optimizer.step, as traced
     launch_count: float
     launch_us: float
     allocator_calls: float
@@ -40,6 +42,13 @@ class Facts:
     def profiler_overhead(self) -> float | None:
         """Traced over unprofiled step time, minus one; None when the unprofiled time is unknown."""
         return self.traced_step_us / self.step_us - 1 if self.step_us != self.traced_step_us else None
+
+    @property
+    def launch_wait_us(self) -> float:
+        """Real host-wait idle per step that neither a sync, the DataLoader nor the optimizer explains:
+        the host was busy launching (or in Python between launches)."""
+        explained = self.host_wait_after_sync_us + self.dataloader_wait_us + self.optimizer_wait_us
+        return max(self.host_wait_us - explained, 0.0) * self.host_scale
 
     @property
     def busy_fraction(self) -> float:
@@ -95,7 +104,9 @@ def facts_of(a: Analysis) -> Facts | None:
         sync_idle_us=causes.get("sync", 0.0),
         launch_gap_us=causes.get("launch_gap", 0.0),
         dataloader_us=mean("dataloader_us"),
+        dataloader_wait_us=mean("dataloader_gpu_wait_us"),
         optimizer_us=mean("optimizer_us"),
+        optimizer_wait_us=mean("optimizer_gpu_wait_us"),
         launch_count=mean("launch_count"),
         launch_us=mean("launch_us"),
         allocator_calls=mean("allocator_calls"),

@@ -33,9 +33,14 @@ def host_sync(a: Analysis, f: Facts) -> Finding | None:
     if not sites:
         return None
     calls = sum(s.count for s in sites)
-    share = calls / max(sum(s.count for s in a.syncs.sites), 1)
-    drained = (f.sync_idle_us + f.host_wait_after_sync_us) * f.host_scale * share
     per_step = calls / f.steps
+    # With a drained queue every host delay in the step shows as GPU idle; without the syncs the host
+    # runs ahead and hides them, as long as its own work fits in the step: the step cannot get shorter
+    # than the host's work (its time less the time it sat blocked) nor than the GPU's.
+    blocked = f.per_step(sum(s.total_us for s in sites))
+    host_work = (f.traced_step_us - blocked) * f.step_us / f.traced_step_us
+    serialized = (f.sync_idle_us + f.host_wait_us) * f.host_scale
+    drained = max(0.0, min(serialized, f.step_us - max(host_work, f.busy_us)))
     top = sites[:3]
     where = "; ".join(
         f"{s.call} in {s.op or s.inner_op or 'no op'}"
@@ -45,8 +50,9 @@ def host_sync(a: Analysis, f: Facts) -> Finding | None:
     )
     evidence = [
         f"{per_step:.0f} host synchronizations per step: {where}.",
-        f"Each one drains the GPU's queue: the GPU then idles {us(drained)} {step_phrase(f)} "
-        f"({pct(f.pct(drained))}) until the host issues work again.",
+        f"Each one drains the GPU's queue, so the host cannot run ahead: the GPU waits for the host "
+        f"{us(serialized)} {step_phrase(f)}; the host's own work ({us(host_work)}) leaves {us(drained)} of it "
+        f"({pct(f.pct(drained))}) to win back.",
     ]
     if not any(s.source for s in sites):
         evidence.append("Record with with_stack=True to see the source line of each synchronization.")

@@ -30,12 +30,12 @@ def input_pipeline(a: Analysis, f: Facts) -> Finding | None:
     if loader_share < 0.05:
         return None
     # The fix hides loading behind GPU work: it saves at most the GPU's idle time while loading.
-    waiting = (f.host_wait_us - f.host_wait_after_sync_us) * f.host_scale
-    saving_us = min(f.dataloader_us, waiting)
+    waiting = f.dataloader_wait_us * f.host_scale
+    saving_us = waiting
     evidence = [
         f"DataLoader __next__ takes {us(f.dataloader_us)} {step_phrase(f)} ({pct(100 * loader_share)}), "
         f"on the training thread.",
-        f"Meanwhile the GPU idles waiting for the host {us(waiting)} per step; it is busy "
+        f"Meanwhile the GPU idles {us(waiting)} per step waiting for it; it is busy "
         f"{pct(100 * f.busy_fraction)} of the step.",
     ]
     return finding(

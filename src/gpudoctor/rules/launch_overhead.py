@@ -42,9 +42,8 @@ def launch_overhead(a: Analysis, f: Facts) -> Finding | None:
     mean_kernel = f.kernel_us / f.launch_count
     if mean_kernel > MAX_MEAN_KERNEL_US:
         return None
-    # Host-caused idle that neither data loading nor a synchronization explains.
-    waiting = (f.host_wait_us - f.host_wait_after_sync_us) * f.host_scale
-    saving_us = max(waiting - f.dataloader_us, 0.0)
+    # Host-caused idle that neither data loading, the optimizer nor a synchronization explains.
+    saving_us = f.launch_wait_us
     per_launch = f.launch_us / f.launch_count
     evidence = [
         f"{f.launch_count:.0f} kernel launches per step; the mean kernel runs {us(mean_kernel)}, "

@@ -31,7 +31,8 @@ def optimizer_unfused(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"Optimizer.step launches {f.optimizer_launches:.0f} kernels per step and takes {us(f.optimizer_us)} "
         f"of host time {step_phrase(f)} ({pct(f.pct(f.optimizer_us))}).",
-        "A per-parameter loop: each parameter's update is several tiny kernels.",
+        f"The GPU idles {us(saving_us)} per step waiting for it: a per-parameter loop, each parameter's "
+        "update several tiny kernels.",
     ]
     return finding(
         "optimizer_unfused",

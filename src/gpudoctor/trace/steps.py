@@ -16,14 +16,28 @@ _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 @dataclass(frozen=True)
 class Step:
+    """One profiled step. Its CPU span is the `ProfilerStep#N` annotation; its GPU span covers the GPU
+    work launched during that span (from any thread: backward kernels come from autograd's). Its window
+    is where the step sits on the timeline once the GPU's lag is counted: it opens when the host has
+    started the step and the GPU has finished the previous one, and closes where the next opens (the
+    last closes when both host and GPU are done). Windows tile the profiled time; their length is the
+    step time the loop really runs at, whether the host or the GPU is the slower."""
+
     number: int
-    start_us: float  # CPU ProfilerStep span: what the user's loop took
+    start_us: float  # CPU ProfilerStep span
     end_us: float
     gpu_start_us: float | None  # first / last GPU activity the step launched
     gpu_end_us: float | None
+    window_start_us: float
+    window_end_us: float
 
     @property
     def duration_us(self) -> float:
+        """The step time: the length of its window."""
+        return self.window_end_us - self.window_start_us
+
+    @property
+    def cpu_duration_us(self) -> float:
         return self.end_us - self.start_us
 
 
@@ -40,35 +54,43 @@ def find_steps(trace: Trace) -> tuple[Step, ...]:
     # One thread drives the loop; if several carry steps (rare), keep the busiest.
     threads, counts = np.unique(trace.tid[rows], return_counts=True)
     rows = rows[trace.tid[rows] == threads[np.argmax(counts)]]
-    gpu_spans = _gpu_spans(trace, rows)
+    rows = rows[np.argsort(trace.ts[rows], kind="stable")]
+    cpu = [(float(trace.ts[r]), float(trace.ts[r] + trace.dur[r])) for r in rows.tolist()]
+    gpu, before = _gpu_spans(trace, cpu)
+    # Window boundaries: a step opens once the host started it and the GPU finished the one before.
+    opens = []
+    previous_gpu_end = before
+    for (c0, _), g in zip(cpu, gpu, strict=True):
+        opens.append(max(c0, previous_gpu_end) if previous_gpu_end is not None else c0)
+        if g is not None:
+            previous_gpu_end = g[1] if previous_gpu_end is None else max(previous_gpu_end, g[1])
+    last_end = max(cpu[-1][1], gpu[-1][1] if gpu[-1] is not None else cpu[-1][1])
+    closes = [*opens[1:], last_end]
     steps = []
-    for r in rows.tolist():
-        number = step_name[int(trace.name[r])]
-        g0, g1 = gpu_spans.get(number, (None, None))
-        steps.append(Step(number, float(trace.ts[r]), float(trace.ts[r] + trace.dur[r]), g0, g1))
-    steps.sort(key=lambda s: (s.start_us, s.number))
+    for i, r in enumerate(rows.tolist()):
+        g0, g1 = gpu[i] if gpu[i] is not None else (None, None)
+        steps.append(Step(step_name[int(trace.name[r])], *cpu[i], g0, g1, opens[i], max(closes[i], opens[i])))
     return tuple(steps)
 
 
-def _gpu_spans(trace: Trace, step_rows: np.ndarray) -> dict[int, tuple[float, float]]:
-    """GPU extent of each step: the GPU annotation if Kineto wrote one, else the span of the GPU
-    activity whose launching call lies inside the step's CPU span."""
-    spans: dict[int, tuple[float, float]] = {}
-    for r in trace.rows(Kind.GPU_ANNOTATION).tolist():
-        m = _STEP.match(trace.name_of(r))
-        if m:
-            spans[int(m.group(1))] = (float(trace.ts[r]), float(trace.ts[r] + trace.dur[r]))
-    missing = [r for r in step_rows.tolist() if int(_STEP.match(trace.name_of(r)).group(1)) not in spans]  # type: ignore[union-attr]
+def _gpu_spans(
+    trace: Trace, cpu: list[tuple[float, float]]
+) -> tuple[list[tuple[float, float] | None], float | None]:
+    """For each CPU span, the extent of the GPU activity launched inside it (None if none); and when
+    the GPU finished the work queued before the first step (None if there was none): work launched
+    before it, and work whose launch the profiler did not record (it was queued before recording
+    began) that ran before the first step's own."""
     gpu = trace.rows(*GPU_ACTIVITY_KINDS)
-    if not missing or not len(gpu):
-        return spans
+    if not len(gpu):
+        return [None] * len(cpu), None
     launch = launch_rows(trace, gpu)
     linked = launch >= 0
-    gpu, launch_ts = gpu[linked], trace.ts[launch[linked]]
-    for r in missing:
-        inside = (launch_ts >= trace.ts[r]) & (launch_ts < trace.ts[r] + trace.dur[r])
-        if inside.any():
-            g = gpu[inside]
-            number = int(_STEP.match(trace.name_of(r)).group(1))  # type: ignore[union-attr]
-            spans[number] = (float(trace.ts[g].min()), float((trace.ts[g] + trace.dur[g]).max()))
-    return spans
+    launch_ts = np.where(linked, trace.ts[np.maximum(launch, 0)], np.nan)
+    start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
+    spans: list[tuple[float, float] | None] = []
+    for c0, c1 in cpu:
+        inside = (launch_ts >= c0) & (launch_ts < c1)
+        spans.append((float(start[inside].min()), float(end[inside].max())) if inside.any() else None)
+    first_own = next((sp[0] for sp in spans if sp is not None), np.inf)
+    earlier = (launch_ts < cpu[0][0]) | (~linked & (start < first_own))
+    return spans, (float(end[earlier].max()) if earlier.any() else None)
