@@ -31,11 +31,19 @@ def names() -> list[str]:
 
 
 def get(name: str) -> Workload:
-    """The workload called `name`; a `UsageError` naming the known ones if there is none."""
-    try:
+    """The workload called `name`: a built-in, or a zoo workload (`<rule>.slow`, `<rule>.fixed`, a control);
+    a `UsageError` naming the known ones if there is none."""
+    if name in _REGISTRY:
         return _REGISTRY[name]
-    except KeyError:
-        raise UsageError(f"unknown workload {name!r}; known: {', '.join(_REGISTRY)}") from None
+    from gpudoctor.workloads import zoo  # on demand: most callers never need the zoo
+
+    found = zoo.workloads().get(name)
+    if found is None:
+        raise UsageError(
+            f"unknown workload {name!r}; known: {', '.join(_REGISTRY)}, "
+            "and the zoo's <rule>.slow / <rule>.fixed and control_* workloads"
+        )
+    return found
 
 
 __all__ = ["Builder", "Step", "Workload", "get", "names"]
