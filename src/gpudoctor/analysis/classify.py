@@ -113,6 +113,7 @@ def gpu_activity_label(trace: Trace, rows: np.ndarray) -> np.ndarray:
 # Kernel categories, most specific first: a kernel gets the first that matches its name.
 KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("communication", COMMUNICATION),
+    ("compiled", COMPILED),  # already fused, whatever ops they hold
     ("attention", ATTENTION),
     ("loss", LOSS),
     ("softmax", SOFTMAX),
@@ -121,7 +122,6 @@ KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("convolution", CONVOLUTION),
     ("matmul", MATMUL),
     ("optimizer", OPTIMIZER),
-    ("compiled", COMPILED),
     ("reduction", REDUCTION),
     ("elementwise", ELEMENTWISE),
 )

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpudoctor.analysis import classify
 from gpudoctor.analysis.intervals import Disjoint
-from gpudoctor.trace.links import op_parents, op_rows
+from gpudoctor.trace.links import gpu_rows_of_launch, op_parents, op_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, LAUNCH_KINDS, Kind, Trace
 from gpudoctor.trace.steps import Step
 
@@ -34,6 +34,7 @@ class CpuStep:
     allocator_calls: int  # cudaMalloc / cudaFree (and host-pinned ones): the caching allocator missed
     allocator_us: float
     optimizer_launches: int  # launch calls made inside Optimizer.step
+    optimizer_kernel_us: float  # GPU time of what they launched
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ def cpu_steps(
     loader_wait = _overlap_per_step(loader, host_wait, edges)
     optimizer_wait = _overlap_per_step(optimizer, host_wait, edges)
     optimizer_launches = _per_step(trace.ts[launches[in_optimizer]], edges)
+    launched = gpu_rows_of_launch(trace, launches[in_optimizer])
+    ok = launched >= 0
+    optimizer_kernel_us = _per_step(trace.ts[launches[in_optimizer]][ok], edges, trace.dur[launched[ok]])
     out = []
     for i, s in enumerate(steps):
         a, b = np.array([s.start_us]), np.array([s.end_us])
@@ -94,6 +98,7 @@ def cpu_steps(
                 allocator_calls=int(alloc_counts[i]),
                 allocator_us=float(alloc_union.covered(a, b)[0]),
                 optimizer_launches=int(optimizer_launches[i]),
+                optimizer_kernel_us=float(optimizer_kernel_us[i]),
             )
         )
     return tuple(out)
@@ -113,11 +118,12 @@ def _overlap_per_step(spans: Disjoint, idle: Disjoint | None, edges: np.ndarray)
     return np.bincount(step[inside] // 2, weights=overlap[inside], minlength=len(edges) // 2)
 
 
-def _per_step(times: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """How many of `times` fall in each step (the even bins of `edges`)."""
+def _per_step(times: np.ndarray, edges: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+    """How many of `times` fall in each step (the even bins of `edges`), or the sum of their weights."""
     if len(edges) == 2:
-        return np.array([int(((times >= edges[0]) & (times <= edges[1])).sum())])
-    return np.histogram(times, bins=edges)[0][::2]
+        inside = (times >= edges[0]) & (times <= edges[1])
+        return np.array([float(weights[inside].sum()) if weights is not None else int(inside.sum())])
+    return np.histogram(times, bins=edges, weights=weights)[0][::2]
 
 
 def _edges(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

@@ -13,8 +13,8 @@ from gpudoctor.util.units import fmt_bytes, fmt_us
 
 Rule = Callable[[Analysis, Facts], Finding | None]
 
-# A finding whose fix would save less than this share of the step is noise, not advice.
-MIN_SAVING_PCT = 1.0
+# A finding whose fix would save less than this share of the step (below "minor") is noise, not advice.
+MIN_SAVING_PCT = 2.0
 
 
 def finding(

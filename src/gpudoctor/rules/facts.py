@@ -36,6 +36,7 @@ class Facts:
     allocator_calls: float
     allocator_us: float
     optimizer_launches: float
+    optimizer_kernel_us: float  # GPU time of the kernels Optimizer.step launched, per step
     kernel_us: float  # kernel time per step
 
     @property
@@ -112,5 +113,6 @@ def facts_of(a: Analysis) -> Facts | None:
         allocator_calls=mean("allocator_calls"),
         allocator_us=mean("allocator_us"),
         optimizer_launches=mean("optimizer_launches"),
+        optimizer_kernel_us=mean("optimizer_kernel_us"),
         kernel_us=a.kernels.total_us / n,
     )

@@ -17,8 +17,8 @@ def build_control_transformer(device: torch.device, *, small: bool = False) -> S
     return transformer.build_gpt_train(device, shape, info={"variant": "control"}, compile=True)
 
 
-def build_control_cnn(device: torch.device, *, small: bool = False) -> Step:
-    batch, size = (2, 32) if small else (CNN_BATCH, 224)
+def build_control_cnn(device: torch.device, *, small: bool = False, batch: int = CNN_BATCH) -> Step:
+    batch, size = (2, 32) if small else (batch, 224)
     return cnn.build_cnn_train(
         device,
         small=small,
