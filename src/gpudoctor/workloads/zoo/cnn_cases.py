@@ -53,9 +53,10 @@ def _batch(device: torch.device, small: bool, batch: int) -> Step:
     )
 
 
-# Small enough that the GPU's step is short: unprofiled the host still keeps ahead of it, but not with
-# the profiler recording every Python call and op's shapes.
-DISTORTION_BATCH = 32
+# Sized so that the GPU's step (about 11 ms on an H200) is longer than the host's unprofiled (about 6.5
+# ms, the compiled step's wrappers) but shorter than the host's with the profiler recording every Python
+# call, op shape and allocation (about 20 ms): GPU-bound really, host-bound in the trace.
+DISTORTION_BATCH = 160
 
 
 def _control_cnn(device: torch.device, small: bool, heavy: bool) -> Step:
@@ -102,12 +103,12 @@ PROFILER_DISTORTION = ZooCase(
     title="profiled with with_stack, record_shapes and profile_memory",
     slow=Workload(
         "profiler_distortion.slow",
-        "the control CNN at batch 32, to be profiled with stacks, shapes and memory",
+        "the control CNN at batch 160, to be profiled with stacks, shapes and memory",
         build_heavily_profiled,
     ),
     fixed=Workload(
         "profiler_distortion.fixed",
-        "the control CNN at batch 32, to be profiled with default options",
+        "the control CNN at batch 160, to be profiled with default options",
         build_plainly_profiled,
     ),
     samples_per_step_slow=DISTORTION_BATCH,
