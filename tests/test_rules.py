@@ -75,9 +75,7 @@ def test_profiler_overhead_is_taken_out() -> None:
 
 
 def test_a_cpu_only_analysis_has_nothing_to_diagnose() -> None:
-    d = diagnose(
-        analyze(load_trace(TRACES / "inference.json.gz"), step=None).__class__.from_json(_cpu_only())
-    )
+    d = diagnose(Analysis.from_json(_cpu_only()))
     assert d.findings == () and "No GPU activity" in d.bound
 
 
