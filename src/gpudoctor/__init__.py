@@ -4,3 +4,12 @@ Importing the package is cheap and changes nothing: torch is imported only by th
 """
 
 __version__ = "0.1.0"
+
+from typing import Any
+
+
+def bench(fn: Any, *args: Any, **options: Any) -> Any:
+    """`gpudoctor.timing.bench`: time `fn(*args)` correctly on the GPU or the CPU (see its docs)."""
+    from gpudoctor.timing import bench as _bench  # imported on first use: the package stays cheap
+
+    return _bench(fn, *args, **options)

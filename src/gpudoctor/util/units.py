@@ -27,15 +27,18 @@ def fmt_bytes(n: float | None) -> str:
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.3g} {unit}"
+            # 3 significant figures, but never an exponent (1000-1023 of a unit read "1e+03" otherwise)
+            return f"{value:.0f} {unit}" if unit == "B" or value >= 100 else f"{value:.3g} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
 
 
 def fmt_rate(bytes_per_s: float | None) -> str:
-    """A bandwidth in decimal GB/s, as vendors and nvidia-smi quote it."""
+    """A bandwidth in decimal GB/s (TB/s from 1000 GB/s), as vendors and nvidia-smi quote it."""
     if bytes_per_s is None or math.isnan(bytes_per_s):
         return "n/a"
+    if bytes_per_s >= 1e12:
+        return f"{bytes_per_s / 1e12:.3g} TB/s"
     return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 

@@ -1,0 +1,79 @@
+"""`gpudoctor explore`: common ops over a range of sizes on the CPU and the GPU, as a table (and a plot
+with --plot, where matplotlib is installed), with the size from which the GPU wins."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.report.bench_plot import matplotlib_available, plot_explore
+from gpudoctor.report.bench_table import render_explore
+from gpudoctor.timing.explore import OPS, explore
+from gpudoctor.util.errors import UsageError
+
+
+def explore_command(
+    ctx: typer.Context,
+    ops: Annotated[
+        str, typer.Option("--ops", metavar="A,B", help=f"Comma-separated ops: {', '.join(OPS)}.")
+    ] = ",".join(OPS),
+    quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes (about a third of the time).")] = False,
+    sizes: Annotated[
+        str | None, typer.Option("--sizes", metavar="N,M", help="Sizes to use for every op chosen.")
+    ] = None,
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16.")] = "float32",
+    transfers: Annotated[
+        bool, typer.Option("--transfers/--no-transfers", help="Also time copies in and out of the GPU.")
+    ] = True,
+    cpu_only: Annotated[bool, typer.Option("--cpu-only", help="Do not use the GPU.")] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", metavar="FILE", help="Write the results.")
+    ] = None,
+    plot: Annotated[
+        Path | None,
+        typer.Option("--plot", metavar="FILE", help="Write a plot (.png/.svg/.pdf; needs matplotlib)."),
+    ] = None,
+    debug: DebugOption = False,
+) -> None:
+    """Where does the GPU start to beat the CPU?
+
+    Times matmul, elementwise add, sum, conv2d, softmax and sort at growing sizes on the CPU and on the
+    GPU: device time with the data already there, one synchronized call, and with the copies in and out.
+    """
+    set_debug(ctx, debug)
+    names = [n.strip() for n in ops.split(",") if n.strip()]
+    size_list = _parse_sizes(sizes) if sizes else None
+    if plot and not matplotlib_available():  # say so before minutes of measuring, not after
+        raise UsageError(
+            "--plot needs matplotlib (pip install matplotlib); the table and --json work without it"
+        )
+    err = Console(stderr=True)
+    with err.status("measuring", spinner="dots") if err.is_terminal else nullcontext() as status:
+        result = explore(names, quick=quick, sizes=size_list, dtype=dtype, transfers=transfers, gpu=not cpu_only,
+                         progress=(lambda s: status.update(f"measuring {s}")) if status else None)  # fmt: skip
+    render_explore(result, stdout_console())
+    if json_path:
+        json_path.parent.mkdir(parents=True, exist_ok=True)
+        json_path.write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
+    if plot:
+        plot_explore(result, plot)
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(float(s)) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes must be comma-separated numbers, not {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise UsageError("--sizes must be positive")
+    return sizes
+
+
+def register(app: typer.Typer) -> None:
+    app.command("explore")(explore_command)
