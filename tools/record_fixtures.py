@@ -39,12 +39,14 @@ COPY_PART_BYTES = 15 * 1024 * 1024
 
 try:
     from gpudoctor import workloads
+    from gpudoctor.timing.api import driver_version
     from gpudoctor.trace import capture
     from gpudoctor.trace.capture import ProfileOptions
     from gpudoctor.util.units import fmt_bytes, fmt_us
 except ImportError:  # run without PYTHONPATH=src
     sys.path.insert(0, str(REPO / "src"))
     from gpudoctor import workloads
+    from gpudoctor.timing.api import driver_version
     from gpudoctor.trace import capture
     from gpudoctor.trace.capture import ProfileOptions
     from gpudoctor.util.units import fmt_bytes, fmt_us
@@ -155,17 +157,9 @@ def profile_steps(step: workloads.Step, device: torch.device, spec: FixtureSpec)
 
 
 def _driver_version() -> str | None:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        try:
-            version = pynvml.nvmlSystemGetDriverVersion()
-        finally:
-            pynvml.nvmlShutdown()
-        return version.decode() if isinstance(version, bytes) else str(version)
-    except Exception:
-        pass
+    version = driver_version()  # through NVML
+    if version is not None:
+        return version
     try:
         out = subprocess.run(
             ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
