@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # A CPU build from local disk; on a GPU machine with torch already installed, use your own.
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint browser clean
 
 setup: $(VENV)/.installed
 
@@ -23,7 +23,13 @@ lint: setup
 	$(BIN)/ruff check src tests tools benchmarks
 	$(BIN)/ruff format --check src tests tools benchmarks
 
-test: setup lint
+# The HTML report's browser tests need Chromium: installed here when missing, as root, where apt exists.
+browser:
+	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	fi
+
+test: setup lint browser
 	$(BIN)/python -m pytest -q
 
 clean:

@@ -21,6 +21,7 @@ def test_demo_records_and_diagnoses_on_the_cpu(tmp_path: Path) -> None:
     analysis = Analysis.from_json(json.loads((tmp_path / "analysis.json").read_text())["analysis"])
     assert [s.number for s in analysis.steps] == [3, 4]
     assert any("CPU-only" in n for n in analysis.notes)
+    assert "<!DOCTYPE html>" in (tmp_path / "report.html").read_text()  # the HTML report beside them
 
 
 def test_demo_lists_its_workloads() -> None:

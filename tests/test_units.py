@@ -28,5 +28,6 @@ def test_durations_rates_and_shares() -> None:
         "4.57 ms",
         "2.5 s",
     ]
+    assert [fmt_us(999.7), fmt_us(999_999.9), fmt_us(0.9999)] == ["1 ms", "1 s", "1 µs"]  # no "1e+03 µs"
     assert fmt_rate(3.2e12) == "3.2 TB/s" and fmt_rate(10.7e9) == "10.7 GB/s"
     assert fmt_pct(0.256) == "25.6%" and fmt_pct(None) == "n/a"

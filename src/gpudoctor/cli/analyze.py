@@ -11,6 +11,7 @@ import typer
 
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.report import write_html
 from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis, render_rank_overview
 from gpudoctor.rules import diagnose
@@ -58,6 +59,15 @@ def analyze_command(
             show_default=False,
         ),
     ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Also write the HTML report (of the detailed rank).",
+            show_default=False,
+        ),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
     """Diagnose a torch.profiler trace.
@@ -69,11 +79,18 @@ def analyze_command(
     """
     set_debug(ctx, debug)
     unprofiled = step_time_ms * 1000 if step_time_ms else None
+    traces = load_traces(path)
     analyses = [
-        analyze(trace, step=step, top=max(top, 15), unprofiled_step_us=unprofiled)
-        for trace in load_traces(path)
+        analyze(trace, step=step, top=max(top, 15), unprofiled_step_us=unprofiled) for trace in traces
     ]
     chosen = _choose_rank(analyses, rank)
+    if html is not None:
+        write_html(
+            html,
+            chosen,
+            diagnose(chosen),
+            next(t for t, a in zip(traces, analyses, strict=True) if a is chosen),
+        )
     if as_json:
         chosen_ones = [chosen] if rank is not None else analyses
         doc = report_json([(a, diagnose(a)) for a in chosen_ones])

@@ -11,6 +11,7 @@ import typer
 
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.report import write_html
 from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis
 from gpudoctor.rules import diagnose
@@ -61,12 +62,16 @@ def demo_command(
         trace_path = profile_steps(step.run, out / f"{workload}.json.gz", options)
     finally:
         step.close()
-    analysis = analyze(load_trace(trace_path))
+    trace = load_trace(trace_path)
+    analysis = analyze(trace)
     diagnosis = diagnose(analysis)
+    write_html(out / "report.html", analysis, diagnosis, trace)
     analysis_path = out / "analysis.json"
     analysis_path.write_text(json.dumps(report_json([(analysis, diagnosis)]), indent=1, allow_nan=False))
     render_analysis(analysis, console, diagnosis=diagnosis)
-    console.print(f"\ntrace: {trace_path}   analysis: {analysis_path}   (gpudoctor analyze {trace_path})")
+    console.print(
+        f"\ntrace: {trace_path}   analysis: {analysis_path}   report: {out / 'report.html'}   (gpudoctor analyze {trace_path})"
+    )
 
 
 def register(app: typer.Typer) -> None:

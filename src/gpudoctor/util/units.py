@@ -10,7 +10,7 @@ def fmt_us(us: float | None) -> str:
     """A duration given in µs, in the unit that keeps 3 significant figures readable."""
     if us is None or (isinstance(us, float) and math.isnan(us)):
         return "n/a"
-    a = abs(us)
+    a = abs(float(f"{us:.3g}"))  # rounded first: 999.7 µs reads "1 ms", never "1e+03 µs"
     if a >= 1e6:
         return f"{us / 1e6:.3g} s"
     if a >= 1e3:

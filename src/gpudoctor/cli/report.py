@@ -1,0 +1,196 @@
+"""`gpudoctor report PATH -o FILE`: the HTML report (default), Markdown (--format md) or the annotated
+trace (--format trace) of a trace, a directory of rank traces, a run directory (trace + analysis.json)
+or a saved analysis.json (re-rendered without re-analyzing where the output does not need the trace)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpudoctor.analysis.summary import Analysis, analyze
+from gpudoctor.analysis.timeline_view import idle_spans, step_timeline
+from gpudoctor.cli.common import DebugOption, set_debug
+from gpudoctor.monitor.samples import GpuSample
+from gpudoctor.report.annotated_trace import annotate
+from gpudoctor.report.html import render_html
+from gpudoctor.report.json_out import reports_from_json
+from gpudoctor.report.markdown import render_markdown
+from gpudoctor.rules import diagnose
+from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.trace import load_trace, load_traces
+from gpudoctor.trace.model import Trace
+from gpudoctor.trace.record import RunRecord
+from gpudoctor.util.errors import UsageError
+
+ANALYSIS_FILE = "analysis.json"
+RECORD_FILE = "record.json"  # written by `gpudoctor run`
+
+
+class Format(str, Enum):
+    html = "html"
+    md = "md"
+    trace = "trace"
+
+
+DEFAULT_OUT = {Format.html: "report.html", Format.md: "report.md", Format.trace: "annotated.json.gz"}
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a report is made from: one rank's analysis and diagnosis, and its trace where there is one."""
+
+    analysis: Analysis
+    diagnosis: Diagnosis
+    trace: Trace | None
+    trace_path: Path | None
+    nvml: tuple[GpuSample, ...] = ()  # from a `gpudoctor run` directory's record.json
+
+
+def report_command(
+    ctx: typer.Context,
+    path: Annotated[
+        Path,
+        typer.Argument(
+            metavar="PATH",
+            help="A trace, a directory of rank traces, a run directory, or an analysis.json.",
+            show_default=False,
+        ),
+    ],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="The file to write (default: report.html, report.md, annotated.json.gz)."
+        ),
+    ] = None,
+    fmt: Annotated[
+        Format, typer.Option("--format", "-f", help="html, md (Markdown) or trace (annotated Kineto trace).")
+    ] = Format.html,
+    step_time_ms: Annotated[
+        float | None,
+        typer.Option(
+            "--step-time-ms",
+            metavar="MS",
+            min=0.001,
+            help="The step time measured without the profiler (re-analyzes the trace).",
+            show_default=False,
+        ),
+    ] = None,
+    debug: DebugOption = False,
+) -> None:
+    """Write a report: self-contained HTML, Markdown, or the trace annotated for Perfetto.
+
+    With several ranks, the report covers the first.
+    """
+    set_debug(ctx, debug)
+    target = out or Path(DEFAULT_OUT[fmt])
+    source = load_source(path, step_time_ms * 1000 if step_time_ms else None, need_trace=fmt == Format.trace)
+    if fmt == Format.html:
+        write_html(target, source.analysis, source.diagnosis, source.trace, source.nvml)
+    elif fmt == Format.md:
+        _write_text(target, render_markdown(source.analysis, source.diagnosis))
+    else:
+        assert source.trace is not None and source.trace_path is not None  # need_trace
+        write_annotated(target, source)
+    typer.echo(f"wrote {target}")
+
+
+def write_html(
+    target: Path,
+    analysis: Analysis,
+    diagnosis: Diagnosis,
+    trace: Trace | None,
+    nvml: tuple[GpuSample, ...] = (),
+) -> None:
+    """The HTML report of one analysis; with its trace, the GPU timeline of a representative step;
+    with NVML samples, their series."""
+    view = step_timeline(trace, analysis.selected_step) if trace is not None else None
+    _write_text(target, render_html(analysis, diagnosis, view, nvml))
+
+
+def write_annotated(target: Path, source: Source) -> None:
+    assert source.trace is not None and source.trace_path is not None
+    opener = gzip.open if source.trace_path.name.endswith(".gz") else open
+    with opener(source.trace_path, "rt", encoding="utf-8") as f:
+        original = json.load(f)
+    doc = annotate(original, idle_spans(source.trace), source.analysis, source.diagnosis)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    writer = gzip.open if target.name.endswith(".gz") else open
+    with writer(target, "wt", encoding="utf-8") as f:
+        json.dump(doc, f, separators=(",", ":"))
+
+
+def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> Source:
+    if not path.exists():
+        raise UsageError(f"no such file or directory: {path}")
+    saved = _saved_analysis(path)
+    if saved is None:
+        trace_path = path if path.is_file() else None
+        traces = load_traces(path)
+        analysis = analyze(traces[0], unprofiled_step_us=unprofiled_us)
+        return Source(analysis, diagnose(analysis), traces[0], trace_path or Path(traces[0].meta.path))
+    analysis, diagnosis = reports_from_json(json.loads(saved.read_text(encoding="utf-8")))[0]
+    nvml = nvml_samples(saved.parent / RECORD_FILE)
+    trace_path = _trace_of(path, analysis)
+    if trace_path is None:
+        if need_trace or unprofiled_us is not None:
+            raise UsageError(f"the trace behind {saved} is not found: give the trace itself")
+        return Source(analysis, diagnosis, None, None, nvml)
+    trace = load_trace(trace_path)
+    if unprofiled_us is not None:
+        analysis = analyze(trace, step=analysis.selected_step, unprofiled_step_us=unprofiled_us)
+        diagnosis = diagnose(analysis)
+    return Source(analysis, diagnosis, trace, trace_path, nvml)
+
+
+def nvml_samples(record_path: Path) -> tuple[GpuSample, ...]:
+    """The NVML samples of the most sampled GPU in a `gpudoctor run` record; none without one."""
+    if not record_path.is_file():
+        return ()
+    record = RunRecord.from_json(json.loads(record_path.read_text(encoding="utf-8")))
+    samples = [GpuSample.from_json(s) for s in record.nvml_samples]
+    if not samples:
+        return ()
+    indices = [s.index for s in samples]
+    main = max(set(indices), key=indices.count)
+    return tuple(s for s in samples if s.index == main)
+
+
+def _saved_analysis(path: Path) -> Path | None:
+    """The analysis.json of a run directory, or PATH itself when it is a gpudoctor JSON document."""
+    if path.is_dir():
+        return path / ANALYSIS_FILE if (path / ANALYSIS_FILE).is_file() else None
+    if path.suffix != ".json":
+        return None
+    with path.open("rb") as f:
+        head = f.read(256)
+    return path if b'"gpudoctor.' in head and b'"schema"' in head else None
+
+
+def _trace_of(path: Path, analysis: Analysis) -> Path | None:
+    """The trace a saved analysis was made from: beside it in a run directory, else where it was."""
+    folder = path if path.is_dir() else path.parent
+    recorded = Path(analysis.trace.path)
+    for candidate in (folder / recorded.name, recorded):
+        if candidate.is_file():
+            return candidate
+    found = sorted(
+        p
+        for p in folder.glob("*.json.gz")
+        if ".annotated" not in p.name and p.name != DEFAULT_OUT[Format.trace]
+    )
+    return found[0] if len(found) == 1 else None
+
+
+def _write_text(target: Path, text: str) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(text, encoding="utf-8")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report_command)

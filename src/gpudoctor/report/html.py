@@ -1,0 +1,321 @@
+"""The self-contained HTML report: one file, no network (inline CSS, SVG and a few lines of JS for
+sortable tables). Findings first, then where the step time goes, the GPU timeline of a representative
+step, top kernels and ops, transfers, syncs, memory and the environment. Renders only: every string
+from a trace is escaped, and none is ever placed inside executable script."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from html import escape
+from pathlib import Path
+from typing import Any
+
+from gpudoctor import __version__
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.analysis.timeline_view import StepTimeline
+from gpudoctor.monitor.samples import GpuSample
+from gpudoctor.report import svg
+from gpudoctor.report.html_style import CSS, SORT_JS
+from gpudoctor.rules.finding import Diagnosis, Finding
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+
+TOP_ROWS = 25
+MAX_NVML_POINTS = 1500
+NVML_COLORS = {"GPU utilization": "#4c78a8", "memory utilization": "#72b7b2", "power, % of limit": "#f58518"}
+
+
+def render_html(
+    analysis: Analysis,
+    diagnosis: Diagnosis,
+    timeline: StepTimeline | None = None,
+    nvml: Sequence[GpuSample] = (),
+) -> str:
+    """The whole report of one trace as an HTML document. `timeline`: the GPU timeline of one step
+    (from `analysis.timeline_view.step_timeline`); without it, that section says how to get it.
+    `nvml`: one GPU's NVML samples of the run, where `gpudoctor run` recorded them."""
+    name = Path(analysis.trace.path).name
+    body = [
+        _header(analysis, name),
+        f'<p class="bound">{escape(diagnosis.bound)}</p>',
+        _figures(analysis, diagnosis),
+        _diagnosis(diagnosis),
+        _step_chart(analysis),
+        _timeline(analysis, timeline),
+        _kernels(analysis),
+        _ops(analysis),
+        _transfers_syncs(analysis),
+        _memory(analysis),
+        _nvml(nvml) if nvml else "",
+        _environment(analysis),
+    ]
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>gpudoctor · {escape(name)}</title><style>{CSS}</style></head><body><main>"
+        + "".join(body)
+        + f"<footer>gpudoctor {escape(__version__)}</footer></main>"
+        + f'<script type="application/json" id="gpudoctor-data">{json_for_html(_data(diagnosis))}</script>'
+        + f"<script>{SORT_JS}</script></body></html>\n"
+    )
+
+
+def json_for_html(value: Any) -> str:
+    """JSON safe inside a <script type="application/json">: no '<', '>' or '&' can end the element."""
+    text = json.dumps(value, allow_nan=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _data(diagnosis: Diagnosis) -> dict[str, Any]:
+    return {
+        "bound": diagnosis.bound,
+        "findings": [
+            {"id": f.id, "severity": f.severity.value, "title": f.title, "est_saving_pct": f.est_saving_pct}
+            for f in diagnosis.findings
+        ],
+    }
+
+
+def _header(a: Analysis, name: str) -> str:
+    t = a.trace
+    device = a.device.name if a.device else "device not recorded"
+    steps = f"{len(a.steps)} steps" if a.steps else "no steps"
+    if a.selected_step is not None:
+        steps = f"step {a.selected_step} only"
+    rank = f"rank {t.rank}" + (f" of {t.world_size}" if t.world_size else "")
+    meta = " · ".join((device, rank, f"{t.events:,} events", f"{t.gpu_activities:,} GPU activities", steps))
+    return (
+        f'<header><h1>gpudoctor <span class="file">{escape(name)}</span></h1>'
+        f'<p class="meta">{escape(meta)}</p><p class="path">{escape(t.path)}</p></header>'
+    )
+
+
+def _diagnosis(d: Diagnosis) -> str:
+    out = ['<section id="diagnosis">']
+    if not d.findings:
+        out.append('<p class="ok">No bottleneck found that a change would shorten by 2% or more.</p>')
+    out.extend(_finding(f, open_=i < 3) for i, f in enumerate(d.findings))
+    out.append("</section>")
+    return "".join(out)
+
+
+def _finding(f: Finding, open_: bool) -> str:
+    sev = f.severity.value
+    saving = (
+        f'<span class="saving">up to {f.est_saving_pct:g}% of the step</span>' if f.est_saving_pct > 0 else ""
+    )
+    evidence = "".join(f"<li>{escape(e)}</li>" for e in f.evidence)
+    sources = "".join(f"<li><code>{escape(s)}</code></li>" for s in f.sources)
+    sources = f'<p class="label">where</p><ul class="sources">{sources}</ul>' if sources else ""
+    return (
+        f'<details class="finding sev-{sev}"{" open" if open_ else ""}><summary>'
+        f'<span class="badge {sev}">{sev}</span><span class="title">{escape(f.title)}</span>{saving}'
+        f'<span class="fid">{escape(f.id)}</span></summary>'
+        f'<ul class="evidence">{evidence}</ul>{sources}'
+        f'<p class="fix"><b>Fix:</b> {escape(f.fix.summary)}</p>'
+        f"<pre><code>{escape(f.fix.snippet)}</code></pre></details>"
+    )
+
+
+def _figures(a: Analysis, d: Diagnosis) -> str:
+    tiles = []
+    if a.step_time_us is not None:
+        tiles.append(("step time (median)", fmt_us(a.step_time_us.p50)))
+    w = a.window
+    if w is not None:
+        tiles.append(("GPU busy", fmt_pct(w.busy_fraction)))
+        idle = max(w.idle_by_cause_us.items(), key=lambda kv: kv[1], default=None)
+        if idle and idle[1] > 0:
+            tiles.append((f"top idle cause: {svg.label_of(idle[0])[6:]}", fmt_pct(idle[1] / w.window_us)))
+    if a.kernels.count:
+        tiles.append(("kernels", f"{a.kernels.count:,}"))
+    if a.memory is not None:
+        tiles.append(("peak memory", fmt_bytes(a.memory.peak_allocated)))
+    overhead = d.summary.get("profiler_overhead_pct")
+    if overhead is not None:
+        tiles.append(("profiler overhead", f"{overhead:.0f}%"))
+    cells = "".join(f'<div class="tile"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in tiles)
+    return f'<section class="tiles">{cells}</section>'
+
+
+def _step_chart(a: Analysis) -> str:
+    chart, keys = svg.step_bars(a.steps)
+    if not chart:
+        return _section("Step time", _na("no GPU time per step: the trace has no steps or no GPU activity"))
+    return _section("Where each step's time goes", chart + svg.legend(keys), "steps")
+
+
+def _timeline(a: Analysis, view: StepTimeline | None) -> str:
+    if not a.trace.gpu_activities:
+        return _section("GPU timeline", _na("no GPU activity in this trace"))
+    if view is None:
+        return _section("GPU timeline", _na("render the report from the trace to see the timeline"))
+    chart, keys = svg.timeline(view)
+    which = f"step {view.step}" if view.step is not None else "the whole trace"
+    note = f'<p class="note">{escape(which)} ({escape(fmt_us(view.duration_us))}), the median step</p>'
+    return _section("GPU timeline of a representative step", note + chart + svg.legend(keys), "timeline")
+
+
+def _kernels(a: Analysis) -> str:
+    k = a.kernels
+    if not k.top:
+        return _section("Top kernels", _na("no kernels in this trace"))
+    rows = [
+        [
+            _text(s.name, cls="name"),
+            _text(s.category),
+            _num(s.calls, f"{s.calls:,}"),
+            _num(s.total_us, fmt_us(s.total_us)),
+            _num(s.mean_us, fmt_us(s.mean_us)),
+            _num(s.share, fmt_pct(s.share)),
+            _num(
+                s.est_occupancy_pct, "n/a" if s.est_occupancy_pct is None else f"{s.est_occupancy_pct:.0f}%"
+            ),
+            _text({True: "yes", False: "no", None: "?"}[s.tensor_cores]),
+        ]
+        for s in k.top[:TOP_ROWS]
+    ]
+    head = ("kernel", "category", "calls", "total", "mean", "share", "occupancy", "tensor cores")
+    note = f"{k.count:,} kernels, {k.distinct:,} distinct, {fmt_us(k.total_us)} in all"
+    return _section("Top kernels", f'<p class="note">{escape(note)}</p>' + _table(head, rows), "kernels")
+
+
+def _ops(a: Analysis) -> str:
+    if not a.ops:
+        return _section("Top ops", _na("no PyTorch ops in this trace"))
+    rows = [
+        [
+            _text(o.name, cls="name"),
+            _num(o.calls, f"{o.calls:,}"),
+            _num(o.gpu_total_us, _dur(o.gpu_total_us)),
+            _num(o.gpu_self_us, _dur(o.gpu_self_us)),
+            _num(o.cpu_total_us, _dur(o.cpu_total_us)),
+            _num(o.cpu_self_us, _dur(o.cpu_self_us)),
+            _num(o.kernels, f"{o.kernels:,}"),
+        ]
+        for o in a.ops[:TOP_ROWS]
+    ]
+    head = ("op", "calls", "GPU total", "GPU self", "CPU total", "CPU self", "kernels")
+    return _section("Top ops", _table(head, rows), "ops")
+
+
+def _transfers_syncs(a: Analysis) -> str:
+    parts = []
+    if a.transfers.directions:
+        rows = [
+            [
+                _text(t.direction),
+                _num(t.count, f"{t.count:,}"),
+                _num(t.bytes, fmt_bytes(t.bytes)),
+                _num(t.time_us, fmt_us(t.time_us)),
+                _num(t.bandwidth, fmt_rate(t.bandwidth)),
+                _num(t.pageable_count, f"{t.pageable_count:,}"),
+            ]
+            for t in a.transfers.directions
+        ]
+        parts.append(_table(("copy", "count", "bytes", "time", "bandwidth", "pageable"), rows))
+    if a.syncs.sites:
+        rows = [
+            [
+                _text(s.call, cls="name"),
+                _text(s.op or "-", cls="name"),
+                _text(s.source or "-", cls="name"),
+                _num(s.count, f"{s.count:,}"),
+                _num(s.total_us, fmt_us(s.total_us)),
+            ]
+            for s in a.syncs.sites[:TOP_ROWS]
+        ]
+        parts.append(_table(("synchronization", "op", "source", "count", "host blocked"), rows))
+    if not parts:
+        return _section("Transfers and synchronizations", _na("no copies and no host synchronizations"))
+    return _section("Transfers and synchronizations", "".join(parts), "transfers")
+
+
+def _memory(a: Analysis) -> str:
+    m = a.memory
+    if m is None:
+        return _section("GPU memory", _na("no GPU memory events: record with profile_memory=True"))
+    chart = svg.memory_lines(m.series_ts_us, m.series_allocated, m.series_reserved)
+    cap = f" of {fmt_bytes(m.capacity)}" if m.capacity else ""
+    note = f"peak allocated {fmt_bytes(m.peak_allocated)}, peak reserved {fmt_bytes(m.peak_reserved)}{cap}"
+    keys = '<div class="legend"><span class="key"><i style="background:#4c78a8"></i>allocated</span>'
+    keys += '<span class="key"><i style="background:#9ecae9"></i>reserved</span></div>'
+    return _section("GPU memory over time", f'<p class="note">{escape(note)}</p>{chart}{keys}', "memory")
+
+
+def _nvml(samples: Sequence[GpuSample]) -> str:
+    """NVML's view of the run: utilization and power over time (the profiler was off for most of it)."""
+    step = max(len(samples) // MAX_NVML_POINTS, 1)
+    shown = samples[::step]
+    ts = [(x.mono_s - shown[0].mono_s) * 1e6 for x in shown]
+    limit = next((x.power_limit_w for x in shown if x.power_limit_w), None)
+    power = [None if x.power_w is None or not limit else 100 * x.power_w / limit for x in shown]
+    series = [
+        (NVML_COLORS["GPU utilization"], [x.gpu_util_pct for x in shown]),
+        (NVML_COLORS["memory utilization"], [x.mem_util_pct for x in shown]),
+        (NVML_COLORS["power, % of limit"], power),
+    ]
+    chart = svg.line_chart("NVML samples over time", ts, series, 100, lambda v: f"{v:.0f}%")
+    keys = "".join(
+        f'<span class="key"><i style="background:{c}"></i>{escape(k)}</span>' for k, c in NVML_COLORS.items()
+    )
+    clocks = [x.sm_clock_mhz for x in samples if x.sm_clock_mhz]
+    note = f"{len(samples):,} samples of GPU {samples[0].index}"
+    if clocks:
+        note += f"; SM clock median {sorted(clocks)[len(clocks) // 2]:,} MHz"
+    body = f'<p class="note">{escape(note)}</p>{chart}<div class="legend">{keys}</div>'
+    return _section("NVML during the run", body, "nvml")
+
+
+def _environment(a: Analysis) -> str:
+    rows: list[tuple[str, str]] = []
+    if a.device is not None:
+        d = a.device
+        rows.append(("device", d.name))
+        if d.total_memory_bytes:
+            rows.append(("device memory", fmt_bytes(d.total_memory_bytes)))
+        if d.sm_count:
+            rows.append(("SMs", str(d.sm_count)))
+        if d.compute_capability:
+            rows.append(("compute capability", ".".join(map(str, d.compute_capability))))
+    for key, value in sorted(a.trace.profiler_config.items()):
+        rows.append((f"profiler {key}", str(value)))
+    rows.extend(("note", n) for n in a.notes)
+    body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
+    return _section(
+        "Environment", f'<table class="kv">{body}</table>' if body else _na("not recorded"), "env"
+    )
+
+
+def _section(title: str, body: str, anchor: str = "") -> str:
+    ident = f' id="{anchor}"' if anchor else ""
+    return f"<section{ident}><h2>{escape(title)}</h2>{body}</section>"
+
+
+def _na(reason: str) -> str:
+    return f'<p class="na">not available: {escape(reason)}</p>'
+
+
+def _text(value: str, cls: str = "") -> str:
+    c = f' class="{cls}"' if cls else ""
+    return (
+        f'<td{c} title="{escape(value)}">{escape(value)}</td>'
+        if cls == "name"
+        else f"<td{c}>{escape(value)}</td>"
+    )
+
+
+def _dur(us: float) -> str:
+    return "-" if us == 0 else fmt_us(us)
+
+
+def _num(value: float | None, shown: str) -> str:
+    key = "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:g}"
+    return f'<td class="num" data-v="{key}">{escape(shown)}</td>'
+
+
+def _table(head: tuple[str, ...], rows: list[list[str]]) -> str:
+    ths = "".join(f"<th>{escape(h)}</th>" for h in head)
+    trs = "".join(f"<tr>{''.join(r)}</tr>" for r in rows)
+    return f'<div class="scroll"><table class="sortable"><thead><tr>{ths}</tr></thead><tbody>{trs}</tbody></table></div>'

@@ -1,0 +1,68 @@
+"""`gpudoctor report --format md`: the verdict as Markdown for an issue or a pull request — what bounds
+the step, the findings table, key figures, then each finding's evidence and fix. Renders only; text
+from a trace is escaped so that it cannot break the table or inject HTML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
+
+TOP_KERNELS = 5
+
+
+def md_text(text: str) -> str:
+    """Inline text that renders as itself: HTML and Markdown syntax characters escaped."""
+    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for ch in "\\`*_[]|#":
+        text = text.replace(ch, "\\" + ch)
+    return " ".join(text.split())
+
+
+def render_markdown(analysis: Analysis, diagnosis: Diagnosis) -> str:
+    name = Path(analysis.trace.path).name
+    device = analysis.device.name if analysis.device else "device not recorded"
+    out = [f"## gpudoctor: {md_text(name)}", "", f"{md_text(device)} · {len(analysis.steps)} steps", ""]
+    out += [f"**{md_text(diagnosis.bound)}**", ""]
+    if diagnosis.findings:
+        out += ["| severity | finding | up to | id |", "|---|---|--:|---|"]
+        for f in diagnosis.findings:
+            saving = f"{f.est_saving_pct:g}%" if f.est_saving_pct > 0 else "-"
+            out.append(f"| {f.severity.value} | {md_text(f.title)} | {saving} | `{f.id}` |")
+    else:
+        out.append("No bottleneck found that a change would shorten by 2% or more.")
+    out += ["", "### Key figures", "", "| | |", "|---|--:|"]
+    out += [f"| {k} | {v} |" for k, v in _figures(analysis)]
+    if analysis.kernels.top:
+        out += ["", "### Top kernels", "", "| kernel | calls | total | share |", "|---|--:|--:|--:|"]
+        for k in analysis.kernels.top[:TOP_KERNELS]:
+            short = k.name if len(k.name) <= 80 else k.name[:79] + "…"
+            out.append(f"| {md_text(short)} | {k.calls:,} | {fmt_us(k.total_us)} | {fmt_pct(k.share)} |")
+    for f in diagnosis.findings:
+        out += ["", f"### {md_text(f.title)} (`{f.id}`)", ""]
+        out += [f"- {md_text(e)}" for e in f.evidence]
+        out += ["", f"**Fix:** {md_text(f.fix.summary)}", "", "```python", _fence_safe(f.fix.snippet), "```"]
+    return "\n".join(out) + "\n"
+
+
+def _figures(a: Analysis) -> list[tuple[str, str]]:
+    rows = []
+    if a.step_time_us is not None:
+        rows.append(("step time (median)", fmt_us(a.step_time_us.p50)))
+    w = a.window
+    if w is not None:
+        rows.append(("GPU busy", fmt_pct(w.busy_fraction)))
+        for cause, us in w.idle_by_cause_us.items():
+            if us > 0:
+                rows.append((f"GPU idle: {cause.replace('_', ' ')}", fmt_pct(us / w.window_us)))
+    if a.kernels.count:
+        rows.append(("kernels", f"{a.kernels.count:,}"))
+    if a.memory is not None:
+        rows.append(("peak GPU memory", fmt_bytes(a.memory.peak_allocated)))
+    return rows
+
+
+def _fence_safe(code: str) -> str:
+    return code.replace("```", "`\u200b``")
