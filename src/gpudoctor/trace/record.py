@@ -1,0 +1,94 @@
+"""`RunRecord`: what `gpudoctor run` captured from a script — the light phase's step times (no profiler),
+the traced phase's, torch.cuda memory statistics, NVML samples (or why there are none), the environment,
+and how the script ended. Serializable (`to_json`/`from_json`, schema `gpudoctor.run/1`)."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudoctor.util.errors import UsageError
+from gpudoctor.util.serial import from_jsonable, to_jsonable
+
+SCHEMA = "gpudoctor.run/1"
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Step times of one phase, from one clock: `cuda_events` (GPU stream time between step boundaries)
+    or `perf_counter` (host wall time, on the CPU)."""
+
+    clock: str
+    times_us: tuple[float, ...] = ()
+
+    @property
+    def median_us(self) -> float | None:
+        return statistics.median(self.times_us) if self.times_us else None
+
+
+@dataclass(frozen=True)
+class Environment:
+    python: str
+    torch: str | None = None
+    cuda: str | None = None  # torch.version.cuda
+    cudnn: int | None = None
+    device: str = "cpu"  # "cuda:0" or "cpu"
+    gpu_name: str | None = None
+    driver: str | None = None  # from NVML, when it is there
+    tf32_matmul: bool | None = None  # torch.backends.cuda.matmul.allow_tf32
+    tf32_cudnn: bool | None = None
+    float32_matmul_precision: str | None = None
+    cudnn_benchmark: bool | None = None
+    cudnn_deterministic: bool | None = None
+    deterministic_algorithms: bool | None = None
+    torch_threads: int | None = None
+    torch_interop_threads: int | None = None
+    cpu_count: int | None = None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One `gpudoctor run`. Times in µs, sizes in bytes; a capability that was missing is `None` with
+    its reason (`nvml_missing`, `memory_missing`)."""
+
+    argv: tuple[str, ...]  # the script's sys.argv
+    started_at: str  # ISO 8601, UTC
+    options: dict[str, Any]  # warmup, light_steps, steps, light, with_stack, ...
+    environment: Environment | None
+    outcome: str  # completed, stopped (by gpudoctor after capture), exit, exception, interrupted
+    exit_code: int
+    steps_seen: int  # step boundaries seen in all
+    light: StepTimes | None = None
+    traced: StepTimes | None = None  # the profiled (active) steps, same clock as `light`
+    trace_files: tuple[str, ...] = ()  # relative to the run directory
+    memory: dict[str, int] | None = None  # torch.cuda.memory_stats() subset at the end of the light phase
+    memory_missing: str | None = None
+    nvml_samples: tuple[dict[str, Any], ...] = ()  # GpuSample.to_json() during the light phase
+    nvml_summary: dict[str, Any] | None = None  # MonitorSummary.to_json()
+    nvml_missing: str | None = None
+    error: str | None = None  # the script's exception, one line
+    notes: tuple[str, ...] = ()
+    schema: str = field(default=SCHEMA)
+
+    @property
+    def profiler_overhead(self) -> float | None:
+        """Traced over light median step time, minus one; None when either phase has no steps."""
+        light = self.light.median_us if self.light else None
+        traced = self.traced.median_us if self.traced else None
+        if not light or not traced:
+            return None
+        return traced / light - 1
+
+    def to_json(self) -> dict[str, Any]:
+        doc = to_jsonable(self)
+        doc["profiler_overhead"] = self.profiler_overhead
+        doc["light_median_us"] = self.light.median_us if self.light else None
+        doc["traced_median_us"] = self.traced.median_us if self.traced else None
+        return doc
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunRecord:
+        if data.get("schema") != SCHEMA:
+            raise UsageError(f"not a gpudoctor run record of schema {SCHEMA} (got {data.get('schema')!r})")
+        return from_jsonable(cls, data)
