@@ -13,13 +13,16 @@ from gpudoctor.cli.main import app
 
 
 def test_demo_records_and_diagnoses_on_the_cpu(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["demo", "--cpu", "--out", str(tmp_path), "--steps", "2"])
+    result = CliRunner().invoke(
+        app, ["demo", "--cpu", "--out", str(tmp_path), "--steps", "2", "--light-steps", "3"]
+    )
     assert result.exit_code == 0, result.output
     assert "Step time" in result.output and "Top ops" in result.output
-    trace = tmp_path / "sync_every_step.json.gz"
-    assert trace.exists() and not (tmp_path / "sync_every_step.json").exists()
+    trace = tmp_path / "trace.json.gz"  # the demo is a `gpudoctor run` of a built-in workload
+    assert trace.exists() and not (tmp_path / "trace.json").exists()
+    assert json.loads((tmp_path / "record.json").read_text())["light_median_us"] > 0
     analysis = Analysis.from_json(json.loads((tmp_path / "analysis.json").read_text())["analysis"])
-    assert [s.number for s in analysis.steps] == [3, 4]
+    assert [s.number for s in analysis.steps] == [1, 2] and analysis.unprofiled_step_us
     assert any("CPU-only" in n for n in analysis.notes)
     assert "<!DOCTYPE html>" in (tmp_path / "report.html").read_text()  # the HTML report beside them
 

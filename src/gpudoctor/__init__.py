@@ -13,3 +13,18 @@ def bench(fn: Any, *args: Any, **options: Any) -> Any:
     from gpudoctor.timing import bench as _bench  # imported on first use: the package stays cheap
 
     return _bench(fn, *args, **options)
+
+
+def step() -> None:
+    """Mark the end of a step for `gpudoctor run` (loops without an optimizer); a no-op otherwise."""
+    from gpudoctor.trace.live import step as _step
+
+    _step()
+
+
+def session() -> Any:
+    """`with gpudoctor.session() as s: ... s.step()`: a region of steps for `gpudoctor run`; leaving it
+    ends the capture. Outside `gpudoctor run` it does nothing."""
+    from gpudoctor.trace.live import session as _session
+
+    return _session()

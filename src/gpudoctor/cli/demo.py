@@ -1,25 +1,20 @@
-"""`gpudoctor demo`: profile a built-in workload — on the GPU if there is one, else on the CPU — keep
-its trace and analysis in a run directory, and print the summary. The README's first command."""
+"""`gpudoctor demo`: a built-in workload run under `gpudoctor run` — on the GPU if there is one, else on
+the CPU — its run directory written and its summary printed. The README's first command."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.cli.report import write_html
-from gpudoctor.report.json_out import report_json
-from gpudoctor.report.terminal import render_analysis
-from gpudoctor.rules import diagnose
-from gpudoctor.trace import load_trace
-from gpudoctor.trace.capture import ProfileOptions, profile_steps
+from gpudoctor.cli.run import run_and_report
+from gpudoctor.trace.live import LiveOptions
 
 DEFAULT_WORKLOAD = "sync_every_step"  # an MLP trained with the usual host syncs planted in its loop
 WARMUP_STEPS = 3
+DRIVER = "gpudoctor.workloads.drive"  # runs a built-in workload as a plain script
 
 
 def demo_command(
@@ -31,14 +26,18 @@ def demo_command(
         str, typer.Option("--workload", "-w", help="A built-in workload (see --list).")
     ] = DEFAULT_WORKLOAD,
     steps: Annotated[int, typer.Option("--steps", min=1, max=50, help="Profiled steps.")] = 3,
+    light_steps: Annotated[
+        int, typer.Option("--light-steps", min=1, help="Steps timed without the profiler first.")
+    ] = 10,
     cpu: Annotated[bool, typer.Option("--cpu", help="Run on the CPU even if there is a GPU.")] = False,
     list_workloads: Annotated[bool, typer.Option("--list", help="List the built-in workloads.")] = False,
     debug: DebugOption = False,
 ) -> None:
     """Profile a built-in workload and diagnose it.
 
-    Runs the workload a few steps, records them with torch.profiler (stacks and memory on), writes the
-    trace and analysis.json under --out, and prints the summary.
+    Runs the workload under `gpudoctor run`: a few warm-up steps, --light-steps timed without the profiler,
+    then --steps recorded with torch.profiler (stacks and memory on); writes the run directory (trace,
+    record.json, analysis.json, report.html) under --out and prints the summary.
     """
     set_debug(ctx, debug)
     from gpudoctor import workloads  # imports torch: only when the demo runs
@@ -49,29 +48,21 @@ def demo_command(
         return
     import torch
 
+    workloads.get(workload)  # an unknown name: one line and exit 2, before anything runs
     device = torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
     console = stdout_console()
     console.print(
         f"[bold]gpudoctor demo[/]: {workload} on {device} ({'full size' if device.type == 'cuda' else 'CPU size'})"
+        f" — as `gpudoctor run -m {DRIVER} {workload}`"
     )
-    step = workloads.get(workload).build(device, small=device.type != "cuda")
-    try:
-        for _ in range(WARMUP_STEPS):
-            step.run()
-        options = ProfileOptions(active=steps, with_stack=True, profile_memory=True)
-        trace_path = profile_steps(step.run, out / f"{workload}.json.gz", options)
-    finally:
-        step.close()
-    trace = load_trace(trace_path)
-    analysis = analyze(trace)
-    diagnosis = diagnose(analysis)
-    write_html(out / "report.html", analysis, diagnosis, trace)
-    analysis_path = out / "analysis.json"
-    analysis_path.write_text(json.dumps(report_json([(analysis, diagnosis)]), indent=1, allow_nan=False))
-    render_analysis(analysis, console, diagnosis=diagnosis)
-    console.print(
-        f"\ntrace: {trace_path}   analysis: {analysis_path}   report: {out / 'report.html'}   (gpudoctor analyze {trace_path})"
+    options = LiveOptions(
+        warmup=WARMUP_STEPS, light_steps=light_steps, steps=steps, with_stack=True, profile_memory=True
     )
+    total = WARMUP_STEPS + light_steps + steps + 2  # the run stops it once captured
+    args = [workload, "--steps", str(total), *(["--cpu"] if cpu else [])]
+    code = run_and_report(DRIVER, args, module=True, out=out, options=options, console=console)
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,229 @@
+"""`gpudoctor run [options] script.py [args...]` / `gpudoctor run -m module [args...]`: run an unmodified
+script in this process, time its steps without the profiler (light phase), trace a few (traced phase),
+and write the run directory: trace, record.json, analysis.json (the profiler's distortion taken out by
+the light phase's step time); print the summary. Exits with the script's own status."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
+from gpudoctor.trace.launch import ScriptEnd, print_script_traceback, run_script
+from gpudoctor.trace.live import LiveCapture, LiveOptions
+from gpudoctor.trace.record import RunRecord
+from gpudoctor.util.errors import GpudoctorError
+from gpudoctor.util.units import fmt_bytes, fmt_us
+
+RUNS_DIR = Path("gpudoctor-runs")
+
+
+def run_command(
+    ctx: typer.Context,
+    command: Annotated[list[str], typer.Argument(help="script.py [args...] (or, with -m, module [args...])")],
+    module: Annotated[bool, typer.Option("-m", help="Run a module, as python -m does.")] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Run directory (default gpudoctor-runs/<name>-<time>).")
+    ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Steps skipped before timing.")] = 3,
+    light_steps: Annotated[
+        int, typer.Option("--light-steps", min=1, help="Steps timed with no profiler.")
+    ] = 20,
+    steps: Annotated[
+        int, typer.Option("--steps", min=1, max=100, help="Steps recorded by the profiler.")
+    ] = 5,
+    light: Annotated[bool, typer.Option("--light", help="Light phase only: no profiler at all.")] = False,
+    run_to_end: Annotated[
+        bool, typer.Option("--run-to-end", help="Let the script finish after the capture (default: stop it).")
+    ] = False,
+    with_stack: Annotated[bool, typer.Option("--with-stack", help="Record Python stacks.")] = False,
+    record_shapes: Annotated[bool, typer.Option("--record-shapes", help="Record op input shapes.")] = False,
+    profile_memory: Annotated[bool, typer.Option("--profile-memory", help="Record allocations.")] = False,
+    nvml: Annotated[bool, typer.Option("--nvml/--no-nvml", help="Sample the GPU through NVML.")] = True,
+    nvml_interval: Annotated[
+        int, typer.Option("--nvml-interval", min=10, help="NVML sampling interval, ms (light phase).")
+    ] = 100,
+    debug: DebugOption = False,
+) -> None:
+    """Profile an unmodified script: `gpudoctor run train.py --lr 3e-4`.
+
+    Steps are found from optimizer.step() (or gpudoctor.step() in loops without an optimizer). After
+    --warmup steps, --light-steps are timed with no profiler, then --steps are traced; then the script
+    is stopped (or runs on with --run-to-end). Options after the script name are the script's.
+    """
+    set_debug(ctx, debug)
+    target, args = command[0], command[1:]
+    out = out or RUNS_DIR / f"{_run_name(target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    options = LiveOptions(
+        warmup=warmup,
+        light_steps=light_steps,
+        steps=steps,
+        light_only=light,
+        run_to_end=run_to_end,
+        with_stack=with_stack,
+        record_shapes=record_shapes,
+        profile_memory=profile_memory,
+        nvml=nvml,
+        nvml_interval_s=nvml_interval / 1000,
+    )
+    code = run_and_report(target, args, module=module, out=out, options=options, console=stdout_console())
+    if code:
+        raise typer.Exit(code)
+
+
+def run_and_report(
+    target: str, args: list[str], *, module: bool, out: Path, options: LiveOptions, console: Console
+) -> int:
+    """Run the script under capture, write the run directory, print the summary; the script's exit status."""
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    capture = LiveCapture(out, options).install()
+    try:
+        end = run_script(target, args, module=module)
+    finally:
+        capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
+    record = _record(capture, end, [target, *args], started, options)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1, allow_nan=False))
+    if end.error is not None:
+        print_script_traceback(end.error)
+    _report(record, out, console)
+    return end.exit_code
+
+
+def _run_name(target: str) -> str:
+    return Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+
+
+def _record(
+    capture: LiveCapture, end: ScriptEnd, argv: list[str], started: str, options: LiveOptions
+) -> RunRecord:
+    error = None if end.error is None else f"{type(end.error).__name__}: {end.error}"
+    return RunRecord(
+        argv=tuple(argv),
+        started_at=started,
+        options=dict(vars(options)),
+        outcome=end.outcome,
+        exit_code=end.exit_code,
+        error=error,
+        **capture.result(),
+    )
+
+
+def _report(record: RunRecord, out: Path, console: Console) -> None:
+    """The observer-effect lines, then the trace's analysis with the profiler's distortion taken out."""
+    console.print(
+        f"\n[bold]gpudoctor run[/]: {' '.join(record.argv)} — {record.outcome}, {record.steps_seen} steps"
+    )
+    for note in record.notes:
+        console.print(f"[dim]note: {note}[/]")
+    light, traced = record.light, record.traced
+    if light is None or not light.times_us:
+        console.print(
+            f"[dim]no light-phase steps: the script ended after {record.steps_seen} step boundaries "
+            f"(optimizer.step() or gpudoctor.step()); lower --warmup?[/]"
+        )
+    else:
+        times = sorted(light.times_us)
+        p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10 - (len(times) >= 10)]
+        console.print(
+            f"light phase (no profiler): {len(times)} steps, median {fmt_us(light.median_us or 0)} "
+            f"(p10 {fmt_us(p10)}, p90 {fmt_us(p90)}) by {light.clock}"
+        )
+    if traced is not None and traced.median_us and light is not None and light.median_us:
+        overhead = record.profiler_overhead or 0.0
+        console.print(
+            f"traced phase: {len(traced.times_us)} steps, median {fmt_us(traced.median_us)}: "
+            f"the profiler slows each step by {100 * overhead:.0f}% — figures below use the unprofiled step"
+        )
+    if record.memory:
+        console.print(
+            f"GPU memory: peak allocated {fmt_bytes(record.memory.get('allocated_bytes.all.peak', 0))}, "
+            f"peak reserved {fmt_bytes(record.memory.get('reserved_bytes.all.peak', 0))}, "
+            f"allocator retries {record.memory.get('num_alloc_retries', 0)}"
+        )
+    console.print(
+        f"NVML: {len(record.nvml_samples)} samples"
+        if record.nvml_missing is None
+        else f"[dim]NVML: not recorded ({record.nvml_missing})[/]"
+    )
+    if record.trace_files:
+        _analyze(out, record, console)
+    console.print(f"\nrun directory: {out}")
+
+
+def _analyze(out: Path, record: RunRecord, console: Console) -> None:
+    from gpudoctor.analysis.summary import analyze
+    from gpudoctor.report.json_out import report_json
+    from gpudoctor.report.terminal import render_analysis
+    from gpudoctor.rules import diagnose
+    from gpudoctor.trace import load_trace
+
+    unprofiled = record.light.median_us if record.light else None
+    try:
+        trace = load_trace(out / record.trace_files[0])
+        analysis = analyze(trace, unprofiled_step_us=unprofiled)
+        diagnosis = diagnose(analysis)
+    except GpudoctorError as err:
+        console.print(f"[dim]the trace could not be analyzed: {err}[/]")
+        return
+    doc = report_json([(analysis, diagnosis)])
+    (out / "analysis.json").write_text(json.dumps(doc, indent=1, allow_nan=False))
+    observer = observer_effect(analysis, record)
+    (out / "observer.json").write_text(json.dumps(observer, indent=1, allow_nan=False))
+    _write_html(out, analysis, diagnosis, trace, console)
+    render_analysis(analysis, console, diagnosis=diagnosis)
+    if observer["busy_pct_unprofiled"] is not None:
+        console.print(
+            f"\nGPU busy {observer['busy_pct_unprofiled']:.0f}% of each unprofiled step "
+            f"(the trace read alone says {observer['busy_pct_traced']:.0f}%: the profiler's overhead taken out)"
+        )
+
+
+def observer_effect(analysis: object, record: RunRecord) -> dict[str, float | None]:
+    """The profiler's distortion in numbers: step times with and without it, and the GPU's busy share
+    of the step as the trace shows it and as it is without the profiler (kernels are not slowed by the
+    profiler, the host is: busy time per step over the unprofiled step time)."""
+    from gpudoctor.rules.facts import facts_of
+
+    facts = facts_of(analysis)  # type: ignore[arg-type]
+    light = record.light.median_us if record.light else None
+    result: dict[str, float | None] = {
+        "light_median_us": light,
+        "traced_median_us": record.traced.median_us if record.traced else None,
+        "profiler_overhead": record.profiler_overhead,
+        "trace_step_median_us": None,
+        "gpu_busy_us_per_step": None,
+        "busy_pct_traced": None,
+        "busy_pct_unprofiled": None,
+    }
+    if facts is not None:
+        result["trace_step_median_us"] = facts.traced_step_us
+        result["gpu_busy_us_per_step"] = facts.busy_us
+        result["busy_pct_traced"] = 100 * min(facts.busy_us / facts.traced_step_us, 1.0)
+        result["busy_pct_unprofiled"] = 100 * facts.busy_fraction if light else None
+    return result
+
+
+def _write_html(out: Path, analysis: Any, diagnosis: Any, trace: Any, console: Console) -> None:
+    """report.html through `gpudoctor report`'s writer, with the run's NVML series."""
+    try:
+        write_html(out / "report.html", analysis, diagnosis, trace, nvml=nvml_samples(out / RECORD_FILE))
+    except Exception as err:  # the report is a by-product: the run's results are already written
+        console.print(f"[dim]report.html not written: {type(err).__name__}: {err}[/]")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "run",
+        context_settings={
+            "allow_extra_args": True,
+            "ignore_unknown_options": True,
+            "allow_interspersed_args": False,
+        },
+    )(run_command)
