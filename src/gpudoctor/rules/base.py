@@ -53,9 +53,9 @@ def pct(x: float) -> str:
 
 
 def step_phrase(f: Facts) -> str:
-    """'of each 16.4 ms step' (with the unprofiled time where known)."""
+    """'of each 16.4 ms step', or 'of each unprofiled 16.4 ms step' where that time is known."""
     if f.profiler_overhead is not None:
-        return f"of each {us(f.step_us)} step (measured without the profiler)"
+        return f"of each unprofiled {us(f.step_us)} step"
     return f"of each {us(f.step_us)} step"
 
 
