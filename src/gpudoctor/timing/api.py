@@ -5,9 +5,8 @@ and packs the outcome with its clocks, environment and (for bytes/FLOPs) the dev
 from __future__ import annotations
 
 import functools
-import gc
 from collections.abc import Callable, Iterable, Mapping
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from typing import Any
 
 from gpudoctor.device import ceilings as device_ceilings
@@ -17,6 +16,7 @@ from gpudoctor.timing.cpu_backend import CpuBackend
 from gpudoctor.timing.measurement import BenchOptions, ClockInfo, Environment, Measurement
 from gpudoctor.timing.runner import Backend, run
 from gpudoctor.util.errors import NoGpuError, UsageError
+from gpudoctor.util.gcpause import gc_paused
 
 # Options for quick, rough figures (the ceilings, the explorer): enough to rank, not to publish.
 QUICK = {"min_samples": 5, "min_time_s": 0.05, "max_noise": 0.01, "timeout_s": 3.0, "warmup_max_s": 0.5}
@@ -72,7 +72,7 @@ def bench(
 
                 stack.enter_context(torch.cuda.device(torch.device(backend.device)))
             if opts.disable_gc:
-                stack.enter_context(_gc_disabled())
+                stack.enter_context(gc_paused())
             outcome = run(backend, opts, clock, sensor)
     finally:
         backend.close()
@@ -180,17 +180,6 @@ def _open_sensor(device: str) -> ClockSensor:
     index = int(device.split(":")[1])
     uuid = str(getattr(torch.cuda.get_device_properties(index), "uuid", "") or "") or None
     return open_nvml_sensor(uuid, index)
-
-
-@contextmanager
-def _gc_disabled() -> Any:
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
 
 
 def _device_name(device: str) -> str:

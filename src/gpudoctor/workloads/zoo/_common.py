@@ -75,3 +75,32 @@ def compile_or_eager(fn: F, warm_up: Callable[[F], object]) -> tuple[F, str | No
     except Exception as exc:  # an Inductor/Triton failure must not lose the whole zoo run
         return fn, f"{type(exc).__name__}: {exc}"[:300]
     return compiled, None  # type: ignore[return-value]
+
+
+class Forward:
+    """A model's forward as a step calls it: eager, or compiled once at build time by `compile(...)`
+    (which warms it up by running the step), falling back to eager if compiling fails."""
+
+    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.model = model
+        self.fn = model
+        self.why_eager: str | None = None
+        self.compiled = False
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fn(x)
+
+    def compile(self, run_step: Callable[[], object], warmup_steps: int = 3) -> None:
+        def warm_up(compiled: Callable[[torch.Tensor], torch.Tensor]) -> None:
+            self.fn = compiled
+            for _ in range(warmup_steps):
+                run_step()
+
+        self.fn, self.why_eager = compile_or_eager(self.model, warm_up)
+        self.compiled = self.why_eager is None
+
+    def info(self) -> dict[str, object]:
+        return {
+            "torch_compile": self.compiled,
+            **({"compile_fallback": self.why_eager} if self.why_eager else {}),
+        }

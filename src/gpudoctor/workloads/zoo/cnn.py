@@ -13,9 +13,9 @@ from torch import nn
 from gpudoctor.workloads import models
 from gpudoctor.workloads.base import Step, autocast, seed_everything
 from gpudoctor.workloads.zoo._common import (
+    Forward,
     RoundRobin,
     close_all,
-    compile_or_eager,
     fused_optimizer_kwargs,
     set_flag,
 )
@@ -82,25 +82,17 @@ def build_cnn_train(
         ]
     )
 
-    forward: list[Callable[[torch.Tensor], torch.Tensor]] = [model]
-    why_eager: str | None = None
+    forward = Forward(model)
 
     def run() -> None:
         x, y = batches.next()
-        train_step(forward[0], opt, x, y, device)
+        train_step(forward, opt, x, y, device)
 
     if compile and device.type == "cuda":  # compiled here, outside any timed or profiled step
-
-        def warm_up(compiled: Callable[[torch.Tensor], torch.Tensor]) -> None:
-            forward[0] = compiled
-            for _ in range(3):
-                run()
-
-        forward[0], why_eager = compile_or_eager(model, warm_up)
+        forward.compile(run, 3)
 
     full_info = {
-        "torch_compile": compile and device.type == "cuda" and why_eager is None,
-        **({"compile_fallback": why_eager} if why_eager else {}),
+        **forward.info(),
         "model": MODEL_NAME,
         "batch": batch,
         "image_size": size,

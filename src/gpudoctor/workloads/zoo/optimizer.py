@@ -5,14 +5,12 @@ where fused kernels are not the point, `foreach=True`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 
 from gpudoctor.workloads import models
 from gpudoctor.workloads.base import Step, Workload, autocast, seed_everything
-from gpudoctor.workloads.zoo._common import RoundRobin, compile_or_eager, fused_optimizer_kwargs
+from gpudoctor.workloads.zoo._common import Forward, RoundRobin, fused_optimizer_kwargs
 from gpudoctor.workloads.zoo.case import ZooCase
 
 BATCH = 16384
@@ -38,29 +36,21 @@ def _build(device: torch.device, small: bool, fused: bool) -> Step:
 
     # The model is compiled in both variants (fused elementwise work), so what is left to planted is the
     # optimizer, which torch.compile of the model does not touch.
-    forward: list[Callable[[torch.Tensor], torch.Tensor]] = [model]
-    why_eager: str | None = None
+    forward = Forward(model)
 
     def run() -> None:
         x, y = batches.next()
         with autocast(device):
-            loss = F.cross_entropy(forward[0](x), y)
+            loss = F.cross_entropy(forward(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
 
     if device.type == "cuda":
-
-        def warm_up(compiled: Callable[[torch.Tensor], torch.Tensor]) -> None:
-            forward[0] = compiled
-            for _ in range(3):
-                run()
-
-        forward[0], why_eager = compile_or_eager(model, warm_up)
+        forward.compile(run, 3)
 
     info = {
-        "torch_compile": device.type == "cuda" and why_eager is None,
-        **({"compile_fallback": why_eager} if why_eager else {}),
+        **forward.info(),
         "model": "builtin.mlp",
         "batch": batch,
         "hidden": width,

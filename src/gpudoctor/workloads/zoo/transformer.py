@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from gpudoctor.workloads import models
 from gpudoctor.workloads.base import Step, autocast, seed_everything
-from gpudoctor.workloads.zoo._common import RoundRobin, compile_or_eager, fused_optimizer_kwargs
+from gpudoctor.workloads.zoo._common import Forward, RoundRobin, fused_optimizer_kwargs
 
 
 @dataclass(frozen=True)
@@ -41,8 +41,7 @@ def build_gpt_train(
     seed_everything(0)
     model = models.GPT(shape.vocab, max(shape.seq_lens), shape.d_model, shape.heads, shape.layers)
     model = model.to(device).train()
-    forward: list[Callable[[torch.Tensor], torch.Tensor]] = [model]  # eager, or compiled below
-    why_eager: str | None = None
+    forward = Forward(model)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, **fused_optimizer_kwargs(device))
     gen = torch.Generator(device="cpu").manual_seed(0)
     batches = RoundRobin(
@@ -56,7 +55,7 @@ def build_gpt_train(
         chunk = batches.next()
         inputs, targets = chunk[:, :-1], chunk[:, 1:]
         with autocast(device):
-            logits = forward[0](inputs)
+            logits = forward(inputs)
             loss = F.cross_entropy(logits.reshape(-1, shape.vocab), targets.reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -65,16 +64,9 @@ def build_gpt_train(
             after_step()
 
     if compile and device.type == "cuda":  # compiled here, outside any timed or profiled step
-
-        def warm_up(compiled: Callable[[torch.Tensor], torch.Tensor]) -> None:
-            forward[0] = compiled
-            for _ in range(2 * len(shape.seq_lens)):
-                run()
-
-        forward[0], why_eager = compile_or_eager(model, warm_up)
+        forward.compile(run, 2 * len(shape.seq_lens))
     full_info = {
-        "torch_compile": compile and device.type == "cuda" and why_eager is None,
-        **({"compile_fallback": why_eager} if why_eager else {}),
+        **forward.info(),
         "model": "builtin.gpt",
         "layers": shape.layers,
         "d_model": shape.d_model,
