@@ -58,10 +58,13 @@ def record_of(out: Path) -> RunRecord:
 def nothing_left_behind() -> Iterator[None]:
     """After every run: no optimizer hook, no profiler, no active capture, sys.argv and sys.path as before."""
     from torch.optim.optimizer import _global_optimizer_post_hooks
+    from torch.utils.data import dataloader
 
     hooks, argv, path = dict(_global_optimizer_post_hooks), sys.argv[:], sys.path[:]
+    loader_next = dataloader._BaseDataLoaderIter.__next__
     yield
     assert dict(_global_optimizer_post_hooks) == hooks
+    assert dataloader._BaseDataLoaderIter.__next__ is loader_next
     assert not torch.autograd.profiler._is_profiler_enabled
     assert live._ACTIVE is None
     assert sys.argv == argv and sys.path == path
@@ -203,6 +206,31 @@ def test_a_loop_without_an_optimizer_marks_steps_with_gpudoctor_step(tmp_path: P
     assert "inference done True" in result.output
     record = record_of(out)
     assert record.steps_seen == 20 + 3  # counted to the end; captured: 1 warm-up, 3 light, 1 + 2 traced
+    assert record.traced is not None and len(record.traced.times_us) == 2
+
+
+DATALOADER_INFERENCE = """\
+import torch
+
+data = torch.utils.data.TensorDataset(torch.randn(160, 16))
+loader = torch.utils.data.DataLoader(data, batch_size=8)
+model = torch.nn.Linear(16, 4)
+with torch.no_grad():
+    for (x,) in loader:
+        model(x).sum()
+print("inference done")
+"""
+
+
+def test_a_loop_over_a_dataloader_needs_no_marks(tmp_path: Path) -> None:
+    # No optimizer and no gpudoctor.step(): each batch fetched after the first ends a step.
+    out = tmp_path / "run"
+    result = run("--out", str(out), "--run-to-end", *FAST, str(script(tmp_path, body=DATALOADER_INFERENCE)))
+    assert result.exit_code == 0, result.output
+    assert "inference done" in result.output
+    record = record_of(out)
+    assert record.steps_seen == 20 - 1  # 20 batches: the fetch of batches 2..20 ends steps 1..19
+    assert record.light is not None and len(record.light.times_us) == 3
     assert record.traced is not None and len(record.traced.times_us) == 2
 
 
