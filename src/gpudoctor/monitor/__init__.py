@@ -5,10 +5,10 @@ For benchmarks: `read_clocks(device)` and `ClockWatch` (see `monitor.clocks`).
 For a session: `with MonitorSession(open_backend()) as session: ...; summary = session.stop()`.
 """
 
+from gpudoctor.device.clock_reasons import decode_clock_events
 from gpudoctor.monitor.alerts import Alert, AlertEpisode, AlertPolicy
 from gpudoctor.monitor.backend import NvmlBackend, NvmlUnavailable, open_backend
 from gpudoctor.monitor.clocks import ClockReport, ClockWatch, close_shared_backend, read_clocks
-from gpudoctor.monitor.reasons import decode_clock_events
 from gpudoctor.monitor.replay import ReplayBackend
 from gpudoctor.monitor.sampler import Sampler, SamplerStats
 from gpudoctor.monitor.samples import ClockState, GpmMetrics, GpuInfo, GpuProcess, GpuSample, MonitorRecord

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gpudoctor.monitor import reasons
+from gpudoctor.device import clock_reasons as reasons
 from gpudoctor.monitor.samples import GpuInfo, GpuProcess, GpuSample, fmt_memory
 
 LOW_UTILIZATION = "low_utilization"

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from gpudoctor.device.clock_reasons import decode_clock_events
 from gpudoctor.monitor.backend import PERMANENT_ERRORS, NvmlUnavailable, nvml_reason, resolve_device
 from gpudoctor.monitor.gpm import GpmReader
 from gpudoctor.monitor.nvml_calls import (
@@ -32,7 +33,6 @@ from gpudoctor.monitor.nvml_calls import (
     text,
 )
 from gpudoctor.monitor.procs import process_name
-from gpudoctor.monitor.reasons import decode_clock_events
 from gpudoctor.monitor.samples import ClockState, GpuInfo, GpuProcess, GpuSample, SystemInfo
 
 # Costly calls are paced so that each takes at most this share of one core (see `Pace`).

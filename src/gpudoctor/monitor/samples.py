@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from gpudoctor.monitor.reasons import slowdowns
+from gpudoctor.device.clock_reasons import slowdowns
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.serial import from_jsonable, to_jsonable
 
@@ -91,7 +91,7 @@ class GpuSample:
     sm_clock_mhz: int | None = None  # clocks.sm
     mem_clock_mhz: int | None = None  # clocks.mem
     clock_event_mask: int | None = None  # clocks_event_reasons.active, as a bit mask
-    clock_events: tuple[str, ...] = ()  # the mask decoded (see monitor.reasons)
+    clock_events: tuple[str, ...] = ()  # the mask decoded (see device.clock_reasons)
     pcie_tx_bytes_per_s: float | None = None  # out of the GPU
     pcie_rx_bytes_per_s: float | None = None  # into the GPU
     energy_j: float | None = None  # total since the driver loaded (a counter; see violation_ns)

@@ -8,7 +8,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpudoctor.monitor import reasons
+from gpudoctor.device import clock_reasons as reasons
 from gpudoctor.monitor.alerts import Alert, AlertEpisode
 from gpudoctor.monitor.sampler import SamplerStats
 from gpudoctor.monitor.samples import GpuInfo, GpuSample, fmt_memory

@@ -10,28 +10,16 @@ import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-# NVML clock-event ("throttle") reason bits, as nvml.h defines them; names as `nvidia-smi -q` shows them.
-REASON_NAMES: dict[int, str] = {
-    0x1: "gpu_idle",
-    0x2: "applications_clocks_setting",
-    0x4: "sw_power_cap",
-    0x8: "hw_slowdown",
-    0x10: "sync_boost",
-    0x20: "sw_thermal_slowdown",
-    0x40: "hw_thermal_slowdown",
-    0x80: "hw_power_brake_slowdown",
-    0x100: "display_clocks_setting",
-}
-# The reasons that lower the SM clock below what the work asks for (idle and settings are not throttling).
+from gpudoctor.device.clock_reasons import decode_clock_events
+
+# The clock-event reasons that lower the SM clock below what the work asks for: power cap, HW slowdown,
+# SW and HW thermal slowdown, power brake (idle, sync boost and clock settings are not throttling).
 THROTTLE_MASK = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 
 
 def reason_names(mask: int | None) -> tuple[str, ...]:
-    if not mask:
-        return ()
-    known = tuple(name for bit, name in REASON_NAMES.items() if mask & bit)
-    unknown = mask & ~sum(REASON_NAMES)
-    return (*known, f"0x{unknown:x}") if unknown else known
+    """NVML's clock-event mask decoded (the monitor's names: `device.clock_reasons`)."""
+    return decode_clock_events(mask)
 
 
 def is_throttled(mask: int | None) -> bool:
