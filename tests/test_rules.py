@@ -99,3 +99,16 @@ def test_data_parallel_needs_work_on_several_devices(tmp_path: Path) -> None:
     f = d.get("data_parallel")
     assert f is not None and "2 devices" in f.evidence[0]
     assert diagnosis("conv_bf16_train").get("data_parallel") is None
+
+
+def test_a_few_kernels_without_steps_are_not_diagnosed(tmp_path: Path) -> None:
+    import gzip
+
+    doc = json.loads(gzip.decompress((TRACES / "sync_every_step.json.gz").read_bytes()))
+    gpu = [e for e in doc["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")][:3]
+    keep = {id(e) for e in gpu}
+    doc["traceEvents"] = [e for e in doc["traceEvents"] if id(e) in keep or e.get("cat") == "cuda_runtime"]
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(doc))
+    d = diagnose(analyze(load_trace(path)))
+    assert d.findings == () and d.bound.startswith("Too little GPU work")

@@ -43,10 +43,21 @@ ALWAYS_KEPT = {"memory_pressure", "profiler_distortion"}
 _SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.MAJOR: 1, Severity.MINOR: 2, Severity.INFO: 3}
 
 
+# Without step annotations the GPU's own span stands for a step: with this little work in it, shares of
+# that "step" say nothing about a training or inference loop.
+MIN_KERNELS_WITHOUT_STEPS = 20
+
+
 def diagnose(analysis: Analysis) -> Diagnosis:
     facts = facts_of(analysis)
     if facts is None:
         return Diagnosis(SCHEMA, (), "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
+    if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
+        too_little = (
+            f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no ProfilerStep#N "
+            f"annotations (profile a few steps with torch.profiler's schedule and prof.step())."
+        )
+        return Diagnosis(SCHEMA, (), too_little, _summary(facts))
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
