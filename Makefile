@@ -26,7 +26,8 @@ lint: setup
 # The HTML report's browser tests need Chromium: installed here when missing, as root, where apt exists.
 browser:
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
+			|| echo "chromium could not be installed: the browser tests will skip"; \
 	fi
 
 test: setup lint browser
