@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from gpudoctor.monitor.samples import GpuInfo, GpuSample, MonitorRecord, SystemInfo, open_text
+from gpudoctor.monitor.samples import GPM_FIELDS, GpuInfo, GpuSample, MonitorRecord, SystemInfo, open_text
 from gpudoctor.util.errors import UsageError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
@@ -36,13 +36,7 @@ CSV_COLUMNS = (
     "pcie_tx_bytes_per_s",
     "pcie_rx_bytes_per_s",
     "energy_j",
-    "sm_active_pct",
-    "sm_occupancy_pct",
-    "tensor_active_pct",
-    "dram_bw_pct",
-    "fp64_pct",
-    "fp32_pct",
-    "fp16_pct",
+    *GPM_FIELDS,
     "processes",
     "process_count",
 )

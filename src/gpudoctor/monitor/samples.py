@@ -72,6 +72,10 @@ class GpmMetrics:
     fp16_pct: float | None = None  # non-tensor FP16 pipe
 
 
+# The percentages of GpmMetrics, in field order (summaries and log columns share them).
+GPM_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GpmMetrics) if f.name != "interval_s")
+
+
 @dataclass(frozen=True)
 class GpuSample:
     """One reading of one GPU. Percentages are 0-100 as NVML gives them (nvidia-smi's columns)."""

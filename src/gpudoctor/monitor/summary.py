@@ -11,19 +11,10 @@ from typing import Any
 
 from gpudoctor.monitor.alerts import AlertEpisode, AlertPolicy, AlertTracker, Ownership
 from gpudoctor.monitor.sampler import SamplerStats
-from gpudoctor.monitor.samples import GpmMetrics, GpuInfo, GpuSample, MonitorRecord, SystemInfo
+from gpudoctor.monitor.samples import GPM_FIELDS, GpmMetrics, GpuInfo, GpuSample, MonitorRecord, SystemInfo
 from gpudoctor.util.serial import from_jsonable, to_jsonable
 
 SUMMARY_SCHEMA = "gpudoctor.monitor-summary/1"
-_GPM_FIELDS = (
-    "sm_active_pct",
-    "sm_occupancy_pct",
-    "tensor_active_pct",
-    "dram_bw_pct",
-    "fp64_pct",
-    "fp32_pct",
-    "fp16_pct",
-)
 
 
 @dataclass(frozen=True)
@@ -188,7 +179,7 @@ class _DeviceAcc:
         for reason in s.slowdowns:
             self.slowdowns[reason] = self.slowdowns.get(reason, 0) + 1
         if s.gpm is not None:
-            for name in _GPM_FIELDS:
+            for name in GPM_FIELDS:
                 self.gpm.setdefault(name, _Mean()).add(getattr(s.gpm, name))
         elif "gpm" in s.missing and not self.gpm:
             self.gpm_reason = s.missing["gpm"]
