@@ -87,7 +87,12 @@ def test_recorder_writes_a_gzipped_trace_with_profiler_steps_and_a_manifest(tmp_
     assert entry["workload"] == "sync_every_step"
     assert entry["file"] == "sync_every_step_stack.json.gz"
     assert entry["active_steps"] == 3
-    assert entry["options"] == {"with_stack": True, "profile_memory": True, "record_shapes": False}
+    assert entry["options"] == {
+        "with_stack": True,
+        "profile_memory": True,
+        "record_shapes": False,
+        "with_flops": False,
+    }
     assert len(entry["unprofiled_step_us"]["samples"]) >= 20
     assert entry["unprofiled_step_us"]["median"] > 0
     assert entry["environment"]["torch"] == torch.__version__

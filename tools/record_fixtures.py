@@ -63,6 +63,7 @@ class FixtureSpec:
     profile_memory: bool
     record_shapes: bool
     out_dir: Path
+    with_flops: bool = False
 
     @property
     def path(self) -> Path:
@@ -73,6 +74,7 @@ class FixtureSpec:
             "with_stack": self.with_stack,
             "profile_memory": self.profile_memory,
             "record_shapes": self.record_shapes,
+            "with_flops": self.with_flops,
         }
 
 
@@ -111,6 +113,12 @@ def build_plan(args: argparse.Namespace) -> list[FixtureSpec]:
             "sync_every_step_stack", "sync_every_step", args.active_steps, True, True, args.record_shapes, out
         )
     )
+    # shapes and Kineto's FLOP counts, for the roofline: only when asked for by name (--only)
+    shapes = FixtureSpec(
+        "transformer_shapes", "transformer_train", args.active_steps, False, False, True, out, True
+    )
+    if args.only:
+        plan.append(shapes)
     if args.only:
         wanted = {n.strip() for n in args.only.split(",") if n.strip()}
         known = {s.workload for s in plan} | {s.fixture for s in plan}
@@ -152,6 +160,7 @@ def profile_steps(step: workloads.Step, device: torch.device, spec: FixtureSpec)
         with_stack=spec.with_stack,
         profile_memory=spec.profile_memory,
         record_shapes=spec.record_shapes,
+        with_flops=spec.with_flops,
     )
     return capture.profile_steps(step.run, spec.path, options).stat().st_size
 

@@ -24,6 +24,7 @@ class ProfileOptions:
     with_stack: bool = False
     profile_memory: bool = False
     record_shapes: bool = False
+    with_flops: bool = False  # Kineto's own FLOP estimate on matmul/conv ops (a 'flops' arg)
 
 
 def profile_steps(
@@ -57,6 +58,7 @@ def profile_steps(
         record_shapes=options.record_shapes,
         profile_memory=options.profile_memory,
         with_stack=options.with_stack,
+        with_flops=options.with_flops,
     ) as prof:
         for _ in range(options.wait + options.warmup + options.active):
             run_step()
