@@ -35,9 +35,14 @@ import torch
 from gpudoctor.timing import Verdict, bench, compare, measured_ceilings
 
 NCU_CALLS = 20  # launches of each op that ncu profiles
+NCU_GRAPH_CALLS = 100  # launches of each op captured into one graph for ncu --graph-profiling graph
+NCU_GRAPH_REPLAYS = 5
 REPEATS = 5
 TRIALS = 20
 QUIET: dict[str, Any] = {"ceilings": False, "host_latency": False}  # default options otherwise
+
+
+OP_NAMES = ("mm_bf16_4096", "add_2x256MB", "sum_256MB", "add_2x4MB", "add_2x4KB", "fill_1elem")
 
 
 def make_ops() -> dict[str, tuple[Callable[[], Any], int]]:
@@ -51,50 +56,75 @@ def make_ops() -> dict[str, tuple[Callable[[], Any], int]]:
     big_x, big_y = randn(64 << 20), randn(64 << 20)  # 256 MB each
     mid_x, mid_y = randn(1 << 20), randn(1 << 20)  # 4 MB each: L2-resident when hot
     tiny_x, tiny_y = randn(1024), randn(1024)  # 4 KB
+    one = torch.empty(1, device="cuda")
     return {
         "mm_bf16_4096": (lambda: torch.mm(a, b), 3 * 4096 * 4096 * 2),
         "add_2x256MB": (lambda: torch.add(big_x, big_y), 3 * (256 << 20)),
         "sum_256MB": (lambda: big_x.sum(), 256 << 20),
         "add_2x4MB": (lambda: torch.add(mid_x, mid_y), 3 * (4 << 20)),
         "add_2x4KB": (lambda: torch.add(tiny_x, tiny_y), 3 * 4096),
+        "fill_1elem": (lambda: one.fill_(1.0), 4),  # a near-empty kernel: calibrates ncu's own floor
     }
 
 
 # ---------------------------------------------------------------- ncu
-def ncu_child() -> None:
-    """Run under ncu: each op NCU_CALLS times, the groups separated by a spin_kernel marker."""
+def ncu_child(graph: bool = False) -> None:
+    """Run under ncu: each op NCU_CALLS times, the groups separated by a spin_kernel marker. With `graph`,
+    each op is instead captured NCU_GRAPH_CALLS times into one CUDA graph, replayed NCU_GRAPH_REPLAYS
+    times: ncu --graph-profiling graph then times the graph's back-to-back launches as one workload."""
     ops = make_ops()
+    graphs = {name: capture_graph(fn, NCU_GRAPH_CALLS) for name, (fn, _) in ops.items()} if graph else {}
     for fn, _ in ops.values():
         for _ in range(3):
             fn()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
-    for fn, _ in ops.values():
+    for name, (fn, _) in ops.items():
         torch.cuda._sleep(1000)  # "spin_kernel": marks where the next op's launches begin
-        for _ in range(NCU_CALLS):
-            fn()
+        for _ in range(NCU_GRAPH_REPLAYS if graph else NCU_CALLS):
+            graphs[name].replay() if graph else fn()
         torch.cuda.synchronize()
     torch.cuda.profiler.stop()
 
 
-def run_ncu(cache_control: str, out_dir: Path) -> dict[str, Any]:
+def capture_graph(fn: Callable[[], Any], calls: int) -> Any:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(calls):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    return g
+
+
+def run_ncu(cache_control: str, out_dir: Path, graph: bool = False) -> dict[str, Any]:
     ncu = shutil.which("ncu")
     if ncu is None:
         return {"error": "ncu not on PATH"}
     cmd = [ncu, "--metrics", "gpu__time_duration.sum", "--clock-control", "none", "--cache-control", cache_control,
-           "--profile-from-start", "off", "--csv", sys.executable, __file__, "--ncu-child"]  # fmt: skip
+           "--profile-from-start", "off", "--csv"]  # fmt: skip
+    if graph:
+        cmd += ["--graph-profiling", "graph"]
+    cmd += [sys.executable, __file__, "--ncu-child"] + (["--graph"] if graph else [])
     t0 = time.time()
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
-    parsed = parse_ncu_csv(proc.stdout)
+    parsed = parse_ncu_csv(proc.stdout, NCU_GRAPH_CALLS if graph else 1)
     if parsed is None:
         return {"error": f"no CSV from ncu (rc {proc.returncode}): {proc.stderr[-500:]}"}
     parsed["seconds"] = time.time() - t0
     return parsed
 
 
-def parse_ncu_csv(text: str) -> dict[str, Any] | None:
+def parse_ncu_csv(text: str, launches: int = 1) -> dict[str, Any] | None:
     """Per op (in launch order, split at the spin_kernel markers): the median over calls of the summed
-    gpu__time_duration of one call's kernels, in µs."""
+    gpu__time_duration of one call's kernels, in µs. A result that times a graph of `launches` calls of
+    the op counts as one call and is divided by `launches`."""
     rows = list(csv.reader(io.StringIO(text)))
     header = next((r for r in rows if r and r[0] == "ID"), None)
     if header is None:
@@ -107,7 +137,12 @@ def parse_ncu_csv(text: str) -> dict[str, Any] | None:
         unit, value = r[col["Metric Unit"]], float(r[col["Metric Value"]].replace(",", ""))
         scale = {"nsecond": 1e-3, "ns": 1e-3, "usecond": 1.0, "us": 1.0, "msecond": 1e3, "ms": 1e3,
                  "second": 1e6, "s": 1e6}[unit]  # fmt: skip
-        kernels.append((r[col["Kernel Name"]], value * scale))
+        kernels.append(
+            (
+                r[col["Kernel Name"]],
+                value * scale / (1 if "spin_kernel" in r[col["Kernel Name"]] else launches),
+            )
+        )
     groups: list[list[tuple[str, float]]] = []
     for name, us in kernels:
         if "spin_kernel" in name:
@@ -116,7 +151,7 @@ def parse_ncu_csv(text: str) -> dict[str, Any] | None:
             groups[-1].append((name, us))
     result: dict[str, Any] = {}
     for op, group in zip(make_op_names(), groups, strict=False):
-        per_call = len(group) / NCU_CALLS
+        per_call = len(group) / (NCU_CALLS if launches == 1 else NCU_GRAPH_REPLAYS)
         k = max(1, round(per_call))
         call_times = [sum(us for _, us in group[i : i + k]) for i in range(0, len(group) - k + 1, k)]
         result[op] = {"kernels_per_call": per_call, "median_us": statistics.median(call_times),
@@ -125,7 +160,7 @@ def parse_ncu_csv(text: str) -> dict[str, Any] | None:
 
 
 def make_op_names() -> list[str]:
-    return ["mm_bf16_4096", "add_2x256MB", "sum_256MB", "add_2x4MB", "add_2x4KB"]
+    return list(OP_NAMES)
 
 
 # ---------------------------------------------------------------- peers
@@ -185,16 +220,23 @@ def section_agreement(ops: dict, out_dir: Path, results: dict) -> None:
         ours[name] = {"hot": summary(hot), "sustained": summary(sustained), "cold": summary(cold)}
     results["agreement"] = {"gpudoctor": ours}
     dump(results, out_dir)
-    for cache_control in ("none", "all"):
-        results["agreement"][f"ncu_{cache_control}"] = run_ncu(cache_control, out_dir)
+    for key, cache_control, graph in (
+        ("none", "none", False),
+        ("all", "all", False),
+        ("graph", "none", True),
+    ):
+        results["agreement"][f"ncu_{key}"] = run_ncu(cache_control, out_dir, graph=graph)
         dump(results, out_dir)
     table = {}
+    # ncu_none/all: each launch alone (ncu's own ~1.3 µs floor included); ncu_graph: a graph of
+    # NCU_GRAPH_CALLS back-to-back launches timed as one, per launch — what gpudoctor's device time is
     for name in ops:
         row = {}
-        for label, mode, key, cc in (("device (hot)", "hot", "median_us", "none"),
-                                     ("kernel (CUPTI)", "hot", "kernel_us", "none"),
-                                     ("sustained", "sustained", "median_us", "none"),
-                                     ("cold", "cold", "median_us", "all")):  # fmt: skip
+        for label, mode, key, cc in (("device vs ncu graph", "hot", "median_us", "graph"),
+                                     ("device vs ncu kernel", "hot", "median_us", "none"),
+                                     ("CUPTI vs ncu kernel", "hot", "kernel_us", "none"),
+                                     ("sustained vs ncu graph", "sustained", "median_us", "graph"),
+                                     ("cold vs ncu kernel cold", "cold", "median_us", "all")):  # fmt: skip
             ncu = results["agreement"][f"ncu_{cc}"].get(name)
             g = ours[name][mode].get(key)
             if isinstance(ncu, dict) and g:
@@ -327,7 +369,8 @@ def print_table(results: dict) -> None:
     print(f"\n== {results['environment'].get('device')} · torch {results['environment'].get('torch')}")
     agree = results.get("agreement", {}).get("table", {})
     if agree:
-        print("gpudoctor vs ncu gpu__time_duration (hot, kernel, sustained: --cache-control none; cold: all)")
+        print("gpudoctor vs ncu gpu__time_duration: µs ours/ncu (diff); ncu graph = per launch of a graph of "
+              f"{NCU_GRAPH_CALLS} back-to-back launches, ncu kernel = each launch alone (hot: --cache-control none)")  # fmt: skip
         for name, row in agree.items():
             cells = [
                 f"{label} {v['gpudoctor_us']:.4g}/{v['ncu_us']:.4g} ({v['diff']:+.1%})"
@@ -356,10 +399,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--ncu-child", action="store_true")
+    parser.add_argument("--graph", action="store_true", help="with --ncu-child: replay graphs of the ops")
     parser.add_argument("--sections", default="agreement,repeats,verdicts,ceilings")
     args = parser.parse_args()
     if args.ncu_child:
-        ncu_child()
+        ncu_child(graph=args.graph)
         return
     args.out.mkdir(parents=True, exist_ok=True)
     results: dict[str, Any] = {"schema": "gpudoctor.bench.acceptance", "environment": environment()}
