@@ -23,7 +23,7 @@ from gpudoctor.util.errors import TraceFormatError
 ARRAY_COLUMNS = tuple(
     f.name
     for f in dataclasses.fields(Trace)
-    if f.name not in ("meta", "names", "memory", "labels", "thread_names", "skipped", "_memo")
+    if f.name not in ("meta", "names", "memory", "labels", "op_inputs", "thread_names", "skipped", "_memo")
 )
 TIME_COLUMNS = ("ts",)
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -66,6 +66,7 @@ def assert_same_columns(got: Trace, want: Trace, ts_atol: float = 0.0) -> None:
         a, b = getattr(got.memory, column), getattr(want.memory, column)
         np.testing.assert_allclose(a, b, rtol=0, atol=ts_atol if column == "ts" else 0, err_msg=column)
     assert got.labels == want.labels
+    assert got.op_inputs == want.op_inputs
     assert got.thread_names == want.thread_names
     assert got.skipped == want.skipped
 

@@ -82,7 +82,10 @@ class _BlockReader:
         if not data:
             self.eof = True
             return False
-        self.buf += data
+        try:
+            self.buf += data
+        except BufferError:  # decoded events still view the buffer (msgspec.Raw): grow a copy instead
+            self.buf = self.buf + data
         return True
 
     def first_byte(self) -> int | None:
@@ -94,7 +97,10 @@ class _BlockReader:
                 return None
 
     def drop(self, upto: int) -> None:
-        del self.buf[:upto]
+        try:
+            del self.buf[:upto]
+        except BufferError:  # as in fill: the old buffer lives on while the views that pin it do
+            self.buf = self.buf[upto:]
         self.consumed += upto
 
 
@@ -126,19 +132,20 @@ def _parse_chunk(buf: bytearray, lo: int, hi: int, decode: Decode) -> tuple[Even
     """Parse `[buf[lo:hi]]`: (events, ok). ok False means it failed only at its very end.
 
     In place, without copying: the separator bytes at lo-1 (`[` or `,`) and at hi (whitespace, `,`
-    or `]`) are overwritten with the brackets for the decode and restored after it.
+    or `]`) are overwritten with the brackets for the decode and restored after it. The view is not
+    released here: decoded events may hold views into it (msgspec.Raw), which pin the buffer until
+    they are freed; `_BlockReader` then copies rather than resizes it.
     """
     before, after = buf[lo - 1], buf[hi]
     buf[lo - 1], buf[hi] = 0x5B, 0x5D  # '[' and ']'
+    wrapped = memoryview(buf)[lo - 1 : hi + 1]
     try:
-        with memoryview(buf) as whole, whole[lo - 1 : hi + 1] as wrapped:
-            try:
-                return decode(wrapped), True
-            except _JSON_ERRORS as err:
-                pos = _error_byte(err, wrapped)
-                if pos is None or pos >= len(wrapped) - 1:
-                    return None, False
-                raise _Corrupt(pos, _reason(err)) from None
+        return decode(wrapped), True
+    except _JSON_ERRORS as err:
+        pos = _error_byte(err, wrapped)
+        if pos is None or pos >= len(wrapped) - 1:
+            return None, False
+        raise _Corrupt(pos, _reason(err)) from None
     finally:
         buf[lo - 1], buf[hi] = before, after
 

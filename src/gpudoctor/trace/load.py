@@ -15,15 +15,25 @@ import zlib
 from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, repeat
-from operator import attrgetter, eq, not_
+from operator import attrgetter, eq, is_, not_
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import msgspec
 import numpy as np
 
 from gpudoctor.device import DeviceInfo
 from gpudoctor.trace.jsonstream import read_trace_json
-from gpudoctor.trace.model import CATEGORY_KINDS, DistributedInfo, Kind, MemoryEvents, Trace, TraceMeta
+from gpudoctor.trace.model import (
+    CATEGORY_KINDS,
+    SHAPED_OPS,
+    DistributedInfo,
+    Kind,
+    MemoryEvents,
+    OpInputs,
+    Trace,
+    TraceMeta,
+)
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
 from gpudoctor.util.errors import TraceFormatError
 from gpudoctor.util.gcpause import gc_paused
@@ -111,7 +121,7 @@ class _Interner:
         try:
             out = list(map(get, values))
             if None in out:  # new names: add each once, then look all up again
-                for v in dict.fromkeys(v for v, i in zip(values, out, strict=True) if i is None):
+                for v in dict.fromkeys(compress(values, map(is_, out, repeat(None)))):  # C loops
                     self.one(v)
                 out = list(map(get, values))
         except TypeError:  # an unhashable name (a list, say) in a damaged trace
@@ -128,6 +138,52 @@ class _Interner:
             with contextlib.suppress(TypeError):
                 self.ids[value] = got
         return got
+
+
+_RAW_INPUTS = tuple(map(attrgetter, ("input_dims", "input_types", "concrete_inputs")))
+_NO_INPUTS = (b"", b"", b"")
+
+
+class _RawInputs:
+    """The record_shapes args of cpu ops, interned as raw JSON: ops repeat a few hundred distinct
+    argument lists every step, so each distinct one is parsed once, at the end."""
+
+    def __init__(self) -> None:
+        self.ids: dict[tuple[bytes, bytes, bytes], int] = {_NO_INPUTS: -1}
+        self.keys: list[tuple[bytes, bytes, bytes]] = []
+
+    def many(self, args: Sequence[Args]) -> np.ndarray:
+        # bytes() copies each Raw out of the chunk's buffer, which can then be freed
+        keys = list(zip(*(map(bytes, map(get, args)) for get in _RAW_INPUTS), strict=True))
+        get = self.ids.get
+        out = list(map(get, keys))
+        if None in out:
+            for key in dict.fromkeys(compress(keys, map(is_, out, repeat(None)))):
+                self.ids[key] = len(self.keys)
+                self.keys.append(key)
+            out = list(map(get, keys))
+        return np.array(out, dtype=np.int32)
+
+    def parsed(self) -> tuple[OpInputs, ...]:
+        return tuple(
+            OpInputs(
+                _json_tuple(dims), tuple(map(str, _json_tuple(types))), tuple(map(str, _json_tuple(conc)))
+            )
+            for dims, types, conc in self.keys
+        )
+
+
+def _json_tuple(raw: bytes) -> tuple[Any, ...]:
+    """A JSON array as nested tuples; () for anything else (absent, null, malformed)."""
+    try:
+        value = msgspec.json.decode(raw) if raw else None
+    except msgspec.DecodeError:
+        return ()
+    return _tuples(value) if isinstance(value, list) else ()
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
 
 
 def _num(values: Sequence[Any], dtype: type, default: float) -> np.ndarray:
@@ -175,13 +231,15 @@ class _Builder:
     _COLUMNS = (
         "kind", "name", "pid", "tid", "ts", "dur", "correlation", "external_id", "device", "stream",
         "bytes", "grid", "block", "registers", "shared_memory", "occupancy", "blocks_per_sm",
-        "warps_per_sm", "python_id", "python_parent_id", "flops",
+        "warps_per_sm", "python_id", "python_parent_id", "flops", "inputs",
     )  # fmt: skip
     _MEMORY = ("ts", "bytes", "total_allocated", "total_reserved", "device_type", "device_id")
 
     def __init__(self) -> None:
         self.names = _Interner()
         self.labels = _Interner()
+        self.inputs = _RawInputs()
+        self.shaped_names = np.zeros(0, dtype=bool)  # per name id: one of SHAPED_OPS
         self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._COLUMNS}
         self.mem_blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._MEMORY}
         self.thread_names: dict[tuple[int, int], str] = {}
@@ -221,7 +279,8 @@ class _Builder:
             args = [a or NO_ARGS for a in args]
         b = self.blocks
         b["kind"].append(kinds)
-        b["name"].append(self.names.many(list(map(_NAME, xs))))
+        name_ids = self.names.many(list(map(_NAME, xs)))
+        b["name"].append(name_ids)
         b["pid"].append(self._ids(list(map(_PID, xs))))
         b["tid"].append(self._ids(list(map(_TID, xs))))
         b["ts"].append(ts)
@@ -245,6 +304,16 @@ class _Builder:
         b["python_parent_id"].append(python.column("python_parent_id", np.int64, -1))
         cpu_op = _Subset(n, np.flatnonzero(kinds == Kind.CPU_OP), args)
         b["flops"].append(cpu_op.column("flops", np.float64, np.nan))
+        shaped = cpu_op.rows[self._shaped(name_ids[cpu_op.rows])]
+        b["inputs"].append(_Subset(n, shaped, args).inputs(self.inputs))
+
+    def _shaped(self, name_ids: np.ndarray) -> np.ndarray:
+        """Which of these names are SHAPED_OPS (a mask over them)."""
+        known = len(self.shaped_names)
+        if known < len(self.names.strings):
+            more = [s in SHAPED_OPS for s in self.names.strings[known:]]
+            self.shaped_names = np.concatenate((self.shaped_names, np.array(more, dtype=bool)))
+        return self.shaped_names[name_ids]
 
     def _kinds(self, cats: Sequence[Any]) -> np.ndarray:
         known = CATEGORY_KINDS
@@ -350,6 +419,7 @@ class _Builder:
             names=tuple(self.names.strings),
             memory=MemoryEvents(**mem),
             labels=tuple(self.labels.strings),
+            op_inputs=self.inputs.parsed(),
             thread_names=self.thread_names,
             skipped=dict(self.skipped),
             **cols,
@@ -377,7 +447,7 @@ class _Subset:
     def __init__(self, n: int, rows: np.ndarray, args: Sequence[Args]) -> None:
         self.n = n
         self.rows = rows
-        self.args = [args[i] for i in rows.tolist()] if len(rows) < n else args
+        self.args = list(map(args.__getitem__, rows.tolist())) if len(rows) < n else args
 
     def column(self, field: str, dtype: type, default: float) -> np.ndarray:
         if len(self.rows) == self.n:
@@ -385,6 +455,12 @@ class _Subset:
         out = np.full(self.n, default, dtype=dtype)
         if len(self.rows):
             out[self.rows] = _column(self.args, field, dtype, default)
+        return out
+
+    def inputs(self, interned: _RawInputs) -> np.ndarray:
+        out = np.full(self.n, -1, dtype=np.int32)
+        if len(self.rows):
+            out[self.rows] = interned.many(self.args)
         return out
 
     def dims(self, field: str) -> np.ndarray:
@@ -399,9 +475,9 @@ def _concat(blocks: list[np.ndarray], column: str) -> np.ndarray:
         return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
     if column in ("grid", "block"):
         return np.zeros((0, 3), dtype=np.int32)
-    dtype = {"mts": np.float64, "ts": np.float64, "dur": np.float64, "flops": np.float64}.get(
-        column, np.int64
-    )
+    dtype = {
+        "mts": np.float64, "ts": np.float64, "dur": np.float64, "flops": np.float64, "inputs": np.int32
+    }.get(column, np.int64)  # fmt: skip
     return np.empty(0, dtype=dtype)
 
 

@@ -57,6 +57,32 @@ CATEGORY_KINDS: dict[str, Kind] = {
     "overhead": Kind.OTHER,
 }
 
+# The ops whose argument records (record_shapes) the loader keeps: those whose FLOPs and bytes
+# gpudoctor derives (analysis/roofline.py). Every op's would cost a sixth of the load time.
+MATMUL_OPS = frozenset(
+    {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear"}
+)
+CONVOLUTION_OPS = frozenset({
+    "aten::conv1d", "aten::conv2d", "aten::conv3d", "aten::convolution", "aten::_convolution",
+    "aten::cudnn_convolution", "aten::cudnn_convolution_transpose", "aten::convolution_backward",
+})  # fmt: skip
+ATTENTION_OPS = frozenset({
+    "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+    "aten::_scaled_dot_product_cudnn_attention", "aten::_scaled_dot_product_flash_attention_backward",
+    "aten::_scaled_dot_product_efficient_attention_backward",
+    "aten::_scaled_dot_product_cudnn_attention_backward",
+})  # fmt: skip
+ELEMENTWISE_OPS = frozenset(
+    f"aten::{name}{suffix}"
+    for name in (
+        "add", "sub", "mul", "div", "relu", "clamp_min", "gelu", "silu", "sigmoid", "tanh", "neg", "exp",
+        "sqrt", "rsqrt", "addcmul", "addcdiv", "lerp", "threshold_backward", "gelu_backward",
+        "silu_backward", "sigmoid_backward", "tanh_backward",
+    )
+    for suffix in ("", "_")
+)  # fmt: skip
+SHAPED_OPS = MATMUL_OPS | CONVOLUTION_OPS | ATTENTION_OPS | ELEMENTWISE_OPS
+
 GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
 LAUNCH_KINDS = (Kind.RUNTIME, Kind.DRIVER)
 
@@ -110,6 +136,18 @@ class MemoryEvents:
         return len(self.ts)
 
 
+@dataclass(frozen=True)
+class OpInputs:
+    """A CPU op's arguments as `record_shapes` records them, one entry per argument (Kineto's
+    "Input Dims", "Input type" and "Concrete Inputs"); any of them may be empty in a trace."""
+
+    dims: tuple[
+        Any, ...
+    ]  # a tensor's shape (tuple of ints), () for a non-tensor, a tuple of shapes for a list
+    types: tuple[str, ...]  # "c10::BFloat16", "float", "long int", "Scalar", "ScalarList", "" (None) ...
+    concrete: tuple[str, ...]  # scalar arguments' values as text ("[2, 2]", "1", "True"); "" for tensors
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """One rank's trace, columnar. Build it with `gpudoctor.trace.load_trace`."""
@@ -137,8 +175,10 @@ class Trace:
     python_id: np.ndarray  # int64, python rows
     python_parent_id: np.ndarray  # int64
     flops: np.ndarray  # float64, cpu ops with with_flops
+    inputs: np.ndarray  # int32 index into op_inputs: SHAPED_OPS rows of a record_shapes trace, else -1
     memory: MemoryEvents
     labels: tuple[str, ...] = ()  # string pids/tids: id -k-2 is labels[k]
+    op_inputs: tuple[OpInputs, ...] = ()  # the distinct argument records of cpu ops (record_shapes)
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # events not kept, by reason
     _memo: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # memo only
@@ -152,6 +192,11 @@ class Trace:
 
     def name_of(self, row: int) -> str:
         return self.names[int(self.name[row])]
+
+    def inputs_of(self, row: int) -> OpInputs | None:
+        """The recorded arguments of a CPU op row (None without record_shapes)."""
+        i = int(self.inputs[row])
+        return self.op_inputs[i] if i >= 0 else None
 
     def rows(self, *kinds: Kind) -> np.ndarray:
         """Row indices of the given kinds, in time order."""

@@ -1,7 +1,8 @@
 """The fields of a Kineto event that gpudoctor reads, as msgspec structs.
 
 Decoding straight into these structs skips every other key without building it, which makes loading
-several times faster and smaller than building dicts. A chunk whose values have unexpected types (a
+several times faster and smaller than building dicts. The shapes of `record_shapes` stay raw JSON bytes
+(`msgspec.Raw`) until the loader interns them: parsing them all would cost a third of the load. A chunk whose values have unexpected types (a
 damaged or foreign trace) is decoded again as plain JSON and repaired event by event: a bad `args` is
 dropped, a bad event is skipped, and both are counted.
 """
@@ -14,6 +15,9 @@ from typing import Any
 import msgspec
 
 _NAN = math.nan
+NO_RAW = msgspec.Raw()
+# record_shapes args of cpu ops, kept as raw JSON (a Raw is a view of the decoded buffer: copy it out)
+RAW_ARGS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete Inputs": "concrete_inputs"}
 
 
 class Args(msgspec.Struct, frozen=True, gc=False):
@@ -32,6 +36,9 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     python_id: int | None = msgspec.field(name="Python id", default=-1)
     python_parent_id: int | None = msgspec.field(name="Python parent id", default=-1)
     flops: float | None = _NAN
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_RAW)
+    input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_RAW)
+    concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_RAW)
     # [memory] instant events
     alloc_bytes: int | None = msgspec.field(name="Bytes", default=0)
     total_allocated: int | None = msgspec.field(name="Total Allocated", default=-1)
@@ -85,13 +92,15 @@ def _repair(item: Any, repairs: Repairs) -> Event | None:
     if not isinstance(item, dict):
         repairs.add("not an event object")
         return None
+    args = item.get("args")
+    if isinstance(args, dict) and not RAW_ARGS.keys().isdisjoint(args):
+        item = {**item, "args": {k: _raw(k, v) for k, v in args.items()}}
     try:
         return msgspec.convert(item, Event)
     except msgspec.ValidationError:
         pass
-    args = item.get("args")
     if isinstance(args, dict):
-        clean = {k: v for k, v in args.items() if _arg_ok(k, v)}
+        clean = {k: _raw(k, v) for k, v in args.items() if _arg_ok(k, v)}
         try:
             event = msgspec.convert({**item, "args": clean}, Event)
             repairs.add("event args of unexpected types (those args dropped)")
@@ -102,9 +111,13 @@ def _repair(item: Any, repairs: Repairs) -> Event | None:
     return None
 
 
+def _raw(key: str, value: Any) -> Any:
+    return msgspec.Raw(msgspec.json.encode(value)) if key in RAW_ARGS else value
+
+
 def _arg_ok(key: str, value: Any) -> bool:
     try:
-        msgspec.convert({key: value}, Args)
+        msgspec.convert({key: _raw(key, value)}, Args)
         return True
     except msgspec.ValidationError:
         return False
