@@ -11,10 +11,12 @@ import numpy as np
 from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
+from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
+from gpudoctor.device.ceilings import Ceilings, reference_ceilings
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
 from gpudoctor.trace.steps import Step, find_steps
@@ -64,6 +66,8 @@ class Analysis:
     # The step time measured without the profiler (a light run, or given by the user): what the
     # profiler's own overhead is judged against. None when unknown.
     unprofiled_step_us: float | None = None
+    # The top kernels' roofline; None in an analysis saved before it existed.
+    roofline: Roofline | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -81,15 +85,25 @@ class Analysis:
 
 
 def analyze(
-    trace: Trace, step: int | None = None, top: int = 15, unprofiled_step_us: float | None = None
+    trace: Trace,
+    step: int | None = None,
+    top: int = 15,
+    unprofiled_step_us: float | None = None,
+    ceilings: Ceilings | None = None,
 ) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
-    kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler."""
+    kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler.
+    `ceilings`: the measured ceilings of the trace's GPU for the roofline (the CLI passes
+    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices."""
+    if ceilings is None and trace.device_info is not None:
+        ceilings = reference_ceilings(trace.device_info.name)
     with gc_paused():
-        return _analyze(trace, step, top, unprofiled_step_us)
+        return _analyze(trace, step, top, unprofiled_step_us, ceilings)
 
 
-def _analyze(trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None) -> Analysis:
+def _analyze(
+    trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None, ceilings: Ceilings | None
+) -> Analysis:
     steps = find_steps(trace)
     notes: list[str] = []
     if not steps:
@@ -133,6 +147,7 @@ def _analyze(trace: Trace, step: int | None, top: int, unprofiled_step_us: float
         memory=memory,
         notes=tuple(notes),
         unprofiled_step_us=unprofiled_step_us,
+        roofline=roofline(trace, ceilings, window),
     )
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 import typer
 
 from gpudoctor.analysis.summary import Analysis, analyze
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import write_html
 from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis, render_rank_overview
@@ -81,7 +81,14 @@ def analyze_command(
     unprofiled = step_time_ms * 1000 if step_time_ms else None
     traces = load_traces(path)
     analyses = [
-        analyze(trace, step=step, top=max(top, 15), unprofiled_step_us=unprofiled) for trace in traces
+        analyze(
+            trace,
+            step=step,
+            top=max(top, 15),
+            unprofiled_step_us=unprofiled,
+            ceilings=trace_ceilings(trace),
+        )
+        for trace in traces
     ]
     chosen = _choose_rank(analyses, rank)
     if html is not None:

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+if TYPE_CHECKING:
+    from gpudoctor.device.ceilings import Ceilings
+    from gpudoctor.trace.model import Trace
 
 DEBUG_KEY = "gpudoctor.debug"  # in click's context meta, which all nested contexts share
 PIPE_WIDTH = 120  # rich's 80 columns cramp the tables when the output goes to a file or a pipe
@@ -36,3 +40,12 @@ def error_line(err: BaseException) -> str:
     """`gpudoctor: error: <message>` on one line, whatever the message holds."""
     message = " ".join(str(err).split()) or type(err).__name__
     return f"gpudoctor: error: {message}"
+
+
+def trace_ceilings(trace: Trace) -> Ceilings | None:
+    """The measured ceilings of the trace's GPU for its roofline: this machine's cache if it measured a
+    GPU of that name, else gpudoctor's table of measured devices."""
+    from gpudoctor.device.ceilings import ceilings_for_device
+
+    info = trace.device_info
+    return ceilings_for_device(info.name) if info is not None else None

@@ -36,7 +36,7 @@ def demo_command(
     """Profile a built-in workload and diagnose it.
 
     Runs the workload under `gpudoctor run`: a few warm-up steps, --light-steps timed without the profiler,
-    then --steps recorded with torch.profiler (stacks and memory on); writes the run directory (trace,
+    then --steps recorded with torch.profiler (stacks, shapes and memory on); writes the run directory (trace,
     record.json, analysis.json, report.html) under --out and prints the summary.
     """
     set_debug(ctx, debug)
@@ -56,7 +56,12 @@ def demo_command(
         f" — as `gpudoctor run -m {DRIVER} {workload}`"
     )
     options = LiveOptions(
-        warmup=WARMUP_STEPS, light_steps=light_steps, steps=steps, with_stack=True, profile_memory=True
+        warmup=WARMUP_STEPS,
+        light_steps=light_steps,
+        steps=steps,
+        with_stack=True,
+        record_shapes=True,  # the report's roofline needs the ops' input shapes
+        profile_memory=True,
     )
     total = WARMUP_STEPS + light_steps + steps + 2  # the run stops it once captured
     args = [workload, "--steps", str(total), *(["--cpu"] if cpu else [])]

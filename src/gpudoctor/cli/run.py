@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
 from gpudoctor.trace.launch import ScriptEnd, print_script_traceback, run_script
 from gpudoctor.trace.live import LiveCapture, LiveOptions
@@ -167,7 +167,7 @@ def _analyze(out: Path, record: RunRecord, console: Console) -> None:
     unprofiled = record.light.median_us if record.light else None
     try:
         trace = load_trace(out / record.trace_files[0])
-        analysis = analyze(trace, unprofiled_step_us=unprofiled)
+        analysis = analyze(trace, unprofiled_step_us=unprofiled, ceilings=trace_ceilings(trace))
         diagnosis = diagnose(analysis)
     except GpudoctorError as err:
         console.print(f"[dim]the trace could not be analyzed: {err}[/]")

@@ -1,7 +1,8 @@
 """Measured ceilings of a device: copy bandwidth (bytes read + written per second) and matmul FLOP/s
 per dtype, measured once per device, torch version and thread count, and cached as JSON under
 ~/.cache/gpudoctor (or $GPUDOCTOR_CACHE_DIR). The timer is injected: `gpudoctor.timing` passes its
-own; without one a plain median of CUDA events / perf_counter is used."""
+own; without one a plain median of CUDA events / perf_counter is used. `ceilings_for_device` finds a
+device's ceilings by name (a trace's GPU): the cache, or the table of devices gpudoctor measured."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import platform
 import tempfile
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ class Ceilings:
     torch: str = ""
     measured_at: str = ""
     schema_version: int = SCHEMA_VERSION
+    source: str = ""  # where the figures come from, for a reader (empty: measured here)
 
     def flops_for(self, dtype: str | None) -> float | None:
         if dtype is None:
@@ -236,3 +238,58 @@ def _perf_median_us(fn: Callable[[], object], reps: int = 10) -> float:
         fn()
         times.append((time.perf_counter_ns() - t0) / 1e3)
     return sorted(times)[len(times) // 2]
+
+
+# Ceilings gpudoctor measured on devices it was developed on (`gpudoctor bench --ceilings`), for traces
+# from those devices analyzed elsewhere. Measured, never datasheet figures.
+REFERENCE: tuple[Ceilings, ...] = (
+    Ceilings(
+        device_key="reference|NVIDIA H200",
+        device_name="NVIDIA H200",
+        copy_bytes_per_s=4.249e12,
+        matmul_flops={"bfloat16": 785.6e12, "float16": 754.9e12, "tf32": 408.7e12, "float32": 51.25e12},
+        copy_bytes=1 << 30,
+        matmul_n=8192,
+        torch="2.11.0+cu130",
+        measured_at="2026-11-22T02:54:58+00:00",
+        source="measured by gpudoctor on an NVIDIA H200 (benchmarks/results/timing_vs_peers_h200.json)",
+    ),
+    Ceilings(
+        device_key="reference|NVIDIA H100 80GB HBM3",
+        device_name="NVIDIA H100 80GB HBM3",
+        copy_bytes_per_s=3.015e12,
+        matmul_flops={"bfloat16": 795.5e12, "float16": 764.0e12, "tf32": 412.1e12, "float32": 51.63e12},
+        copy_bytes=1 << 30,
+        matmul_n=8192,
+        torch="2.11.0+cu130",
+        measured_at="2026-11-22T03:51:56+00:00",
+        source="measured by gpudoctor on an NVIDIA H100 80GB HBM3 (benchmarks/results/timing_vs_peers.json)",
+    ),
+)
+
+
+def reference_ceilings(device_name: str | None) -> Ceilings | None:
+    """gpudoctor's measured ceilings of a device with this name, if it has them (no I/O)."""
+    return next((c for c in REFERENCE if device_name and c.device_name == device_name), None)
+
+
+def ceilings_for_device(device_name: str | None, directory: Path | None = None) -> Ceilings | None:
+    """The ceilings of a device by name, e.g. a trace's GPU: this machine's cache if it measured a
+    device of that name (the latest measurement), else `reference_ceilings`, else None."""
+    if not device_name:
+        return None
+    cached = []
+    for entry in _read_cache(directory or cache_dir()).values():
+        if not isinstance(entry, dict) or entry.get("schema_version") != SCHEMA_VERSION:
+            continue
+        if entry.get("device_name") != device_name:
+            continue
+        try:
+            cached.append(Ceilings.from_json(entry))
+        except (TypeError, ValueError, KeyError):
+            continue
+    if cached:
+        latest = max(cached, key=lambda c: c.measured_at)
+        where = f"measured on this machine {latest.measured_at} (gpudoctor bench --ceilings)"
+        return replace(latest, source=latest.source or where)
+    return reference_ceilings(device_name)

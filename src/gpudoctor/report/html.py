@@ -1,6 +1,6 @@
 """The self-contained HTML report: one file, no network (inline CSS, SVG and a few lines of JS for
 sortable tables). Findings first, then where the step time goes, the GPU timeline of a representative
-step, top kernels and ops, transfers, syncs, memory and the environment. Renders only: every string
+step, top kernels and their roofline, ops, transfers, syncs, memory and the environment. Renders only: every string
 from a trace is escaped, and none is ever placed inside executable script."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
+from gpudoctor.report.bench_table import fmt_flops
 from gpudoctor.report.html_style import CSS, SORT_JS
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
@@ -44,6 +45,7 @@ def render_html(
         _step_chart(analysis),
         _timeline(analysis, timeline),
         _kernels(analysis),
+        _roofline(analysis),
         _ops(analysis),
         _transfers_syncs(analysis),
         _memory(analysis),
@@ -179,6 +181,44 @@ def _kernels(a: Analysis) -> str:
     head = ("kernel", "category", "calls", "total", "mean", "share", "occupancy", "tensor cores")
     note = f"{k.count:,} kernels, {k.distinct:,} distinct, {fmt_us(k.total_us)} in all"
     return _section("Top kernels", f'<p class="note">{escape(note)}</p>' + _table(head, rows), "kernels")
+
+
+def _roofline(a: Analysis) -> str:
+    title = "Roofline of the top kernels"
+    r = a.roofline
+    if r is None:
+        return _section(
+            title, _na("this analysis was saved before gpudoctor drew rooflines: analyze the trace")
+        )
+    if not r.points:
+        return _section(title, _na(r.note))
+    chart, families = svg.roofline(r)
+    keys = "".join(
+        f'<span class="key"><i style="background:{svg.FAMILY_COLORS[f]}"></i>{escape(f)}</span>'
+        for f in families
+    )
+    ceilings = f"Ceilings: {r.note}." if r.ceilings else f"{r.note[0].upper()}{r.note[1:]}."
+    note = (
+        f"FLOPs and bytes are known for {fmt_pct(r.coverage)} of kernel time; the {len(r.points)} kernels "
+        f"shown take {fmt_pct(r.shown_us / r.kernel_us if r.kernel_us else 0)}. Dot area: time. {ceilings}"
+    )
+    rows = [
+        [
+            _text(p.kernel, cls="name"),
+            _text(p.op, cls="name"),
+            _text(p.dtype),
+            _num(p.time_us, fmt_us(p.time_us)),
+            _num(p.flops_per_s, fmt_flops(p.flops_per_s)),
+            _num(p.bytes_per_s, fmt_rate(p.bytes_per_s)),
+            _num(p.intensity, f"{p.intensity:.3g}"),
+            _text(p.bound or "?"),
+            _num(p.ceiling_share, fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "n/a"),
+        ]
+        for p in r.points
+    ]
+    head = ("kernel", "op", "dtype", "time", "FLOP/s", "bandwidth", "FLOPs/byte", "bound", "of ceiling")
+    body = f'<p class="note">{escape(note)}</p>{chart}<div class="legend">{keys}</div>' + _table(head, rows)
+    return _section(title, body, "roofline")
 
 
 def _ops(a: Analysis) -> str:

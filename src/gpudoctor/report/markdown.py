@@ -1,5 +1,6 @@
 """`gpudoctor report --format md`: the verdict as Markdown for an issue or a pull request — what bounds
-the step, the findings table, key figures, then each finding's evidence and fix. Renders only; text
+the step, the findings table, key figures, top kernels and their roofline, then each finding's
+evidence and fix. Renders only; text
 from a trace is escaped so that it cannot break the table or inject HTML."""
 
 from __future__ import annotations
@@ -7,8 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpudoctor.analysis.summary import Analysis
+from gpudoctor.report.bench_table import fmt_flops
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
 
 TOP_KERNELS = 5
 
@@ -40,11 +42,36 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis) -> str:
         for k in analysis.kernels.top[:TOP_KERNELS]:
             short = k.name if len(k.name) <= 80 else k.name[:79] + "…"
             out.append(f"| {md_text(short)} | {k.calls:,} | {fmt_us(k.total_us)} | {fmt_pct(k.share)} |")
+    out += _roofline(analysis)
     for f in diagnosis.findings:
         out += ["", f"### {md_text(f.title)} (`{f.id}`)", ""]
         out += [f"- {md_text(e)}" for e in f.evidence]
         out += ["", f"**Fix:** {md_text(f.fix.summary)}", "", "```python", _fence_safe(f.fix.snippet), "```"]
     return "\n".join(out) + "\n"
+
+
+def _roofline(a: Analysis) -> list[str]:
+    r = a.roofline
+    if r is None or not r.kernel_us:
+        return []
+    out = ["", "### Roofline of the top kernels", ""]
+    if not r.points:
+        return [*out, f"Not available: {md_text(r.note)}."]
+    out += [
+        f"FLOPs and bytes known for {fmt_pct(r.coverage)} of kernel time. "
+        + (f"Ceilings: {md_text(r.note)}." if r.ceilings else f"{md_text(r.note)}."),
+        "",
+        "| kernel | op | time | FLOP/s | bandwidth | FLOPs/byte | bound | of ceiling |",
+        "|---|---|--:|--:|--:|--:|---|--:|",
+    ]
+    for p in r.points[:TOP_KERNELS]:
+        short = p.kernel if len(p.kernel) <= 60 else p.kernel[:59] + "…"
+        share = fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "n/a"
+        out.append(
+            f"| {md_text(short)} | {md_text(p.op)} | {fmt_us(p.time_us)} | {fmt_flops(p.flops_per_s)} | "
+            f"{fmt_rate(p.bytes_per_s)} | {p.intensity:.3g} | {p.bound or '?'} | {share} |"
+        )
+    return out
 
 
 def _figures(a: Analysis) -> list[tuple[str, str]]:

@@ -1,14 +1,17 @@
 """Inline SVG charts for the HTML report, drawn in Python: stacked per-step bars, the GPU timeline of a
-step, and a line series. Renders only; every text from a trace goes through `html.escape`."""
+step, a line series and the roofline. Renders only; every text from a trace goes through `html.escape`."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from html import escape
 
+from gpudoctor.analysis.roofline import Roofline, RooflineCeilings
 from gpudoctor.analysis.summary import StepSummary
 from gpudoctor.analysis.timeline_view import StepTimeline
-from gpudoctor.util.units import fmt_bytes, fmt_us
+from gpudoctor.report.bench_table import fmt_flops
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
 
 KIND_COLORS = {
     "compute": "#4c78a8",
@@ -186,3 +189,130 @@ def _svg_open(width: int, height: int, title: str) -> str:
         f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" '
         f'width="100%" role="img" aria-label="{escape(title)}" {FONT} fill="#444">'
     )
+
+
+FAMILY_COLORS = {
+    "matmul": "#4c78a8",
+    "convolution": "#f58518",
+    "attention": "#54a24b",
+    "elementwise": "#b279a2",
+}
+ROOF_COLOR = "#555"
+
+
+def roofline(r: Roofline, width: int = 860, height: int = 380) -> tuple[str, list[str]]:
+    """Log-log: achieved FLOP/s over FLOPs per byte, one dot per kernel (area by time), under the
+    bandwidth slope and one flat compute roof per dtype; returns (svg, families used)."""
+    points = [p for p in r.points if p.intensity > 0 and p.flops_per_s > 0]
+    if not points:
+        return "", []
+    c = r.ceilings
+    roofs = sorted(c.flops.items(), key=lambda kv: -kv[1]) if c else []
+    xs = (
+        [p.intensity for p in points] + [v / c.bytes_per_s for _, v in roofs]
+        if c
+        else [p.intensity for p in points]
+    )
+    ys = [p.flops_per_s for p in points] + [v for _, v in roofs]
+    x_lo, x_hi = _decades(min(xs) / 1.5, max(xs) * 3)  # room on the right for the dots past the ridge
+    y_lo, y_hi = _decades(min(ys) / 1.5, max(ys) * 1.2)
+    left, right, top, bottom = 90, 150, 10, 40  # room for "100 GFLOP/s"
+    plot_w, plot_h = width - left - right, height - top - bottom
+
+    def px(x: float) -> float:
+        return left + (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo)) * plot_w
+
+    def py(y: float) -> float:
+        return (
+            top + plot_h - (math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo)) * plot_h
+        )
+
+    out = [_svg_open(width, height, "Roofline of the top kernels")]
+    for e in range(round(math.log10(x_lo)), round(math.log10(x_hi)) + 1):
+        x = px(10.0**e)
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + plot_h}" stroke="#eee"/>')
+        out.append(f'<text x="{x:.1f}" y="{top + plot_h + 14}" text-anchor="middle">{_si(10.0**e)}</text>')
+    for e in range(round(math.log10(y_lo)), round(math.log10(y_hi)) + 1):
+        y = py(10.0**e)
+        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>')
+        out.append(
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{escape(fmt_flops(10.0**e))}</text>'
+        )
+    out.append(
+        f'<text x="{left + plot_w / 2:.1f}" y="{height - 6}" text-anchor="middle">'
+        "arithmetic intensity, FLOPs per byte</text>"
+    )
+    if c and roofs:
+        out.append(_roofs(c, roofs, (x_lo, y_lo, x_hi), px, py))
+    families: list[str] = []
+    longest = max(p.time_us for p in points)
+    for p in sorted(points, key=lambda p: -p.time_us):  # big dots first, small ones on top
+        if p.family not in families:
+            families.append(p.family)
+        radius = 3 + 9 * math.sqrt(p.time_us / longest)
+        share = (
+            f", {fmt_pct(p.ceiling_share)} of its {p.bound}-bound ceiling"
+            if p.ceiling_share is not None
+            else ""
+        )
+        tip = (
+            f"{p.kernel}\n{p.op} · {p.dtype} · {p.calls:,} calls · {fmt_us(p.time_us)}\n"
+            f"{fmt_flops(p.flops_per_s)} · {fmt_rate(p.bytes_per_s)} · {p.intensity:.3g} FLOPs/byte{share}"
+        )
+        out.append(
+            f'<circle cx="{px(p.intensity):.1f}" cy="{py(p.flops_per_s):.1f}" r="{radius:.1f}" '
+            f'fill="{FAMILY_COLORS.get(p.family, "#888")}" fill-opacity="0.7" stroke="#fff">'
+            f"<title>{escape(tip)}</title></circle>"
+        )
+    out.append("</svg>")
+    return "".join(out), [f for f in FAMILY_COLORS if f in families]
+
+
+def _roofs(
+    c: RooflineCeilings,
+    roofs: list[tuple[str, float]],
+    corner: tuple[float, float, float],
+    px: Callable[[float], float],
+    py: Callable[[float], float],
+) -> str:
+    """The bandwidth slope up to the highest roof, and each dtype's flat roof from its ridge on.
+    `corner`: the plot's lowest intensity and FLOP/s and its highest intensity."""
+    x_lo, y_lo, x_hi = corner
+    bw = c.bytes_per_s
+    start = max(x_lo, y_lo / bw)  # where the slope enters the plot
+    ridge = roofs[0][1] / bw
+    tip = escape(f"memory: {fmt_rate(bw)}")
+    out = [
+        f'<line x1="{px(start):.1f}" y1="{py(start * bw):.1f}" x2="{px(ridge):.1f}" y2="{py(roofs[0][1]):.1f}" '
+        f'stroke="{ROOF_COLOR}" stroke-width="1.5"><title>{tip}</title></line>'
+    ]
+    at = math.sqrt(start * ridge)  # halfway up the slope, above it
+    out.append(
+        f'<text x="{px(at) - 4:.1f}" y="{py(at * bw) - 8:.1f}" text-anchor="end" fill="{ROOF_COLOR}">'
+        f"{escape(fmt_rate(bw))}</text>"
+    )
+    label_y = -1e9
+    for i, (dtype, peak) in enumerate(roofs):
+        y = py(peak)
+        label_y = max(y + 4, label_y + 13)  # roofs close together: labels one under the other
+        dash = "" if i == 0 else ' stroke-dasharray="4 3"'
+        out.append(
+            f'<line x1="{px(peak / bw):.1f}" y1="{y:.1f}" x2="{px(x_hi):.1f}" y2="{y:.1f}" '
+            f'stroke="{ROOF_COLOR}" stroke-width="1.5"{dash}/>'
+        )
+        out.append(
+            f'<text x="{px(x_hi) + 4:.1f}" y="{label_y:.1f}">{escape(f"{dtype} {fmt_flops(peak)}")}</text>'
+        )
+    return "".join(out)
+
+
+def _decades(lo: float, hi: float) -> tuple[float, float]:
+    a, b = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    return 10.0**a, 10.0 ** max(b, a + 1)
+
+
+def _si(x: float) -> str:
+    for scale, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= scale:
+            return f"{x / scale:g}{unit}"
+    return f"{x:g}"
