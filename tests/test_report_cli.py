@@ -13,7 +13,7 @@ from typer.testing import CliRunner, Result
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.main import app
 from gpudoctor.monitor.samples import MonitorRecord
-from gpudoctor.report.annotated_trace import CATEGORY, PID
+from gpudoctor.report.annotated_trace import CATEGORY, PID, TID_FINDINGS
 from gpudoctor.trace import load_trace
 from gpudoctor.trace.record import RunRecord
 
@@ -91,7 +91,7 @@ def test_annotated_trace_adds_gpudoctor_tracks_and_loads_back(tmp_path: Path) ->
     assert {"GPU idle: host wait", "GPU busy %", "launch queue depth", "process_name"} <= names
     findings = [e for e in ours if e["ph"] == "i"]
     assert {e["args"]["id"] for e in findings} >= {"tensor_cores_unused", "host_sync"}
-    assert all(e["s"] == "g" for e in findings)
+    assert all(e["s"] == "t" and e["tid"] == TID_FINDINGS for e in findings)
 
     # GIVEN gpudoctor's own loader THEN the added spans are rows on their own process, and the
     # analysis of the original events is unchanged.

@@ -15,7 +15,7 @@ import typer
 
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.analysis.timeline_view import idle_spans, step_timeline
-from gpudoctor.cli.common import DebugOption, set_debug
+from gpudoctor.cli.common import DebugOption, set_debug, trace_ceilings
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report.annotated_trace import annotate
 from gpudoctor.report.html import render_html
@@ -121,8 +121,10 @@ def write_annotated(target: Path, source: Source) -> None:
     doc = annotate(original, idle_spans(source.trace), source.analysis, source.diagnosis)
     target.parent.mkdir(parents=True, exist_ok=True)
     writer = gzip.open if target.name.endswith(".gz") else open
-    with writer(target, "wt", encoding="utf-8") as f:
-        json.dump(doc, f, separators=(",", ":"))
+    # UTF-8 as is, not \u escapes: Perfetto shows an escaped µ in an arg as the six characters. A lone
+    # surrogate (only an escape in the original can make one) is written back as its escape.
+    with writer(target, "wt", encoding="utf-8", errors="backslashreplace") as f:
+        json.dump(doc, f, separators=(",", ":"), ensure_ascii=False)
 
 
 def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> Source:
@@ -132,7 +134,7 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> So
     if saved is None:
         trace_path = path if path.is_file() else None
         traces = load_traces(path)
-        analysis = analyze(traces[0], unprofiled_step_us=unprofiled_us)
+        analysis = analyze(traces[0], unprofiled_step_us=unprofiled_us, ceilings=trace_ceilings(traces[0]))
         return Source(analysis, diagnose(analysis), traces[0], trace_path or Path(traces[0].meta.path))
     analysis, diagnosis = reports_from_json(json.loads(saved.read_text(encoding="utf-8")))[0]
     nvml = nvml_samples(saved.parent / RECORD_FILE)
@@ -143,7 +145,12 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> So
         return Source(analysis, diagnosis, None, None, nvml)
     trace = load_trace(trace_path)
     if unprofiled_us is not None:
-        analysis = analyze(trace, step=analysis.selected_step, unprofiled_step_us=unprofiled_us)
+        analysis = analyze(
+            trace,
+            step=analysis.selected_step,
+            unprofiled_step_us=unprofiled_us,
+            ceilings=trace_ceilings(trace),
+        )
         diagnosis = diagnose(analysis)
     return Source(analysis, diagnosis, trace, trace_path, nvml)
 

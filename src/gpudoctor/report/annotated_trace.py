@@ -5,6 +5,7 @@ launch-queue depth) — for Perfetto UI and chrome://tracing. Renders only: the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpudoctor.analysis.summary import Analysis
@@ -20,6 +21,13 @@ IDLE_NAMES = {
     "launch_gap": "GPU idle: launch gap",
     "other": "GPU idle: other",
 }
+# Perfetto names a counter track "<event name> <arg key>"; chrome://tracing shows the key as the legend.
+BUSY_COUNTER, BUSY_SERIES = "GPU busy %", "(per step)"
+QUEUE_COUNTER, QUEUE_SERIES = "launch queue depth", "(ops)"  # launched, not yet started on the GPU
+# Trace times are ~1e12 µs, where a double holds a time to about 1 ns only, and viewers parse µs into
+# ns by rounding or truncating: idle spans that touch may come out overlapping by a nanosecond, and
+# Perfetto drops a span that overlaps its neighbour. So touching spans keep this gap between them.
+GAP_NS = 2
 
 
 def annotate(
@@ -32,16 +40,34 @@ def annotate(
 
 
 def gpudoctor_events(spans: IdleSpans, analysis: Analysis, diagnosis: Diagnosis) -> list[dict[str, Any]]:
-    o = spans.origin_us
-    out: list[dict[str, Any]] = [
+    origin_ns = round(spans.origin_us * 1000)  # added in whole ns: the absolute µs would round
+
+    def ns(t_us: float) -> int:
+        return origin_ns + round(t_us * 1000)
+
+    return [
         _meta("process_name", {"name": "gpudoctor"}),
         _meta("process_sort_index", {"sort_index": -1}),
         _meta("thread_name", {"name": "GPU idle by cause"}, TID_IDLE),
         _meta("thread_name", {"name": "findings"}, TID_FINDINGS),
+        *_idle_events(spans, ns),
+        *_finding_events(diagnosis, ns(spans.step_windows[0][1] if spans.step_windows else 0.0)),
+        *_counter_events(spans, analysis, ns),
     ]
-    for cause, (starts, ends) in spans.by_cause.items():
-        name = IDLE_NAMES.get(cause, f"GPU idle: {cause}")
-        for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+
+
+def _idle_events(spans: IdleSpans, ns: Callable[[float], int]) -> list[dict[str, Any]]:
+    """One complete event per idle span, in time order, on one thread: none overlaps the next."""
+    rows = sorted(
+        (ns(s), ns(e), IDLE_NAMES.get(cause, f"GPU idle: {cause}"))
+        for cause, (starts, ends) in spans.by_cause.items()
+        for s, e in zip(starts.tolist(), ends.tolist(), strict=True)
+    )
+    out = []
+    for i, (start, end, name) in enumerate(rows):
+        if i + 1 < len(rows):
+            end = min(end, rows[i + 1][0] - GAP_NS)
+        if end > start:
             out.append(
                 {
                     "ph": "X",
@@ -49,11 +75,15 @@ def gpudoctor_events(spans: IdleSpans, analysis: Analysis, diagnosis: Diagnosis)
                     "name": name,
                     "pid": PID,
                     "tid": TID_IDLE,
-                    "ts": s + o,
-                    "dur": e - s,
+                    "ts": _us(start),
+                    "dur": _us(end - start),
                 }
             )
-    at = (spans.step_windows[0][1] if spans.step_windows else 0.0) + o
+    return out
+
+
+def _finding_events(diagnosis: Diagnosis, at_ns: int) -> list[dict[str, Any]]:
+    out = []
     for f in diagnosis.findings:
         args = {
             "id": f.id,
@@ -65,29 +95,39 @@ def gpudoctor_events(spans: IdleSpans, analysis: Analysis, diagnosis: Diagnosis)
         out.append(
             {
                 "ph": "i",
-                "s": "g",
+                "s": "t",  # on the "findings" thread: both viewers draw them on that track
                 "cat": CATEGORY,
                 "name": f"{f.severity.value}: {f.title}",
                 "pid": PID,
                 "tid": TID_FINDINGS,
-                "ts": at,
+                "ts": _us(at_ns),
                 "args": args,
             }
         )
+    return out
+
+
+def _counter_events(spans: IdleSpans, analysis: Analysis, ns: Callable[[float], int]) -> list[dict[str, Any]]:
+    out = []
     for step in analysis.steps:
         if step.gpu is not None:
             busy = round(100 * step.gpu.busy_fraction, 2) if step.gpu.window_us > 0 else 0.0
-            out.append(_counter("GPU busy %", step.gpu.start_us + o, {"busy %": busy}))
+            out.append(_counter(BUSY_COUNTER, ns(step.gpu.start_us), {BUSY_SERIES: busy}))
     if analysis.steps and analysis.steps[-1].gpu is not None:
-        out.append(_counter("GPU busy %", analysis.steps[-1].gpu.end_us + o, {"busy %": 0}))
+        out.append(_counter(BUSY_COUNTER, ns(analysis.steps[-1].gpu.end_us), {BUSY_SERIES: 0}))
     for t, depth in zip(spans.queue_ts_us.tolist(), spans.queue_depth.tolist(), strict=True):
-        out.append(_counter("launch queue depth", t + o, {"queued": depth}))
+        out.append(_counter(QUEUE_COUNTER, ns(t), {QUEUE_SERIES: depth}))
     return out
+
+
+def _us(t_ns: int) -> float:
+    """Whole ns as µs: JSON writes it with at most 3 decimals."""
+    return t_ns / 1000
 
 
 def _meta(name: str, args: dict[str, Any], tid: int = 0) -> dict[str, Any]:
     return {"ph": "M", "name": name, "pid": PID, "tid": tid, "args": args}
 
 
-def _counter(name: str, ts: float, args: dict[str, Any]) -> dict[str, Any]:
-    return {"ph": "C", "cat": CATEGORY, "name": name, "pid": PID, "tid": 0, "ts": ts, "args": args}
+def _counter(name: str, ts_ns: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "C", "cat": CATEGORY, "name": name, "pid": PID, "tid": 0, "ts": _us(ts_ns), "args": args}
