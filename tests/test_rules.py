@@ -112,3 +112,32 @@ def test_a_few_kernels_without_steps_are_not_diagnosed(tmp_path: Path) -> None:
     path.write_text(json.dumps(doc))
     d = diagnose(analyze(load_trace(path)))
     assert d.findings == () and d.bound.startswith("Too little GPU work")
+
+
+DEMO_RUN = Path(__file__).parent / "fixtures" / "runs" / "demo_h100"  # `gpudoctor demo` on the H100
+
+
+def test_tensor_cores_unused_weighs_the_kernels_against_the_measured_ceilings() -> None:
+    # GIVEN the demo's float32 MLP, recorded with shapes on an H100 (whose ceilings gpudoctor measured)
+    observer = json.loads((DEMO_RUN / "observer.json").read_text())
+    a = analyze(load_trace(DEMO_RUN / "trace.json.gz"), unprofiled_step_us=observer["light_median_us"])
+    # WHEN diagnosed
+    finding = next(f for f in diagnose(a).findings if f.id == "tensor_cores_unused")
+    # THEN the evidence says how close the float32 kernels are to the float32 ceiling, from the roofline
+    assert a.roofline is not None and a.roofline.ceilings is not None
+    fp32 = [p for p in a.roofline.points if p.dtype == "float32" and p.family == "matmul"]
+    share = (
+        sum(p.flops for p in fp32)
+        / (sum(p.time_us for p in fp32) / 1e6)
+        / a.roofline.ceilings.flops["float32"]
+    )
+    assert 0.8 < share < 1.1  # SIMT sgemms run at their limit
+    line = finding.evidence[1]
+    assert f"{share * 100:.0f}% of the GPU's measured float32 ceiling (51.6 TFLOP/s)" in line
+    assert "bfloat16 ceiling is 796 TFLOP/s, 15× higher" in line
+
+
+def test_tensor_cores_unused_without_shapes_says_it_in_general_terms() -> None:
+    # GIVEN a trace with float32 matmuls recorded without record_shapes THEN no ceiling figures
+    finding = next(f for f in diagnosis("sync_every_step").findings if f.id == "tensor_cores_unused")
+    assert finding.evidence[1] == "bfloat16 tensor cores run such work an order of magnitude faster."

@@ -3,8 +3,6 @@ explorer's table and a device's ceilings. Renders only; every figure comes from 
 
 from __future__ import annotations
 
-import math
-
 from rich.console import Console
 from rich.text import Text
 
@@ -13,7 +11,7 @@ from gpudoctor.report.style import cut, dim_line, section, table
 from gpudoctor.timing.compare import Comparison, RegressionCheck, Verdict
 from gpudoctor.timing.explore import SCENARIO_LABELS, ExploreResult
 from gpudoctor.timing.measurement import Measurement
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 VERDICT_STYLE = {
     Verdict.FASTER: "bold green",
@@ -27,15 +25,6 @@ METHOD_LABELS = {
     "host_sync": "host clock + synchronize",
     "host_timer": "host clock",
 }
-
-
-def fmt_flops(rate: float | None) -> str:
-    if rate is None or not math.isfinite(rate):
-        return "n/a"
-    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
-        if rate >= scale:
-            return f"{rate / scale:.3g} {unit}"
-    return f"{rate:.3g} FLOP/s"
 
 
 def how_measured(m: Measurement) -> str:

@@ -17,10 +17,9 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
-from gpudoctor.report.bench_table import fmt_flops
 from gpudoctor.report.html_style import CSS, SORT_JS
 from gpudoctor.rules.finding import Diagnosis, Finding
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 TOP_ROWS = 25
 MAX_NVML_POINTS = 1500

@@ -8,9 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.report.bench_table import fmt_flops
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 TOP_KERNELS = 5
 

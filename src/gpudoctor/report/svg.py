@@ -10,8 +10,7 @@ from html import escape
 from gpudoctor.analysis.roofline import Roofline, RooflineCeilings
 from gpudoctor.analysis.summary import StepSummary
 from gpudoctor.analysis.timeline_view import StepTimeline
-from gpudoctor.report.bench_table import fmt_flops
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 KIND_COLORS = {
     "compute": "#4c78a8",

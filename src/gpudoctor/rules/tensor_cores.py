@@ -8,6 +8,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.util.units import fmt_flops
 
 # bf16 tensor cores vs fp32 SIMT on an H100: 775 vs 51 TFLOP/s (shared/GPU.md): such a kernel keeps
 # at most about 1/15 of its time; 0.9 leaves room for what does not speed up.
@@ -39,7 +40,7 @@ def tensor_cores_unused(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"{us(fp32_us)} {step_phrase(f)} ({pct(f.pct(fp32_us))}) is matmul/convolution in float32 kernels "
         f"that do not use tensor cores" + (f", e.g. {kernel(names[0])}." if names else "."),
-        "bfloat16 tensor cores run such work an order of magnitude faster.",
+        _against_ceilings(a) or "bfloat16 tensor cores run such work an order of magnitude faster.",
     ]
     return finding(
         "tensor_cores_unused",
@@ -48,4 +49,23 @@ def tensor_cores_unused(a: Analysis, f: Facts) -> Finding | None:
         evidence,
         FIX,
         {"fp32_matmul_conv_us": fp32_us, "step_us": f.step_us},
+    )
+
+
+def _against_ceilings(a: Analysis) -> str | None:
+    """Where the roofline knows their FLOPs: how close the float32 kernels are to the GPU's measured
+    float32 ceiling, and how much higher its bfloat16 ceiling is."""
+    r = a.roofline
+    if r is None or r.ceilings is None:
+        return None
+    fp32 = [p for p in r.points if p.dtype == "float32" and p.family in ("matmul", "convolution")]
+    peak32, peak16 = r.ceilings.flops.get("float32"), r.ceilings.flops.get("bfloat16")
+    time_us = sum(p.time_us for p in fp32)
+    if not fp32 or not peak32 or not peak16 or time_us <= 0:
+        return None
+    achieved = sum(p.flops for p in fp32) / (time_us / 1e6)
+    return (
+        f"Where their FLOPs are known they reach {fmt_flops(achieved)}, {pct(100 * achieved / peak32)} of "
+        f"the GPU's measured float32 ceiling ({fmt_flops(peak32)}): float32 is their limit. Its measured "
+        f"bfloat16 ceiling is {fmt_flops(peak16)}, {peak16 / peak32:.0f}× higher."
     )

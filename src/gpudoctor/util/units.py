@@ -42,6 +42,16 @@ def fmt_rate(bytes_per_s: float | None) -> str:
     return f"{bytes_per_s / 1e9:.3g} GB/s"
 
 
+def fmt_flops(rate: float | None) -> str:
+    """FLOP/s with an SI prefix: "795 TFLOP/s"."""
+    if rate is None or not math.isfinite(rate):
+        return "n/a"
+    for unit, scale in (("PFLOP/s", 1e15), ("TFLOP/s", 1e12), ("GFLOP/s", 1e9), ("MFLOP/s", 1e6)):
+        if rate >= scale:
+            return f"{rate / scale:.3g} {unit}"
+    return f"{rate:.3g} FLOP/s"
+
+
 def fmt_pct(share: float | None, digits: int = 1) -> str:
     """A share in [0, 1] as a percentage."""
     if share is None or math.isnan(share):
