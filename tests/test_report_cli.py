@@ -131,3 +131,32 @@ def test_a_run_directory_with_nvml_samples_shows_their_series(tmp_path: Path) ->
     assert 'aria-label="NVML samples over time"' in page and "GPU utilization" in page
     run("report", TRACE, "-o", tmp_path / "plain.html")
     assert 'id="nvml"' not in (tmp_path / "plain.html").read_text()  # no samples, no section
+
+
+DEMO_RUN = Path(__file__).parent / "fixtures" / "runs" / "demo_h100"  # `gpudoctor demo` on the H100
+
+
+def test_a_run_directory_that_stopped_before_its_analysis_is_reported_from_its_trace(tmp_path: Path) -> None:
+    # GIVEN a run directory with its trace, record.json and observer.json but no analysis.json (the run
+    # stopped before analyzing) — JSON files of other kinds beside the trace
+    folder = tmp_path / "run"
+    shutil.copytree(DEMO_RUN, folder)
+    assert not (folder / "analysis.json").exists()
+    # WHEN reported and analyzed
+    report = run("report", folder, "-o", tmp_path / "r.html")
+    analyzed = run("analyze", folder)
+    # THEN both read the trace, passing over the other JSON, and the report has the run's findings
+    assert report.exit_code == 0, report.output
+    assert analyzed.exit_code == 0, analyzed.output
+    assert "tensor_cores_unused" in (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "NVIDIA H100 80GB HBM3" in analyzed.stdout
+
+
+def test_a_directory_of_json_that_is_no_trace_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    # GIVEN a directory holding only a run's record.json
+    shutil.copy(DEMO_RUN / "record.json", tmp_path / "record.json")
+    result = run("analyze", tmp_path)
+    # THEN one line saying so, not a traceback
+    assert result.exit_code == 2
+    assert "no trace files" in result.output and "record.json: JSON of another kind" in result.output
+    assert "Traceback" not in result.output

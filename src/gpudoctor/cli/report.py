@@ -135,7 +135,8 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> So
         trace_path = path if path.is_file() else None
         traces = load_traces(path)
         analysis = analyze(traces[0], unprofiled_step_us=unprofiled_us, ceilings=trace_ceilings(traces[0]))
-        return Source(analysis, diagnose(analysis), traces[0], trace_path or Path(traces[0].meta.path))
+        nvml = nvml_samples(path / RECORD_FILE) if path.is_dir() else ()  # a run that stopped before analysis
+        return Source(analysis, diagnose(analysis), traces[0], trace_path or Path(traces[0].meta.path), nvml)
     analysis, diagnosis = reports_from_json(json.loads(saved.read_text(encoding="utf-8")))[0]
     nvml = nvml_samples(saved.parent / RECORD_FILE)
     trace_path = _trace_of(path, analysis)

@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 import msgspec
 
-from gpudoctor.util.errors import TraceFormatError
+from gpudoctor.util.errors import NotATraceError, TraceFormatError
 
 BLOCK_BYTES = 4 << 20
 _HEADER_LIMIT = 256 << 20
@@ -296,10 +296,10 @@ def _whole_document(reader: _BlockReader, decode: Decode) -> Generator[Events, N
         raise TraceFormatError(f"corrupt JSON near byte {pos:,}: {_reason(err)}") from None
     reader.buf = bytearray()
     if not isinstance(doc, dict) or "traceEvents" not in doc:
-        raise TraceFormatError("JSON is not a trace: it has no 'traceEvents' array")
+        raise NotATraceError("JSON is not a trace: it has no 'traceEvents' array")
     events = doc.pop("traceEvents")
     if not isinstance(events, list):
-        raise TraceFormatError("JSON is not a trace: 'traceEvents' is not an array")
+        raise NotATraceError("JSON is not a trace: 'traceEvents' is not an array")
     if events:
         yield decode(msgspec.json.encode(events))
     return doc

@@ -35,7 +35,7 @@ from gpudoctor.trace.model import (
     TraceMeta,
 )
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
-from gpudoctor.util.errors import TraceFormatError
+from gpudoctor.util.errors import NotATraceError, TraceFormatError
 from gpudoctor.util.gcpause import gc_paused
 
 _TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
@@ -65,20 +65,28 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
                 builder.skip(reason, count)
         return builder.build(str(p), top)
     except TraceFormatError as err:
-        raise TraceFormatError(f"{p}: {err}") from None
+        raise type(err)(f"{p}: {err}") from None
     except OSError as err:
         raise TraceFormatError(f"{p}: cannot read: {err.strerror or err}") from None
 
 
 def load_traces(path: str | os.PathLike[str]) -> list[Trace]:
-    """Load a trace file, or every trace file of a directory (one per rank), sorted by rank."""
+    """Load a trace file, or every trace file of a directory (one per rank), sorted by rank. In a
+    directory, JSON of another kind (a run's record.json, a manifest) is passed over; a damaged trace
+    is not."""
     p = Path(path)
     if not p.is_dir():
         return [load_trace(p)]
     files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
-    if not files:
-        raise TraceFormatError(f"{p}: no trace files (*.json, *.json.gz) in this directory")
-    traces = [load_trace(f) for f in files]
+    traces, others = [], []
+    for f in files:
+        try:
+            traces.append(load_trace(f))
+        except NotATraceError:
+            others.append(f.name)
+    if not traces:
+        also = f" ({', '.join(others)}: JSON of another kind)" if others else ""
+        raise TraceFormatError(f"{p}: no trace files (*.json, *.json.gz) in this directory{also}")
     return sorted(traces, key=lambda t: t.meta.rank)
 
 

@@ -18,5 +18,9 @@ class TraceFormatError(GpudoctorError):
     """A file that is not a readable trace: corrupt, truncated, empty, or not a Kineto/Chrome trace."""
 
 
+class NotATraceError(TraceFormatError):
+    """Well-formed JSON of another kind (no `traceEvents` array): a run's record.json, say."""
+
+
 class NoGpuError(GpudoctorError):
     """The operation needs a CUDA GPU and there is none (or torch cannot see it)."""
