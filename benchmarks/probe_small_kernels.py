@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from timing_vs_peers import capture_graph  # this script's folder is on sys.path
 
 CALLS = 30
 SPIN_CYCLES = (0, 1000, 4000, 16000)
@@ -124,22 +125,6 @@ def behind_spin(body: Any, reps: int = 200, spin: int = 100_000) -> float:
     return statistics.median(times)
 
 
-def graph_of(fn: Any, calls: int) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    return g
-
-
 def cupti(fn: Any, calls: int = 50) -> float:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -170,8 +155,8 @@ def main() -> None:
     res["empty_event_pair_us"] = empty
     for name, fn in ops.items():
         r: dict[str, Any] = {}
-        g1 = graph_of(fn, 1)
-        gk = graph_of(fn, 200)
+        g1 = capture_graph(fn, 1)
+        gk = capture_graph(fn, 200)
         r["graph_b2b_per_call"] = behind_spin(gk.replay, reps=50) / 200
         r["graph_b2b_minus_empty"] = (behind_spin(gk.replay, reps=50) - empty) / 200
         r["eager_one_call"] = behind_spin(fn)
