@@ -141,3 +141,36 @@ def test_tensor_cores_unused_without_shapes_says_it_in_general_terms() -> None:
     # GIVEN a trace with float32 matmuls recorded without record_shapes THEN no ceiling figures
     finding = next(f for f in diagnosis("sync_every_step").findings if f.id == "tensor_cores_unused")
     assert finding.evidence[1] == "bfloat16 tensor cores run such work an order of magnitude faster."
+
+
+DDP = Path(__file__).parent / "fixtures" / "ddp"  # tools/record_ddp.py: 2 H200s, rank 1 a straggler
+
+
+@functools.cache
+def ddp_diagnosis(rank: int) -> Diagnosis:
+    manifest = json.loads((DDP / "manifest.json").read_text())["ranks"][f"rank{rank}"]
+    trace = load_trace(DDP / f"rank{rank}.json.gz")
+    return diagnose(analyze(trace, unprofiled_step_us=manifest["unprofiled_step_us"]["median"]))
+
+
+def test_the_rank_waiting_on_a_straggler_is_diagnosed_as_exposed_communication() -> None:
+    # GIVEN rank 0 of a DDP run whose rank 1 does 8 ms of extra host work per step
+    d = ddp_diagnosis(0)
+    # THEN its first finding is the all-reduce with no compute beside it, waiting (uneven durations),
+    # and the NCCL kernel's few thread blocks do not pass for a batch too small
+    first = d.findings[0]
+    assert first.id == "communication_exposed" and first.severity is Severity.CRITICAL
+    assert "waiting for a slower rank" in first.evidence[1]
+    assert "small_batch" not in {f.id for f in d.findings}
+    assert d.bound.startswith("Communication-bound")
+
+
+def test_the_straggler_rank_is_host_bound_and_the_launch_saving_leaves_its_own_python_out() -> None:
+    # GIVEN the straggler rank: its GPU waits for a host that spends ~8 ms per step in its own code
+    d = ddp_diagnosis(1)
+    first = d.findings[0]
+    # THEN the GPU waiting for the host comes first, but a CUDA graph is not promised the script's Python
+    assert first.id == "launch_overhead"
+    assert "outside PyTorch ops" in first.evidence[2]
+    assert first.est_saving_pct < first.values["host_wait_us"] / d.summary["step_us"] * 100
+    assert d.bound.startswith("The GPU idles")

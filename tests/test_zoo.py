@@ -61,5 +61,7 @@ def test_controls_have_no_critical_or_major_finding(name: str) -> None:
 def test_every_rule_has_a_case() -> None:
     from gpudoctor.rules import RULES
 
-    expected = {r.__name__ for r in RULES} - {"data_parallel"}  # needs several GPUs: docs/rules.md
+    # these need several GPUs (docs/rules.md): data_parallel is checked on a synthetic trace,
+    # communication_exposed on the DDP recording in tests/fixtures/ddp (tests/test_rules.py)
+    expected = {r.__name__ for r in RULES} - {"data_parallel", "communication_exposed"}
     assert expected <= set(CASES)

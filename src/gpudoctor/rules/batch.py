@@ -29,9 +29,10 @@ for i, (inputs, targets) in enumerate(loader):
 
 def small_batch(a: Analysis, f: Facts) -> Finding | None:
     k = a.kernels
+    compute_us = k.total_us - k.time_by_category_us.get("communication", 0.0)  # NCCL: few blocks by design
     if (
-        not k.total_us
-        or k.under_one_wave_us / k.total_us < MIN_UNDER_WAVE_SHARE
+        compute_us <= 0
+        or k.under_one_wave_us / compute_us < MIN_UNDER_WAVE_SHARE
         or k.under_one_wave_fill is None
         or k.under_one_wave_fill > MAX_FILL
     ):
@@ -44,7 +45,7 @@ def small_batch(a: Analysis, f: Facts) -> Finding | None:
     saving_us = unused_us + f.launch_wait_us
     sms = a.device.sm_count if a.device and a.device.sm_count else None
     evidence = [
-        f"{pct(100 * k.under_one_wave_us / k.total_us)} of kernel time is in kernels with fewer thread blocks "
+        f"{pct(100 * k.under_one_wave_us / compute_us)} of compute kernel time is in kernels with fewer thread blocks "
         f"than the GPU has SMs{f' ({sms})' if sms else ''}: on average they use {pct(100 * fill)} of them.",
         f"The GPU is busy {pct(100 * f.busy_fraction)} of each {us(f.step_us)} step; per sample, a batch that "
         f"fills the GPU could take up to {pct(f.pct(saving_us))} less time.",
@@ -56,7 +57,7 @@ def small_batch(a: Analysis, f: Facts) -> Finding | None:
         evidence,
         FIX,
         {
-            "under_one_wave_share": k.under_one_wave_us / k.total_us,
+            "under_one_wave_share": k.under_one_wave_us / compute_us,
             "sm_fill": fill,
             "busy_fraction": f.busy_fraction,
         },

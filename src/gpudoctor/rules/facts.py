@@ -38,6 +38,7 @@ class Facts:
     optimizer_launches: float
     optimizer_kernel_us: float  # GPU time of the kernels Optimizer.step launched, per step
     kernel_us: float  # kernel time per step
+    cpu_ops_us: float = 0.0  # host time in top-level PyTorch ops per step, as traced
 
     @property
     def profiler_overhead(self) -> float | None:
@@ -58,6 +59,14 @@ class Facts:
     def pct(self, us: float) -> float:
         """A per-step time as a percentage of the step."""
         return 100.0 * us / self.step_us if self.step_us > 0 else 0.0
+
+    @property
+    def outside_ops_us(self) -> float:
+        """Host time per traced step in neither a PyTorch op nor the DataLoader: the script's own
+        Python (0 without steps)."""
+        if not self.cpu_ops_us:
+            return 0.0
+        return max(self.traced_step_us - self.cpu_ops_us - self.dataloader_us, 0.0)
 
     def per_step(self, total_us: float) -> float:
         return total_us / self.steps
@@ -115,4 +124,5 @@ def facts_of(a: Analysis) -> Facts | None:
         optimizer_launches=mean("optimizer_launches"),
         optimizer_kernel_us=mean("optimizer_kernel_us"),
         kernel_us=a.kernels.total_us / n,
+        cpu_ops_us=mean("cpu_ops_us"),
     )

@@ -8,6 +8,7 @@ from gpudoctor.rules.allocator import allocator_thrash
 from gpudoctor.rules.attention import attention_materialized
 from gpudoctor.rules.base import MIN_SAVING_PCT, Rule, pct, us
 from gpudoctor.rules.batch import small_batch
+from gpudoctor.rules.communication import communication_exposed
 from gpudoctor.rules.data_parallel import data_parallel
 from gpudoctor.rules.facts import Facts, facts_of
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
@@ -37,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     memory_pressure,
     profiler_distortion,
     data_parallel,
+    communication_exposed,
 )
 # Findings that carry no time saving by nature: kept even at 0%.
 ALWAYS_KEPT = {"memory_pressure", "profiler_distortion"}
@@ -73,6 +75,12 @@ def bound(a: Analysis, f: Facts) -> str:
     cats = a.kernels.time_by_category_us
     total = sum(cats.values()) or 1.0
     top_cat, top_us = max(cats.items(), key=lambda kv: kv[1]) if cats else ("kernels", 0.0)
+    comm_us = a.window.busy_by_kind_us.get("communication", 0.0) if a.window else 0.0
+    if busy >= 85 and a.window and comm_us >= 0.5 * a.window.busy_us:
+        return (
+            f"Communication-bound: the GPU is busy {pct(busy)} of each {us(f.step_us)} step, "
+            f"{pct(100 * comm_us / a.window.busy_us)} of it in collectives with no compute beside them."
+        )
     if busy >= 85:
         tc = a.kernels.tensor_core_share
         heavy = (cats.get("matmul", 0.0) + cats.get("convolution", 0.0) + cats.get("attention", 0.0)) / total
