@@ -9,11 +9,15 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
+from conftest import write_json
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.analysis.timeline_view import step_timeline
+from gpudoctor.cli.main import app
 from gpudoctor.report.html import render_html
 from gpudoctor.rules import diagnose
 from gpudoctor.trace import load_trace
@@ -97,6 +101,42 @@ def test_report_loads_cleanly_draws_its_charts_and_sorts(tmp_path: Path) -> None
     assert result.returncode == 0 and shot.stat().st_size > 10_000
     assert console_messages(result.stderr) == []
     print(f"screenshot: {shot}")
+
+
+# Test-only probe: sorts the ranks table by its "outside comm." column, descending (two clicks).
+RANKS_PROBE = """<script>
+addEventListener("load", function () {
+  var table = document.querySelector("#ranks table.sortable");
+  var th = Array.prototype.find.call(table.querySelectorAll("thead th"), function (h) {
+    return h.textContent === "outside comm.";
+  });
+  th.click(); th.click();
+  var ranks = Array.prototype.map.call(table.tBodies[0].rows, function (r) { return r.cells[0].getAttribute("data-v"); });
+  document.documentElement.setAttribute("data-ranks-by-work", ranks.join(","));
+});
+</script>"""
+
+
+def test_a_two_rank_report_renders_its_ranks_table(tmp_path: Path, trace_doc: Any) -> None:
+    # GIVEN a directory of two ranks, rank 1 waiting on its data loader
+    folder = tmp_path / "ranks"
+    for rank, name in enumerate(("sync_every_step", "dataloader_bound")):
+        doc = trace_doc(name)
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": 2}
+        write_json(folder / f"rank{rank}.json", doc)
+    page = tmp_path / "ranks.html"
+    assert CliRunner().invoke(app, ["report", str(folder), "-o", str(page)]).exit_code == 0
+    probed = tmp_path / "ranks.probe.html"
+    probed.write_text(page.read_text(encoding="utf-8").replace("</body>", RANKS_PROBE + "</body>"))
+    # WHEN Chromium loads it THEN no console message, the table has a row per rank, the straggler
+    # marked, and it sorts (by time outside communication, rank 1 first)
+    dom = chromium(tmp_path, probed, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert console_messages(dom.stderr) == []
+    section = re.search(r'<section id="ranks">.*?</section>', dom.stdout, re.S).group(0)
+    assert section.count("<tr") == 3 and 'class="badge critical">straggler<' in section
+    assert 'data-ranks-by-work="1,0"' in dom.stdout
+    assert dom.stdout.count('<svg class="chart"') == 2  # rank 0's step bars and timeline still drawn
 
 
 def test_a_crafted_trace_does_not_execute_in_the_browser(tmp_path: Path) -> None:

@@ -9,14 +9,13 @@ from typing import Annotated
 
 import typer
 
-from gpudoctor.analysis.summary import Analysis, analyze
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
-from gpudoctor.cli.report import write_html
+from gpudoctor.analysis.summary import analyze
+from gpudoctor.cli.common import DebugOption, rank_index, set_debug, stdout_console, trace_ceilings
+from gpudoctor.cli.report import ranks_view, write_html
 from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis, render_rank_overview
 from gpudoctor.rules import diagnose
 from gpudoctor.trace import load_traces
-from gpudoctor.util.errors import UsageError
 
 
 def analyze_command(
@@ -90,34 +89,21 @@ def analyze_command(
         )
         for trace in traces
     ]
-    chosen = _choose_rank(analyses, rank)
+    reports = [(a, diagnose(a)) for a in analyses]
+    index = rank_index([a.trace.rank for a in analyses], rank)
+    chosen, diagnosis = reports[index]
+    view = ranks_view(reports, chosen.trace.rank)
     if html is not None:
-        write_html(
-            html,
-            chosen,
-            diagnose(chosen),
-            next(t for t, a in zip(traces, analyses, strict=True) if a is chosen),
-        )
+        write_html(html, chosen, diagnosis, traces[index], ranks=view)
     if as_json:
-        chosen_ones = [chosen] if rank is not None else analyses
-        doc = report_json([(a, diagnose(a)) for a in chosen_ones])
+        doc = report_json([reports[index]] if rank is not None else reports)
         typer.echo(json.dumps(doc, indent=1, allow_nan=False))
         return
     console = stdout_console()
-    if len(analyses) > 1:
-        render_rank_overview(analyses, console, detailed=chosen.trace.rank)
+    if view is not None:
+        render_rank_overview(view, console)
         console.print()
-    render_analysis(chosen, console, top=top, diagnosis=diagnose(chosen))
-
-
-def _choose_rank(analyses: list[Analysis], rank: int | None) -> Analysis:
-    if rank is None:
-        return analyses[0]
-    for a in analyses:
-        if a.trace.rank == rank:
-            return a
-    have = ", ".join(str(a.trace.rank) for a in analyses)
-    raise UsageError(f"no rank {rank} among the traces (ranks: {have})")
+    render_analysis(chosen, console, top=top, diagnosis=diagnosis)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,12 +1,16 @@
-"""What every command shares: the --debug option, the console, and the one-line error format."""
+"""What every command shares: the --debug option, the console, the one-line error format, and which
+rank of several to detail."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
+
+from gpudoctor.util.errors import UsageError
 
 if TYPE_CHECKING:
     from gpudoctor.device.ceilings import Ceilings
@@ -40,6 +44,18 @@ def error_line(err: BaseException) -> str:
     """`gpudoctor: error: <message>` on one line, whatever the message holds."""
     message = " ".join(str(err).split()) or type(err).__name__
     return f"gpudoctor: error: {message}"
+
+
+def rank_index(ranks: Sequence[int], rank: int | None) -> int:
+    """Where `rank` is among the ranks loaded (in their order); without one, the first. A rank not
+    among them is a user error that names the ranks there are."""
+    if not ranks:
+        raise UsageError("no ranks to report on")
+    if rank is None:
+        return 0
+    if rank in ranks:
+        return list(ranks).index(rank)
+    raise UsageError(f"no rank {rank} among the traces (ranks: {', '.join(map(str, ranks))})")
 
 
 def trace_ceilings(trace: Trace) -> Ceilings | None:

@@ -1,6 +1,8 @@
 """`gpudoctor report PATH -o FILE`: the HTML report (default), Markdown (--format md) or the annotated
 trace (--format trace) of a trace, a directory of rank traces, a run directory (trace + analysis.json)
-or a saved analysis.json (re-rendered without re-analyzing where the output does not need the trace)."""
+or a saved analysis.json (re-rendered without re-analyzing where the output does not need the trace).
+With several ranks (a directory of rank traces, or `analyze --json`'s gpudoctor.ranks/1 document), the
+HTML and Markdown show every rank side by side and detail one (--rank, default the first)."""
 
 from __future__ import annotations
 
@@ -13,14 +15,16 @@ from typing import Annotated
 
 import typer
 
+from gpudoctor.analysis.ranks import rank_overview
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.analysis.timeline_view import idle_spans, step_timeline
-from gpudoctor.cli.common import DebugOption, set_debug, trace_ceilings
+from gpudoctor.cli.common import DebugOption, rank_index, set_debug, trace_ceilings
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report.annotated_trace import annotate
 from gpudoctor.report.html import render_html
-from gpudoctor.report.json_out import reports_from_json
+from gpudoctor.report.json_out import Report, reports_from_json
 from gpudoctor.report.markdown import render_markdown
+from gpudoctor.report.ranks_view import RanksView
 from gpudoctor.rules import diagnose
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.trace import load_trace, load_traces
@@ -43,13 +47,15 @@ DEFAULT_OUT = {Format.html: "report.html", Format.md: "report.md", Format.trace:
 
 @dataclass(frozen=True)
 class Source:
-    """What a report is made from: one rank's analysis and diagnosis, and its trace where there is one."""
+    """What a report is made from: one rank's analysis and diagnosis, and its trace where there is one;
+    with several ranks, every rank's analysis and diagnosis too."""
 
     analysis: Analysis
     diagnosis: Diagnosis
     trace: Trace | None
     trace_path: Path | None
     nvml: tuple[GpuSample, ...] = ()  # from a `gpudoctor run` directory's record.json
+    ranks: RanksView | None = None  # with several ranks
 
 
 def report_command(
@@ -58,7 +64,7 @@ def report_command(
         Path,
         typer.Argument(
             metavar="PATH",
-            help="A trace, a directory of rank traces, a run directory, or an analysis.json.",
+            help="A trace, a directory of rank traces, a run directory, or saved JSON (analysis.json, analyze --json).",
             show_default=False,
         ),
     ],
@@ -81,23 +87,52 @@ def report_command(
             show_default=False,
         ),
     ] = None,
+    rank: Annotated[
+        int | None,
+        typer.Option(
+            "--rank",
+            metavar="R",
+            help="With several ranks: the rank to detail (default: the first).",
+            show_default=False,
+        ),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
     """Write a report: self-contained HTML, Markdown, or the trace annotated for Perfetto.
 
-    With several ranks, the report covers the first.
+    With several ranks, the HTML and Markdown show them side by side, the slowest marked, then detail
+    one (--rank); the annotated trace is of that rank.
     """
     set_debug(ctx, debug)
     target = out or Path(DEFAULT_OUT[fmt])
-    source = load_source(path, step_time_ms * 1000 if step_time_ms else None, need_trace=fmt == Format.trace)
+    unprofiled = step_time_ms * 1000 if step_time_ms else None
+    source = load_source(path, unprofiled, need_trace=fmt == Format.trace, rank=rank)
     if fmt == Format.html:
-        write_html(target, source.analysis, source.diagnosis, source.trace, source.nvml)
+        write_html(target, source.analysis, source.diagnosis, source.trace, source.nvml, source.ranks)
     elif fmt == Format.md:
-        _write_text(target, render_markdown(source.analysis, source.diagnosis))
+        _write_text(target, render_markdown(source.analysis, source.diagnosis, source.ranks))
     else:
         assert source.trace is not None and source.trace_path is not None  # need_trace
         write_annotated(target, source)
-    typer.echo(f"wrote {target}")
+    typer.echo(f"wrote {target}{_ranks_note(source.ranks)}")
+
+
+def ranks_view(reports: list[Report], detailed: int) -> RanksView | None:
+    """The ranks side by side, where there are several; `detailed`: the rank the report details."""
+    if len(reports) < 2:
+        return None
+    overview = rank_overview([a for a, _ in reports])
+    return RanksView(overview, tuple(d for _, d in reports), detailed)
+
+
+def _ranks_note(view: RanksView | None) -> str:
+    if view is None:
+        return ""
+    note = f" (rank {view.detailed} of {len(view.overview.ranks)} ranks in detail"
+    slowest = view.overview.slowest
+    if slowest is not None and slowest.straggler and slowest.rank != view.detailed:
+        note += f"; straggler: rank {slowest.rank}, see it with --rank {slowest.rank}"
+    return note + ")"
 
 
 def write_html(
@@ -106,11 +141,12 @@ def write_html(
     diagnosis: Diagnosis,
     trace: Trace | None,
     nvml: tuple[GpuSample, ...] = (),
+    ranks: RanksView | None = None,
 ) -> None:
     """The HTML report of one analysis; with its trace, the GPU timeline of a representative step;
-    with NVML samples, their series."""
+    with NVML samples, their series; with several ranks, all of them side by side."""
     view = step_timeline(trace, analysis.selected_step) if trace is not None else None
-    _write_text(target, render_html(analysis, diagnosis, view, nvml))
+    _write_text(target, render_html(analysis, diagnosis, view, nvml, ranks))
 
 
 def write_annotated(target: Path, source: Source) -> None:
@@ -127,23 +163,33 @@ def write_annotated(target: Path, source: Source) -> None:
         json.dump(doc, f, separators=(",", ":"), ensure_ascii=False)
 
 
-def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> Source:
+def load_source(path: Path, unprofiled_us: float | None, need_trace: bool, rank: int | None = None) -> Source:
+    """The report's source from PATH; with several ranks, `rank` (default: the first) is detailed."""
     if not path.exists():
         raise UsageError(f"no such file or directory: {path}")
     saved = _saved_analysis(path)
     if saved is None:
-        trace_path = path if path.is_file() else None
         traces = load_traces(path)
-        analysis = analyze(traces[0], unprofiled_step_us=unprofiled_us, ceilings=trace_ceilings(traces[0]))
+        index = rank_index([t.meta.rank for t in traces], rank)
+        if len(traces) == 1 or need_trace:  # the annotated trace is of one rank: analyze only it
+            traces = [traces[index]]
+            index = 0
+        analyses = [analyze(t, unprofiled_step_us=unprofiled_us, ceilings=trace_ceilings(t)) for t in traces]
+        reports = [(a, diagnose(a)) for a in analyses]
+        analysis, diagnosis = reports[index]
         nvml = nvml_samples(path / RECORD_FILE) if path.is_dir() else ()  # a run that stopped before analysis
-        return Source(analysis, diagnose(analysis), traces[0], trace_path or Path(traces[0].meta.path), nvml)
-    analysis, diagnosis = reports_from_json(json.loads(saved.read_text(encoding="utf-8")))[0]
+        trace_path = path if path.is_file() else Path(traces[index].meta.path)
+        view = ranks_view(reports, analysis.trace.rank)
+        return Source(analysis, diagnosis, traces[index], trace_path, nvml, view)
+    reports = reports_from_json(json.loads(saved.read_text(encoding="utf-8")))
+    index = rank_index([a.trace.rank for a, _ in reports], rank)
+    analysis, diagnosis = reports[index]
     nvml = nvml_samples(saved.parent / RECORD_FILE)
-    trace_path = _trace_of(path, analysis)
+    trace_path = _trace_of(path, analysis, guess=len(reports) == 1)
     if trace_path is None:
         if need_trace or unprofiled_us is not None:
             raise UsageError(f"the trace behind {saved} is not found: give the trace itself")
-        return Source(analysis, diagnosis, None, None, nvml)
+        return Source(analysis, diagnosis, None, None, nvml, ranks_view(reports, analysis.trace.rank))
     trace = load_trace(trace_path)
     if unprofiled_us is not None:
         analysis = analyze(
@@ -153,7 +199,8 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool) -> So
             ceilings=trace_ceilings(trace),
         )
         diagnosis = diagnose(analysis)
-    return Source(analysis, diagnosis, trace, trace_path, nvml)
+        reports[index] = (analysis, diagnosis)
+    return Source(analysis, diagnosis, trace, trace_path, nvml, ranks_view(reports, analysis.trace.rank))
 
 
 def nvml_samples(record_path: Path) -> tuple[GpuSample, ...]:
@@ -180,13 +227,16 @@ def _saved_analysis(path: Path) -> Path | None:
     return path if b'"gpudoctor.' in head and b'"schema"' in head else None
 
 
-def _trace_of(path: Path, analysis: Analysis) -> Path | None:
-    """The trace a saved analysis was made from: beside it in a run directory, else where it was."""
+def _trace_of(path: Path, analysis: Analysis, guess: bool = True) -> Path | None:
+    """The trace a saved analysis was made from: beside it in a run directory, else where it was; with
+    `guess`, else the one trace beside it (never for one rank of several: it may be another's)."""
     folder = path if path.is_dir() else path.parent
     recorded = Path(analysis.trace.path)
     for candidate in (folder / recorded.name, recorded):
         if candidate.is_file():
             return candidate
+    if not guess:
+        return None
     found = sorted(
         p
         for p in folder.glob("*.json.gz")

@@ -1,7 +1,8 @@
 """The self-contained HTML report: one file, no network (inline CSS, SVG and a few lines of JS for
-sortable tables). Findings first, then where the step time goes, the GPU timeline of a representative
-step, top kernels and their roofline, ops, transfers, syncs, memory and the environment. Renders only: every string
-from a trace is escaped, and none is ever placed inside executable script."""
+sortable tables). Findings first, then (with several ranks) the ranks side by side, where the step time
+goes, the GPU timeline of a representative step, top kernels and their roofline, ops, transfers, syncs,
+memory and the environment. Renders only: every string from a trace is escaped, and none is ever placed
+inside executable script."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
 from gpudoctor.report.html_style import CSS, SORT_JS
+from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
@@ -31,16 +33,19 @@ def render_html(
     diagnosis: Diagnosis,
     timeline: StepTimeline | None = None,
     nvml: Sequence[GpuSample] = (),
+    ranks: RanksView | None = None,
 ) -> str:
     """The whole report of one trace as an HTML document. `timeline`: the GPU timeline of one step
     (from `analysis.timeline_view.step_timeline`); without it, that section says how to get it.
-    `nvml`: one GPU's NVML samples of the run, where `gpudoctor run` recorded them."""
+    `nvml`: one GPU's NVML samples of the run, where `gpudoctor run` recorded them. `ranks`: with
+    several ranks, all of them side by side (the analysis is then of `ranks.detailed`)."""
     name = Path(analysis.trace.path).name
     body = [
         _header(analysis, name),
         f'<p class="bound">{escape(diagnosis.bound)}</p>',
-        _figures(analysis, diagnosis),
+        _figures(analysis, diagnosis, ranks),
         _diagnosis(diagnosis),
+        _ranks(ranks) if ranks is not None else "",
         _step_chart(analysis),
         _timeline(analysis, timeline),
         _kernels(analysis),
@@ -57,7 +62,7 @@ def render_html(
         f"<title>gpudoctor · {escape(name)}</title><style>{CSS}</style></head><body><main>"
         + "".join(body)
         + f"<footer>gpudoctor {escape(__version__)}</footer></main>"
-        + f'<script type="application/json" id="gpudoctor-data">{json_for_html(_data(diagnosis))}</script>'
+        + f'<script type="application/json" id="gpudoctor-data">{json_for_html(_data(diagnosis, ranks))}</script>'
         + f"<script>{SORT_JS}</script></body></html>\n"
     )
 
@@ -68,14 +73,42 @@ def json_for_html(value: Any) -> str:
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
 
 
-def _data(diagnosis: Diagnosis) -> dict[str, Any]:
-    return {
+def _data(diagnosis: Diagnosis, ranks: RanksView | None) -> dict[str, Any]:
+    data: dict[str, Any] = {
         "bound": diagnosis.bound,
         "findings": [
             {"id": f.id, "severity": f.severity.value, "title": f.title, "est_saving_pct": f.est_saving_pct}
             for f in diagnosis.findings
         ],
     }
+    if ranks is not None:
+        slowest = ranks.overview.slowest
+        data["ranks"] = {
+            "detailed": ranks.detailed,
+            "ranks": [
+                {
+                    "rank": r.rank,
+                    "step_p50_us": _finite(r.step_p50_us),
+                    "busy_fraction": _finite(r.busy_fraction),
+                    "work_us": _finite(r.work_us),
+                    "top_finding": d.findings[0].id if d.findings else None,
+                }
+                for r, d in zip(ranks.overview.ranks, ranks.diagnoses, strict=True)
+            ],
+            "slowest": None
+            if slowest is None
+            else {
+                "rank": slowest.rank,
+                "spread": _finite(slowest.spread),
+                "straggler": slowest.straggler,
+                "comm_wait_us": _finite(slowest.comm_wait_us),
+            },
+        }
+    return data
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
 
 
 def _header(a: Analysis, name: str) -> str:
@@ -119,7 +152,7 @@ def _finding(f: Finding, open_: bool) -> str:
     )
 
 
-def _figures(a: Analysis, d: Diagnosis) -> str:
+def _figures(a: Analysis, d: Diagnosis, ranks: RanksView | None) -> str:
     tiles = []
     if a.step_time_us is not None:
         tiles.append(("step time (median)", fmt_us(a.step_time_us.p50)))
@@ -137,7 +170,49 @@ def _figures(a: Analysis, d: Diagnosis) -> str:
     if overhead is not None:
         tiles.append(("profiler overhead", f"{overhead:.0f}%"))
     cells = "".join(f'<div class="tile"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in tiles)
+    if ranks is not None and ranks.overview.slowest is not None:
+        s, n = ranks.overview.slowest, len(ranks.overview.ranks)
+        spread = f"{s.spread * 100:+.0f}% time outside comm."
+        value, what = (
+            (f"rank {s.rank} of {n}", f"straggler: {spread}")
+            if s.straggler
+            else (f"{n} ranks", f"balanced: the slowest {spread}")
+        )
+        cells += f'<a class="tile" href="#ranks"><b>{escape(value)}</b><span>{escape(what)}</span></a>'
     return f'<section class="tiles">{cells}</section>'
+
+
+def _ranks(view: RanksView) -> str:
+    """Every rank side by side, the slowest marked; the rest of the report details `view.detailed`."""
+    head, rows = rank_table(view)
+    body = []
+    for row in rows:
+        rank, trace, *numbers, finding = row.cells
+        mark = f' <span class="badge {_MARKS[row.mark]}">{escape(row.mark)}</span>' if row.mark else ""
+        cls = f' class="{row.mark}"' if row.mark else ""
+        detailed = ' aria-current="true"' if row.rank == view.detailed else ""
+        body.append(
+            f'<tr{cls}{detailed}><td data-v="{rank.sort:g}">{escape(rank.text)}{mark}</td>'
+            + _text(trace.text, cls="name")
+            + "".join(_num(c.sort, c.text) for c in numbers)
+            + f'<td class="top" title="{escape(finding.hint)}">{escape(finding.text)}</td></tr>'
+        )
+    ths = "".join(f"<th>{escape(h)}</th>" for h in head)
+    table = (
+        f'<div class="scroll"><table class="sortable ranks"><thead><tr>{ths}</tr></thead>'
+        f"<tbody>{''.join(body)}</tbody></table></div>"
+    )
+    sentence = slowest_sentence(view.overview)
+    lead = f'<p class="verdict">{escape(sentence)}</p>' if sentence else ""
+    notes = (
+        f'<p class="note">Shares are of each rank\'s profiled steps (without steps, its GPU window). '
+        f"{escape(WORK_NOTE)}</p>"
+        f'<p class="note">Below: rank {view.detailed} in detail (choose another with --rank).</p>'
+    )
+    return _section(f"Ranks ({len(rows)})", lead + table + notes, "ranks")
+
+
+_MARKS = {"straggler": "critical", "slowest": "minor"}
 
 
 def _step_chart(a: Analysis) -> str:

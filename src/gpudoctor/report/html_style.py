@@ -53,6 +53,18 @@ table.sortable thead th:after{content:" \\2195";color:#afb8c1;font-size:11px}
 td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 td.name{font-family:ui-monospace,monospace;font-size:12px;max-width:300px;overflow:hidden;
   text-overflow:ellipsis;white-space:nowrap}
+.verdict{margin:6px 0;font-weight:600}
+table.ranks tr.straggler td{background:#fff0ee}
+table.ranks tr.slowest td{background:#fffbe6}
+table.ranks tr[aria-current] td:first-child{box-shadow:inset 3px 0 #0969da}
+table.ranks{font-size:12.5px}
+table.ranks th,table.ranks td{padding:4px 5px}
+table.ranks thead th{white-space:normal;vertical-align:bottom}
+table.ranks td:first-child{white-space:nowrap}
+table.ranks td.top{font-family:ui-monospace,monospace;font-size:12px;overflow-wrap:break-word}
+table.ranks td.name{max-width:160px}
+table.ranks .badge{margin-left:4px;font-size:10px;padding:1px 5px}
+a.tile{color:inherit;text-decoration:none}
 table.kv th{width:220px;background:none;font-weight:500;color:var(--dim)}
 footer{margin-top:30px;color:var(--dim);font-size:12px}
 """

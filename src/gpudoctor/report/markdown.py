@@ -1,13 +1,14 @@
 """`gpudoctor report --format md`: the verdict as Markdown for an issue or a pull request — what bounds
-the step, the findings table, key figures, top kernels and their roofline, then each finding's
-evidence and fix. Renders only; text
-from a trace is escaped so that it cannot break the table or inject HTML."""
+the step, the findings table, the ranks side by side (with several), key figures, top kernels and their
+roofline, then each finding's evidence and fix. Renders only; text from a trace is escaped so that it
+cannot break the table or inject HTML."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from gpudoctor.analysis.summary import Analysis
+from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
@@ -22,10 +23,15 @@ def md_text(text: str) -> str:
     return " ".join(text.split())
 
 
-def render_markdown(analysis: Analysis, diagnosis: Diagnosis) -> str:
+def render_markdown(analysis: Analysis, diagnosis: Diagnosis, ranks: RanksView | None = None) -> str:
+    """The report of one analysis; `ranks`: with several ranks, all of them side by side (the analysis
+    is then of `ranks.detailed`)."""
     name = Path(analysis.trace.path).name
     device = analysis.device.name if analysis.device else "device not recorded"
-    out = [f"## gpudoctor: {md_text(name)}", "", f"{md_text(device)} · {len(analysis.steps)} steps", ""]
+    meta = f"{md_text(device)} · {len(analysis.steps)} steps"
+    if ranks is not None:
+        meta += f" · rank {ranks.detailed} of {len(ranks.overview.ranks)} ranks"
+    out = [f"## gpudoctor: {md_text(name)}", "", meta, ""]
     out += [f"**{md_text(diagnosis.bound)}**", ""]
     if diagnosis.findings:
         out += ["| severity | finding | up to | id |", "|---|---|--:|---|"]
@@ -34,6 +40,8 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis) -> str:
             out.append(f"| {f.severity.value} | {md_text(f.title)} | {saving} | `{f.id}` |")
     else:
         out.append("No bottleneck found that a change would shorten by 2% or more.")
+    if ranks is not None:
+        out += _ranks(ranks)
     out += ["", "### Key figures", "", "| | |", "|---|--:|"]
     out += [f"| {k} | {v} |" for k, v in _figures(analysis)]
     if analysis.kernels.top:
@@ -47,6 +55,23 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis) -> str:
         out += [f"- {md_text(e)}" for e in f.evidence]
         out += ["", f"**Fix:** {md_text(f.fix.summary)}", "", "```python", _fence_safe(f.fix.snippet), "```"]
     return "\n".join(out) + "\n"
+
+
+def _ranks(view: RanksView) -> list[str]:
+    head, rows = rank_table(view)
+    out = ["", "### Ranks", ""]
+    sentence = slowest_sentence(view.overview)
+    if sentence:
+        out += [f"**{md_text(sentence)}**", ""]
+    aligns = ["---" if h in ("trace", "top finding") else "--:" for h in head]
+    out += ["| " + " | ".join(head) + " |", "|" + "|".join(aligns) + "|"]
+    for row in rows:
+        rank, *rest = row.cells
+        mark = f" **{row.mark}**" if row.mark else ""
+        cells = [f"{rank.text}{mark}", *(md_text(c.text) for c in rest)]
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", md_text(WORK_NOTE), "", f"Below: rank {view.detailed} in detail."]
+    return out
 
 
 def _roofline(a: Analysis) -> list[str]:

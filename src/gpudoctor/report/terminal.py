@@ -14,8 +14,10 @@ from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
 from gpudoctor.report.findings_view import render_diagnosis
+from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
 from gpudoctor.report.style import (
     count,
+    cut,
     dim_line,
     dur,
     idle_label,
@@ -222,25 +224,28 @@ def render_memory(analysis: Analysis, console: Console) -> None:
         line(console, f"allocations per step: {per_step}")
 
 
-def render_rank_overview(analyses: list[Analysis], console: Console, detailed: int | None = None) -> None:
-    """One line per rank, before the detail of one of them (`detailed`, a rank)."""
-    section(console, f"{len(analyses)} ranks")
-    t = table(
-        "rank", "trace", "steps", "step p50", "GPU busy", "idle host wait", "idle sync", "syncs", first_left=2
-    )
-    for a in analyses:
-        w = a.window
-        idle = w.idle_by_cause_us if w else {}
-        t.add_row(
-            str(a.trace.rank),
-            Text(Path(a.trace.path).name),
-            str(len(a.steps)),
-            fmt_us(a.step_time_us.p50) if a.step_time_us else "n/a",
-            fmt_pct(w.busy_fraction) if w else "n/a",
-            dur(idle.get("host_wait")) if w else "n/a",
-            dur(idle.get("sync")) if w else "n/a",
-            count(a.syncs.count),
-        )
+def render_rank_overview(view: RanksView, console: Console) -> None:
+    """One line per rank and the slowest rank, before the detail of one of them: the table of
+    `report.ranks_view`, as the HTML and Markdown reports show it."""
+    section(console, f"{len(view.overview.ranks)} ranks")
+    head, rows = rank_table(view)
+    # Two-line headers, no steps column (the detail says them) and the finding's id alone: the table
+    # fits in 120 columns.
+    shown = [i for i, h in enumerate(head) if h != "steps"]
+    t = table(*(_two_lines(head[i]) for i in shown), first_left=2, flexible=len(shown) - 1)
+    t.columns[-1].justify = "left"
+    for row in rows:
+        rank = Text(row.cells[0].text)
+        if row.mark:
+            rank.append(" ◀", style="bold red" if row.mark == "straggler" else "yellow")
+        t.add_row(rank, *(row.cells[i].text for i in shown[1:-1]), cut(row.top_finding))
     console.print(t)
-    if detailed is not None:
-        dim_line(console, f"below: rank {detailed} in detail (choose with --rank)")
+    sentence = slowest_sentence(view.overview)
+    if sentence:
+        line(console, sentence)
+    dim_line(console, WORK_NOTE)
+    dim_line(console, f"below: rank {view.detailed} in detail (choose with --rank)")
+
+
+def _two_lines(header: str) -> str:
+    return header.replace(" ", "\n", 1) if len(header) > 6 else header

@@ -1,0 +1,230 @@
+"""Several ranks side by side: each rank's figures, the slowest rank and what the others wait on it
+(`analysis.ranks`), and how `gpudoctor report` and `analyze` show them — HTML, Markdown, a saved
+gpudoctor.ranks/1 document, `--rank`. On recorded traces given ranks, and on a real 2-GPU DDP run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from conftest import write_json
+from gpudoctor.analysis.ranks import RankOverview, rank_overview
+from gpudoctor.analysis.summary import analyze
+from gpudoctor.cli.main import app
+from gpudoctor.report.json_out import RANKS_SCHEMA
+from gpudoctor.trace import load_traces
+
+DDP = Path(__file__).parent / "fixtures" / "ddp"
+
+
+def run(*args: str | Path) -> Result:
+    return CliRunner(env={"COLUMNS": None}).invoke(app, [str(a) for a in args])
+
+
+def write_ranks(folder: Path, trace_doc: Any, names: tuple[str, ...]) -> Path:
+    """A directory of rank traces: fixture `names[r]` as rank r, its distributedInfo saying so."""
+    for rank, name in enumerate(names):
+        doc = trace_doc(name)
+        doc["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": len(names)}
+        write_json(folder / f"worker{rank}.json", doc)
+    return folder
+
+
+@pytest.fixture
+def twins(tmp_path: Path, trace_doc: Any) -> Path:
+    """Two ranks that did the same work: one recording, given ranks 0 and 1."""
+    return write_ranks(tmp_path / "twins", trace_doc, ("sync_every_step", "sync_every_step"))
+
+
+@pytest.fixture
+def straggling(tmp_path: Path, trace_doc: Any) -> Path:
+    """Rank 1 waits on its data loader: its step takes ~5x rank 0's."""
+    return write_ranks(tmp_path / "straggling", trace_doc, ("sync_every_step", "dataloader_bound"))
+
+
+def overview_of(folder: Path) -> RankOverview:
+    return rank_overview([analyze(t) for t in load_traces(folder)])
+
+
+def ranks_section(page: str) -> str:
+    m = re.search(r'<section id="ranks">.*?</section>', page)
+    assert m, "no ranks section"
+    return m.group(0)
+
+
+# --- the figures --------------------------------------------------------------------------------
+
+
+def test_each_rank_has_its_step_time_busy_shares_and_idle_by_cause(twins: Path) -> None:
+    overview = overview_of(twins)
+    assert [r.rank for r in overview.ranks] == [0, 1]
+    r = overview.ranks[0]
+    assert r.steps == 3 and r.step_p50_us == pytest.approx(16504, rel=1e-3)
+    assert r.busy_fraction == pytest.approx(0.945, abs=1e-3)
+    # Busy kinds are exclusive and sum to busy; busy and idle by cause fill the window.
+    assert r.compute_share + r.communication_share + r.copy_share == pytest.approx(r.busy_fraction)
+    assert r.busy_fraction + sum(r.idle_share_by_cause.values()) == pytest.approx(1.0)
+    assert r.communication_share == 0 and r.work_us == r.step_p50_us  # no communication: all work
+    assert overview.ranks[1] == dataclasses.replace(r, rank=1, path=overview.ranks[1].path)
+
+
+def test_ranks_that_did_the_same_work_are_balanced(twins: Path) -> None:
+    slowest = overview_of(twins).slowest
+    assert slowest is not None
+    assert (slowest.rank, slowest.spread, slowest.straggler) == (0, 0.0, False)  # the first of equals
+    assert slowest.comm_wait_us is None  # nothing communicates
+
+
+def test_the_rank_furthest_behind_is_the_straggler_with_its_spread(straggling: Path) -> None:
+    overview = overview_of(straggling)
+    slowest = overview.slowest
+    assert slowest is not None and slowest.rank == 1 and slowest.straggler
+    fast, slow = overview.ranks
+    assert slowest.spread == pytest.approx(slow.step_p50_us / fast.step_p50_us - 1)
+    assert slowest.spread > 3  # 81.5 ms against 16.5 ms
+    assert slow.idle_share_by_cause["host_wait"] > 0.9
+
+
+def test_one_rank_has_no_slowest() -> None:
+    trace = load_traces(Path(__file__).parent / "fixtures" / "traces" / "sync_every_step.json.gz")[0]
+    assert rank_overview([analyze(trace)]).slowest is None
+
+
+@pytest.mark.skipif(not (DDP / "rank1.json.gz").exists(), reason="the DDP recording is not present")
+def test_ddp_ranks_communicate_and_the_planted_straggler_is_found() -> None:
+    # GIVEN two DDP ranks (NCCL all-reduce) where rank 1 does extra host work in every step
+    manifest = json.loads((DDP / "manifest.json").read_text())
+    planted = max(manifest["ranks"].values(), key=lambda r: r["straggler_ms"])["rank"]
+    overview = overview_of(DDP)
+    # THEN both ranks communicate, their step times agree (the all-reduce syncs them) ...
+    assert all(r.communication_share and r.communication_share > 0 for r in overview.ranks)
+    slow = next(r for r in overview.ranks if r.rank == planted)
+    fast = next(r for r in overview.ranks if r.rank != planted)
+    assert math.isclose(fast.step_p50_us, slow.step_p50_us, rel_tol=0.1)
+    # ... and yet the straggler is the planted rank: the other waits on it in the all-reduce
+    slowest = overview.slowest
+    assert slowest is not None and slowest.rank == planted and slowest.straggler
+    assert fast.communication_share > slow.communication_share
+    assert slowest.comm_wait_us == pytest.approx(fast.communication_us - slow.communication_us)
+    assert slowest.comm_wait_us > 0.25 * fast.step_p50_us
+
+
+# --- the reports --------------------------------------------------------------------------------
+
+
+def test_html_report_shows_the_ranks_after_the_findings_and_details_the_first(
+    straggling: Path, tmp_path: Path
+) -> None:
+    result = run("report", straggling, "-o", tmp_path / "r.html")
+    assert result.exit_code == 0, result.output
+    assert "rank 0 of 2 ranks in detail; straggler: rank 1, see it with --rank 1" in result.stdout
+    page = (tmp_path / "r.html").read_text()
+    section = ranks_section(page)
+    assert page.index('id="diagnosis"') < page.index('id="ranks"') < page.index('id="steps"')
+    assert section.count("<tr") == 3  # the header and one row per rank
+    assert '<tr class="straggler"><td data-v="1">1 <span class="badge critical">straggler</span>' in section
+    assert '<tr aria-current="true"><td data-v="0">0</td>' in section  # rank 0 is detailed below
+    assert "Rank 1 is the straggler" in section and "+394.0%" in section
+    assert "input_pipeline (up to" in section and "tensor_cores_unused (up to" in section
+    assert 'gpudoctor <span class="file">worker0.json</span>' in page
+    data = json.loads(re.search(r'id="gpudoctor-data">(.*?)</script>', page).group(1))
+    assert data["ranks"]["slowest"]["rank"] == 1 and data["ranks"]["detailed"] == 0
+
+
+def test_rank_option_details_that_rank(straggling: Path, tmp_path: Path) -> None:
+    result = run("report", straggling, "--rank", "1", "-o", tmp_path / "r.html")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "r.html").read_text()
+    assert 'gpudoctor <span class="file">worker1.json</span>' in page
+    assert '<tr class="straggler" aria-current="true">' in ranks_section(page)
+    assert 'class="fid">input_pipeline<' in page  # rank 1's findings
+    # The annotated trace is of one rank: the one asked for
+    assert run("report", straggling, "--rank", "1", "-f", "trace", "-o", tmp_path / "a.json").exit_code == 0
+    assert json.loads((tmp_path / "a.json").read_text())["distributedInfo"]["rank"] == 1
+
+
+def test_unknown_rank_is_a_one_line_error(straggling: Path, tmp_path: Path) -> None:
+    for fmt in ("html", "md", "trace"):
+        result = run("report", straggling, "--rank", "7", "-f", fmt, "-o", tmp_path / "r.out")
+        assert result.exit_code == 2 and result.stdout == ""
+        assert result.stderr.strip() == "gpudoctor: error: no rank 7 among the traces (ranks: 0, 1)"
+    assert not (tmp_path / "r.out").exists()
+
+
+def test_a_saved_ranks_document_renders_the_same_ranks(straggling: Path, tmp_path: Path) -> None:
+    # GIVEN `gpudoctor analyze DIR --json` saved
+    saved = tmp_path / "ranks.json"
+    saved.write_text(run("analyze", straggling, "--json").stdout)
+    assert json.loads(saved.read_text())["schema"] == RANKS_SCHEMA
+    # WHEN it is reported, and the directory too
+    for source, name in ((saved, "saved.html"), (straggling, "dir.html")):
+        assert run("report", source, "--rank", "1", "-o", tmp_path / name).exit_code == 0
+    # THEN the same ranks section, and the detailed rank's timeline (its trace is where it was)
+    saved_page, dir_page = ((tmp_path / n).read_text() for n in ("saved.html", "dir.html"))
+    assert ranks_section(saved_page) == ranks_section(dir_page)
+    assert 'aria-label="GPU timeline of one step"' in saved_page
+    assert 'gpudoctor <span class="file">worker1.json</span>' in saved_page
+
+
+def test_markdown_has_the_ranks_table(straggling: Path, tmp_path: Path) -> None:
+    result = run("report", straggling, "-f", "md", "-o", tmp_path / "r.md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "r.md").read_text()
+    assert "rank 0 of 2 ranks" in md.splitlines()[2]
+    ranks = md[md.index("### Ranks") : md.index("### Key figures")]
+    assert "**Rank 1 is the straggler: 81.5 ms per step outside communication, +394.0%" in ranks
+    rows = [line for line in ranks.splitlines() if line.startswith("| ")]
+    assert rows[0].startswith("| rank | trace | steps | step p50 | GPU busy | compute | comm. | copies |")
+    assert rows[1].startswith("| 0 | worker0.json | 3 | 16.5 ms | 94.5% |")
+    assert rows[2].startswith("| 1 **straggler** | worker1.json | 3 | 81.5 ms |")
+    assert rows[2].endswith("| input\\_pipeline (up to 90.1%) |")
+    assert all(row.count("|") == rows[0].count("|") for row in rows)
+
+
+def test_a_trace_file_name_is_escaped_in_the_ranks_table(tmp_path: Path, trace_doc: Any) -> None:
+    folder = write_ranks(tmp_path / "crafted", trace_doc, ("sync_every_step", "sync_every_step"))
+    (folder / "worker1.json").rename(folder / "<img src=x onerror=alert(1)>|*_rank1.json")
+    assert run("report", folder, "-o", tmp_path / "r.html").exit_code == 0
+    section = ranks_section((tmp_path / "r.html").read_text())
+    assert "<img" not in section and "&lt;img src=x onerror=alert(1)&gt;|*_rank1.json" in section
+    assert run("report", folder, "-f", "md", "-o", tmp_path / "r.md").exit_code == 0
+    md = (tmp_path / "r.md").read_text()
+    assert "&lt;img src=x onerror=alert(1)&gt;\\|\\*\\_rank1.json" in md and "<img" not in md
+
+
+def test_analyze_prints_the_same_ranks_before_the_detail(straggling: Path, tmp_path: Path) -> None:
+    result = run("analyze", straggling, "--html", tmp_path / "r.html")
+    assert result.exit_code == 0, result.output
+    overview, _, detail = result.stdout.partition("below: rank 0 in detail")
+    assert "2 ranks" in overview and "1 ◀" in overview
+    assert "Rank 1 is the straggler: 81.5 ms per step outside communication, +394.0%" in " ".join(
+        overview.split()
+    )
+    assert "input_pipeline" in overview and "gpudoctor worker0.json" in detail
+    assert "2 ranks" not in run("analyze", straggling / "worker0.json").stdout
+    assert "Rank 1 is the straggler" in ranks_section((tmp_path / "r.html").read_text())  # --html too
+
+
+def test_a_single_trace_has_no_ranks_section(tmp_path: Path) -> None:
+    trace = Path(__file__).parent / "fixtures" / "traces" / "sync_every_step.json.gz"
+    assert run("report", trace, "-o", tmp_path / "r.html").exit_code == 0
+    assert 'id="ranks"' not in (tmp_path / "r.html").read_text()
+    assert run("report", trace, "-f", "md", "-o", tmp_path / "r.md").exit_code == 0
+    assert "### Ranks" not in (tmp_path / "r.md").read_text()
+
+
+@pytest.mark.skipif(not (DDP / "rank1.json.gz").exists(), reason="the DDP recording is not present")
+def test_ddp_report_marks_the_straggler_and_the_wait_on_it(tmp_path: Path) -> None:
+    result = run("report", DDP, "-f", "md", "-o", tmp_path / "r.md")
+    assert result.exit_code == 0, result.output
+    md = (tmp_path / "r.md").read_text()
+    assert "**Rank 1 is the straggler:" in md
+    assert "more per step in exposed communication than it does: waiting for it in the collectives." in md
+    assert "| 1 **straggler** | rank1.json.gz |" in md
