@@ -165,12 +165,21 @@ def test_the_rank_waiting_on_a_straggler_is_diagnosed_as_exposed_communication()
     assert d.bound.startswith("Communication-bound")
 
 
-def test_the_straggler_rank_is_host_bound_and_the_launch_saving_leaves_its_own_python_out() -> None:
+def test_the_straggler_rank_is_diagnosed_as_python_between_ops_not_launch_overhead() -> None:
     # GIVEN the straggler rank: its GPU waits for a host that spends ~8 ms per step in its own code
     d = ddp_diagnosis(1)
     first = d.findings[0]
-    # THEN the GPU waiting for the host comes first, but a CUDA graph is not promised the script's Python
-    assert first.id == "launch_overhead"
-    assert "outside PyTorch ops" in first.evidence[2]
-    assert first.est_saving_pct < first.values["host_wait_us"] / d.summary["step_us"] * 100
+    # THEN that Python comes first, with the ranks that wait for it named
+    assert first.id == "host_python" and first.severity is Severity.CRITICAL
+    assert "Python between the ops" in first.evidence[0]
+    assert "they wait for it in their collectives" in first.evidence[2]
+    # AND launch_overhead does not promise a CUDA graph the time of that Python
+    launch = next(f for f in d.findings if f.id == "launch_overhead")
+    assert "outside PyTorch ops" in launch.evidence[2]
+    assert launch.est_saving_pct < first.est_saving_pct
     assert d.bound.startswith("The GPU idles")
+
+
+def test_python_between_ops_is_not_claimed_where_the_gpu_does_not_wait() -> None:
+    # GIVEN rank 0, which runs the same script without the planted host work THEN no host_python
+    assert "host_python" not in {f.id for f in ddp_diagnosis(0).findings}

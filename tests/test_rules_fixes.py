@@ -69,7 +69,7 @@ def test_fix_snippet_is_valid_pytorch(rule: str) -> None:
 
 
 def test_every_rule_has_a_fix_with_code() -> None:
-    assert len(SNIPPETS) == len(RULES) == 15
+    assert len(SNIPPETS) == len(RULES) == 16
     assert all(len(s.splitlines()) >= 2 for s in SNIPPETS.values())
 
 

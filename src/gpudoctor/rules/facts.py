@@ -39,6 +39,7 @@ class Facts:
     optimizer_kernel_us: float  # GPU time of the kernels Optimizer.step launched, per step
     kernel_us: float  # kernel time per step
     cpu_ops_us: float = 0.0  # host time in top-level PyTorch ops per step, as traced
+    sync_call_us: float = 0.0  # host time in runtime calls that block on the GPU per step, as traced
 
     @property
     def profiler_overhead(self) -> float | None:
@@ -67,6 +68,12 @@ class Facts:
         if not self.cpu_ops_us:
             return 0.0
         return max(self.traced_step_us - self.cpu_ops_us - self.dataloader_us, 0.0)
+
+    @property
+    def host_python_us(self) -> float:
+        """Host time per traced step in neither a PyTorch op, the DataLoader nor a call that waits for
+        the GPU: Python between the ops (a sync inside an op is taken out twice: an underestimate)."""
+        return max(self.outside_ops_us - self.sync_call_us, 0.0)
 
     def per_step(self, total_us: float) -> float:
         return total_us / self.steps
@@ -125,4 +132,5 @@ def facts_of(a: Analysis) -> Facts | None:
         optimizer_kernel_us=mean("optimizer_kernel_us"),
         kernel_us=a.kernels.total_us / n,
         cpu_ops_us=mean("cpu_ops_us"),
+        sync_call_us=mean("sync_us"),
     )

@@ -13,6 +13,7 @@ from gpudoctor.rules.data_parallel import data_parallel
 from gpudoctor.rules.facts import Facts, facts_of
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
 from gpudoctor.rules.fusion import unfused_elementwise
+from gpudoctor.rules.host_python import host_python
 from gpudoctor.rules.host_sync import host_sync
 from gpudoctor.rules.input_pipeline import input_pipeline
 from gpudoctor.rules.launch_overhead import launch_overhead
@@ -27,6 +28,7 @@ RULES: tuple[Rule, ...] = (
     input_pipeline,
     host_sync,
     launch_overhead,
+    host_python,
     pageable_copy,
     tensor_cores_unused,
     attention_materialized,

@@ -1,0 +1,57 @@
+"""`host_python`: the GPU waits while the host runs Python between the PyTorch ops — the training
+script's own per-step work (logging, metrics, data preparation on the training thread), hooks and
+module overhead — time that neither a faster launch path nor a CUDA graph removes. The typical
+straggler of a data-parallel run: one rank's extra host work makes every rank wait in the all-reduce."""
+
+from __future__ import annotations
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.facts import Facts
+from gpudoctor.rules.finding import Finding, Fix
+
+MIN_SHARE = 0.25  # of the traced step: below this, Python between ops is the usual module overhead
+
+FIX = Fix(
+    summary="Take per-step Python off the training thread's critical path: log and compute metrics every "
+    "N steps, prepare data in DataLoader workers, keep values on the GPU; torch.compile removes the "
+    "framework's own Python between ops. In a data-parallel run, every rank waits for the slowest one.",
+    snippet="""\
+loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=8,   # prepare data in workers
+                                     pin_memory=True, persistent_workers=True)
+compiled_step = torch.compile(train_step)          # fewer Python-level ops per step
+for step, (inputs, targets) in enumerate(loader):
+    loss = compiled_step(inputs.to("cuda", non_blocking=True), targets.to("cuda", non_blocking=True))
+    if step % 100 == 0:                              # log rarely: reading the loss syncs too
+        print(f"step {step} loss {loss.item():.4f}")""",
+)
+
+
+def host_python(a: Analysis, f: Facts) -> Finding | None:
+    python_us = f.host_python_us
+    if python_us < MIN_SHARE * f.traced_step_us:
+        return None
+    wait_us = f.launch_wait_us  # the GPU's real wait for a host that was not loading data or syncing
+    saving_us = min(python_us, wait_us)
+    if saving_us <= 0:
+        return None
+    evidence = [
+        f"The host spends {us(python_us)} of each traced {us(f.traced_step_us)} step "
+        f"({pct(100 * python_us / f.traced_step_us)}) in neither a PyTorch op, the DataLoader nor a call "
+        "that waits for the GPU: Python between the ops.",
+        f"Meanwhile the GPU waits for the host {us(wait_us)} {step_phrase(f)} ({pct(f.pct(wait_us))}); "
+        f"it is busy {pct(100 * f.busy_fraction)} of the step.",
+    ]
+    if len(a.trace.gpu_devices) == 1 and a.timeline.concurrent_kinds_us.get("communication", 0.0) > 0:
+        evidence.append(
+            "This rank communicates with others: while it runs this Python, they wait for it in "
+            "their collectives (`gpudoctor analyze TRACE_DIR` shows the ranks side by side)."
+        )
+    return finding(
+        "host_python",
+        "The GPU waits while the host runs Python between ops",
+        f.pct(saving_us),
+        evidence,
+        FIX,
+        {"host_python_us": python_us, "gpu_wait_us": wait_us, "traced_step_us": f.traced_step_us},
+    )
