@@ -29,8 +29,8 @@ from gpudoctor.util.units import fmt_us
 TRACES = Path(__file__).parent / "fixtures" / "traces"
 MANIFEST = json.loads((TRACES / "manifest.json").read_text())["fixtures"]
 FIXTURES = sorted(MANIFEST)
-SECTIONS = ("Step time", "GPU time", "Top kernels", "Launches", "Transfers", "Host synchronizations",
-            "Top ops", "Memory")  # fmt: skip
+SECTIONS = ("Step time", "GPU time", "Top kernels", "Roofline", "Launches", "Transfers",
+            "Host synchronizations", "Top ops", "Memory")  # fmt: skip
 
 
 def run(*args: str | Path) -> Result:
@@ -307,3 +307,19 @@ def test_short_kernel_names(name: str, short: str) -> None:
 
 def test_short_kernel_name_respects_the_length() -> None:
     assert len(short_kernel_name("x" * 500, max_len=40)) == 40
+
+
+def test_the_roofline_table_lists_the_top_kernels_against_the_ceilings() -> None:
+    # GIVEN a trace recorded with record_shapes on an H100 WHEN analyzed
+    result = run("analyze", fixture("transformer_shapes"))
+    section = result.stdout.split("Roofline")[1].split("Launches")[0]
+    # THEN bf16 matmuls are compute-bound near the measured ceiling, named with their op and the source
+    mm = [row for row in section.splitlines() if " mm " in row and "bfloat16" in row]
+    assert mm and all("compute" in row for row in mm)
+    assert "measured by gpudoctor on an NVIDIA H100" in " ".join(section.split())
+
+
+def test_without_shapes_the_roofline_says_how_to_get_it() -> None:
+    result = run("analyze", fixture("inference"))
+    section = " ".join(result.stdout.split("Roofline")[1].split("Launches")[0].split())
+    assert "record_shapes=True" in section

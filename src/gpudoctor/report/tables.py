@@ -1,5 +1,5 @@
-"""The detail tables of the terminal summary: top kernels, launches, transfers, synchronizations,
-top ops. Renders only."""
+"""The detail tables of the terminal summary: top kernels and their roofline, launches, transfers,
+synchronizations, top ops. Renders only."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ from rich.text import Text
 
 from gpudoctor.analysis.cpu import OpStat
 from gpudoctor.analysis.kernels import SHORT_KERNEL_US, KernelReport, KernelStat
+from gpudoctor.analysis.roofline import Roofline
 from gpudoctor.analysis.syncs import SyncReport
 from gpudoctor.analysis.transfers import TransferReport
 from gpudoctor.report.style import count, cut, dim_line, dur, line, not_available, section, table
 from gpudoctor.util.names import short_kernel_name
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 _CATEGORY = {"convolution": "conv", "communication": "comm"}
 _TENSOR_CORES = {True: "yes", False: "no", None: "?"}
@@ -55,6 +56,40 @@ def render_kernels(k: KernelReport, console: Console, top: int) -> None:
         console,
         "occ.: Kineto's estimated achieved occupancy; TC: tensor cores (? where the name does not say)",
     )
+
+
+def render_roofline(r: Roofline | None, console: Console, top: int) -> None:
+    """The top kernels' achieved FLOP/s and bandwidth against the GPU's measured ceilings."""
+    section(console, "Roofline")
+    if r is None or not r.points:
+        not_available(console, r.note if r is not None else "not in this analysis (saved before it existed)")
+        return
+    narrow = console.width < NARROW
+    names = [short_kernel_name(p.kernel) for p in r.points[:top]]
+    t = table("#" if narrow else "kernel", "op", "dtype", "time", "FLOP/s", "bandwidth", "FLOP/B", "bound",
+              "of ceiling", first_left=3, flexible=0)  # fmt: skip
+    for i, p in enumerate(r.points[:top]):
+        t.add_row(
+            str(i + 1) if narrow else cut(names[i]),
+            _short_op(p.op),
+            p.dtype,
+            fmt_us(p.time_us),
+            fmt_flops(p.flops_per_s),
+            fmt_rate(p.bytes_per_s),
+            f"{p.intensity:.3g}",
+            p.bound or "-",
+            fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "-",
+        )
+    console.print(t)
+    if narrow:
+        for i, name in enumerate(names):
+            console.print(cut(f"  {i + 1:>2} {name}"))
+    dim_line(console, f"FLOPs and bytes known for {fmt_pct(r.coverage)} of kernel time · {r.note}")
+
+
+def _short_op(name: str, width: int = 24) -> str:
+    name = name.removeprefix("aten::").removeprefix("_scaled_dot_product_")
+    return name if len(name) <= width else name[: width - 1] + "…"
 
 
 def _kernel_cells(s: KernelStat) -> tuple[str, ...]:

@@ -46,11 +46,12 @@ def render_analysis(
     render_gpu_time(analysis, console)
     if analysis.trace.gpu_activities:
         tables.render_kernels(analysis.kernels, console, top)
+        tables.render_roofline(analysis.roofline, console, top)
         tables.render_launches(analysis.kernels, console)
         tables.render_transfers(analysis.transfers, console)
         tables.render_syncs(analysis.syncs, console)
     else:
-        for title in ("Top kernels", "Launches", "Transfers", "Host synchronizations"):
+        for title in ("Top kernels", "Roofline", "Launches", "Transfers", "Host synchronizations"):
             section(console, title)
             not_available(console, "no GPU activity in this trace")
     tables.render_ops(analysis.ops, console, top)
