@@ -43,3 +43,25 @@ def test_a_recorded_training_step_analyzes(tmp_path: Path) -> None:
     assert a.memory is not None and a.memory.peak_allocated > 0
     for s in a.steps:
         assert s.gpu is not None and 0 < s.gpu.busy_fraction <= 1
+
+
+def test_shapes_recorded_on_this_gpu_put_its_matmuls_on_the_roofline(tmp_path: Path) -> None:
+    # GIVEN large bf16 matmuls recorded with record_shapes (and with_flops, which torch may ignore)
+    a_ = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    b_ = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+
+    def step() -> None:
+        for _ in range(4):
+            torch.mm(a_, b_)
+
+    options = ProfileOptions(active=2, record_shapes=True, with_flops=True)
+    trace = load_trace(profile_steps(step, tmp_path / "mm.json.gz", options))
+    # WHEN analyzed against the ceilings gpudoctor knows for this GPU (if any)
+    r = analyze(trace).roofline
+    # THEN the matmul kernels carry 2·n³ FLOPs each and run at a plausible rate
+    assert r is not None and r.points, r
+    mm = r.points[0]
+    assert mm.family == "matmul" and mm.dtype == "bfloat16" and mm.calls == 8
+    assert mm.flops == pytest.approx(8 * 2 * 4096**3, rel=1e-6)
+    assert 50e12 < mm.flops_per_s < 2e15
+    assert r.coverage > 0.95
