@@ -5,6 +5,7 @@ re-read as JSON, and the chart drawn inside its axes with every name escaped."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 import re
 from pathlib import Path
@@ -14,6 +15,8 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from gpudoctor.analysis.opwork import op_work
@@ -25,7 +28,8 @@ from gpudoctor.report.markdown import render_markdown
 from gpudoctor.report.svg import roofline as roofline_svg
 from gpudoctor.rules import diagnose
 from gpudoctor.trace import Kind, load_trace
-from gpudoctor.trace.model import OpInputs
+from gpudoctor.trace.load import _json_tuple
+from gpudoctor.trace.model import SHAPED_OPS, OpInputs
 
 ROOT = Path(__file__).parent.parent
 ZOO_CNN = ROOT / "tests/fixtures/zoo/profiler_distortion__slow.json.gz"  # record_shapes, bf16 CNN, H200
@@ -305,3 +309,53 @@ def test_a_report_without_shapes_says_so_in_one_sentence() -> None:
     page = render_html(analysis, diagnose(analysis))
     section = page.split("<section><h2>Roofline of the top kernels</h2>")[1].split("</section>")[0]
     assert "record_shapes=True" in section and "<svg" not in section
+
+
+# ---- damaged shapes: never a crash ---------------------------------------------------------------
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4),
+    max_leaves=12,
+)
+_OPS = sorted(SHAPED_OPS)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(_OPS), _JSON, _JSON, _JSON)
+def test_any_recorded_arguments_give_work_or_nothing_never_an_error(
+    name: str, dims: Any, types: Any, concrete: Any
+) -> None:
+    # GIVEN whatever JSON a damaged or foreign trace holds in Input Dims / Input type / Concrete Inputs
+    raw = [json.dumps(v, allow_nan=True).encode() for v in (dims, types, concrete)]
+    inputs = OpInputs(
+        _json_tuple(raw[0]), tuple(map(str, _json_tuple(raw[1]))), tuple(map(str, _json_tuple(raw[2])))
+    )
+    # WHEN its work is derived THEN it is None or finite and non-negative
+    work = op_work(name, inputs)
+    if work is not None:
+        assert np.isfinite(work.flops) and work.flops >= 0
+        assert np.isfinite(work.bytes) and work.bytes >= 0
+
+
+def test_a_trace_with_damaged_shapes_analyzes_and_reports(write_trace: Any) -> None:
+    # GIVEN the zoo CNN with every convolution's shapes damaged in a different way
+    with gzip.open(ZOO_CNN, "rt", encoding="utf-8") as f:
+        doc = json.load(f)
+    junk = [
+        [[-1, 3, 224, 224], [64, 3, 7, 7]],
+        "nope",
+        [[1e300, 2], [3]],
+        [[2**62, 2**62], [2**62, 2**62]],
+        None,
+    ]
+    convs = [e for e in doc["traceEvents"] if e.get("cat") == "cpu_op" and "conv" in str(e.get("name"))]
+    assert convs
+    for i, e in enumerate(convs):
+        e["args"]["Input Dims"] = junk[i % len(junk)]
+    # WHEN loaded, analyzed, diagnosed and rendered THEN no error, and every point is finite
+    a = analyze(load_trace(write_trace(doc)))
+    diagnose(a)
+    render_html(a, diagnose(a))
+    assert a.roofline is not None
+    for p in a.roofline.points:
+        assert all(np.isfinite(x) for x in (p.flops, p.bytes, p.flops_per_s, p.bytes_per_s, p.intensity))
