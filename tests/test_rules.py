@@ -183,3 +183,22 @@ def test_the_straggler_rank_is_diagnosed_as_python_between_ops_not_launch_overhe
 def test_python_between_ops_is_not_claimed_where_the_gpu_does_not_wait() -> None:
     # GIVEN rank 0, which runs the same script without the planted host work THEN no host_python
     assert "host_python" not in {f.id for f in ddp_diagnosis(0).findings}
+
+
+DDP_STACK = Path(__file__).parent / "fixtures" / "ddp_stack"  # the same, with_stack, rank 1 sleeping 8 ms
+
+
+def test_python_between_ops_is_put_on_the_users_frame_that_holds_it() -> None:
+    # GIVEN the straggler rank recorded with Python stacks, its 8 ms per step in straggle()
+    manifest = json.loads((DDP_STACK / "manifest.json").read_text())["ranks"]["rank1"]
+    a = analyze(
+        load_trace(DDP_STACK / "rank1.json.gz"), unprofiled_step_us=manifest["unprofiled_step_us"]["median"]
+    )
+    # THEN the analysis puts most of the host's time between ops on that frame, about 8 ms per step
+    assert a.host_gaps and a.host_gaps[0].frame.endswith(": straggle")
+    assert 7_000 < a.host_gaps[0].us_per_step < 10_000
+    # AND host_python, the first finding, names it as its source
+    first = diagnose(a).findings[0]
+    assert first.id == "host_python"
+    assert first.sources[0] == a.host_gaps[0].frame
+    assert any("straggle" in e and "per step" in e for e in first.evidence)

@@ -47,11 +47,17 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=gen).to(device)
     straggle_s = args.straggler_ms / 1e3 if rank == 1 else 0.0
 
+    def straggle() -> None:  # host work before the step (data loading, logging) on one rank only
+        if args.straggle == "sleep":  # waiting on I/O; also keeps a with_stack trace small
+            time.sleep(straggle_s)
+            return
+        end = time.perf_counter() + straggle_s
+        while time.perf_counter() < end:
+            pass
+
     def step() -> None:
-        if straggle_s:  # host work before the step (data loading, logging) on one rank only
-            end = time.perf_counter() + straggle_s
-            while time.perf_counter() < end:
-                pass
+        if straggle_s:
+            straggle()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = ddp(tokens[:, :-1])
             loss = F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
@@ -72,7 +78,7 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         samples.append(start.elapsed_time(end) * 1e3)
     dist.barrier()
     dest = args.out / f"rank{rank}.json.gz"
-    capture.profile_steps(step, dest, ProfileOptions(active=args.active_steps))
+    capture.profile_steps(step, dest, ProfileOptions(active=args.active_steps, with_stack=args.with_stack))
     entry = {
         "file": dest.name,
         "rank": rank,
@@ -96,6 +102,10 @@ def main() -> int:
     p.add_argument("--active-steps", type=int, default=3)
     p.add_argument("--timing-steps", type=int, default=20)
     p.add_argument("--port", type=int, default=29517)
+    p.add_argument("--straggle", choices=("spin", "sleep"), default="spin", help="how rank 1 spends its time")
+    p.add_argument(
+        "--with-stack", action="store_true", help="record Python stacks (use with --straggle sleep)"
+    )
     args = p.parse_args()
     if torch.cuda.device_count() < WORLD:
         raise SystemExit(f"record_ddp: needs {WORLD} GPUs, found {torch.cuda.device_count()}")
@@ -113,6 +123,8 @@ def main() -> int:
         "what": "DDP, 2 ranks, NCCL all-reduce; GPT decoder "
         f"({LAYERS}x{D_MODEL}, seq {SEQ}, batch {BATCH} per rank), bf16 autocast, fused AdamW",
         "profiler_schedule": {"wait": 1, "warmup": 2, "active": args.active_steps, "repeat": 1},
+        "straggle": args.straggle,
+        "with_stack": args.with_stack,
         "ranks": ranks,
         "environment": {
             "device_name": props.name,

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
+from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
 from gpudoctor.analysis.roofline import Roofline, roofline
@@ -68,6 +69,8 @@ class Analysis:
     unprofiled_step_us: float | None = None
     # The top kernels' roofline; None in an analysis saved before it existed.
     roofline: Roofline | None = None
+    # The user frames that hold the host's time between ops (with_stack traces), most first.
+    host_gaps: tuple[HostGap, ...] = ()
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -148,6 +151,7 @@ def _analyze(
         notes=tuple(notes),
         unprofiled_step_us=unprofiled_step_us,
         roofline=roofline(trace, ceilings, window),
+        host_gaps=host_gaps(trace, steps, syncs),
     )
 
 

@@ -42,6 +42,13 @@ def host_python(a: Analysis, f: Facts) -> Finding | None:
         f"Meanwhile the GPU waits for the host {us(wait_us)} {step_phrase(f)} ({pct(f.pct(wait_us))}); "
         f"it is busy {pct(100 * f.busy_fraction)} of the step.",
     ]
+    where = [g for g in a.host_gaps if g.us_per_step >= 0.1 * python_us]
+    if where:
+        evidence.append(
+            "Most of it in "
+            + "; ".join(f"{g.frame}: {us(g.us_per_step)} per step" for g in where[:3])
+            + " (the user's frame open during those stretches)."
+        )
     if len(a.trace.gpu_devices) == 1 and a.timeline.concurrent_kinds_us.get("communication", 0.0) > 0:
         evidence.append(
             "This rank communicates with others: while it runs this Python, they wait for it in "
@@ -54,4 +61,5 @@ def host_python(a: Analysis, f: Facts) -> Finding | None:
         evidence,
         FIX,
         {"host_python_us": python_us, "gpu_wait_us": wait_us, "traced_step_us": f.traced_step_us},
+        sources=tuple(g.frame for g in where),
     )

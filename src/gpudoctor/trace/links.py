@@ -126,22 +126,34 @@ def python_stack(trace: Trace, row: int, depth: int = 12) -> list[str]:
         )
     current: int | None = inner
     while current is not None and current >= 0 and len(frames) < depth:
-        frames.append(_ADDRESS.sub("", trace.name_of(current)))
+        frames.append(frame_name(trace, current))
         current = by_id.get(int(trace.python_parent_id[current]))
     return frames
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")  # "<built-in method item of Tensor object at 0x7f..>"
+
+
+def frame_name(trace: Trace, row: int) -> str:
+    """A Python event's frame, without the object addresses that differ from run to run."""
+    return _ADDRESS.sub("", trace.name_of(row))
+
+
 _LIBRARY_FRAME = re.compile(
     r"(^|/)(torch|torchvision|site-packages|dist-packages)/|/lib/python3[\d.]*/|"
     r"(^|/)(contextlib|threading|runpy|functools)\.py|(^|/)gpudoctor/(?!workloads/)|^<built-in|^<frozen"
 )
 
 
+def is_user_frame(frame: str) -> bool:
+    """A frame of the user's own code: not torch, the stdlib or a built-in."""
+    return "(" in frame and not _LIBRARY_FRAME.search(frame)
+
+
 def user_frame(stack: list[str]) -> str | None:
     """The innermost frame of the user's own code (not torch, the stdlib or a built-in)."""
     for frame in stack:
-        if "(" in frame and not _LIBRARY_FRAME.search(frame):
+        if is_user_frame(frame):
             return frame
     for frame in stack:
         if not frame.startswith("<built-in"):
