@@ -10,8 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpudoctor.analysis.summary import analyze  # noqa: E402
+from gpudoctor.runner.profile import ProfileOptions, profile_steps  # noqa: E402
 from gpudoctor.trace import load_trace  # noqa: E402
-from gpudoctor.trace.capture import ProfileOptions, profile_steps  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 

@@ -14,8 +14,8 @@ from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.main import app
 from gpudoctor.monitor.samples import MonitorRecord
 from gpudoctor.report.annotated_trace import CATEGORY, PID, TID_FINDINGS
+from gpudoctor.runner.record import RunRecord
 from gpudoctor.trace import load_trace
-from gpudoctor.trace.record import RunRecord
 
 TRACE = Path(__file__).parent / "fixtures" / "traces" / "sync_every_step.json.gz"
 

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.cli.main import app
-from gpudoctor.trace import live
-from gpudoctor.trace.record import RunRecord
+from gpudoctor.runner import capture as live
+from gpudoctor.runner.record import RunRecord
 
 FAST = ["--warmup", "1", "--light-steps", "3", "--steps", "2"]
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gpudoctor import workloads
-from gpudoctor.trace.capture import ProfileOptions
+from gpudoctor.runner.profile import ProfileOptions
 from gpudoctor.util import UsageError
 from gpudoctor.workloads import zoo
 

@@ -25,8 +25,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from gpudoctor.trace import capture
-from gpudoctor.trace.capture import ProfileOptions
+from gpudoctor.runner import profile as capture
+from gpudoctor.runner.profile import ProfileOptions
 from gpudoctor.workloads import models
 from gpudoctor.workloads.base import seed_everything
 

@@ -39,16 +39,16 @@ COPY_PART_BYTES = 15 * 1024 * 1024
 
 try:
     from gpudoctor import workloads
+    from gpudoctor.runner import profile as capture
+    from gpudoctor.runner.profile import ProfileOptions
     from gpudoctor.timing.api import driver_version
-    from gpudoctor.trace import capture
-    from gpudoctor.trace.capture import ProfileOptions
     from gpudoctor.util.units import fmt_bytes, fmt_us
 except ImportError:  # run without PYTHONPATH=src
     sys.path.insert(0, str(REPO / "src"))
     from gpudoctor import workloads
+    from gpudoctor.runner import profile as capture
+    from gpudoctor.runner.profile import ProfileOptions
     from gpudoctor.timing.api import driver_version
-    from gpudoctor.trace import capture
-    from gpudoctor.trace.capture import ProfileOptions
     from gpudoctor.util.units import fmt_bytes, fmt_us
 
 

@@ -36,12 +36,12 @@ MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
 
 try:
-    from gpudoctor.trace import capture
+    from gpudoctor.runner import profile as capture
     from gpudoctor.util.units import fmt_bytes, fmt_us
     from gpudoctor.workloads import Step, Workload, zoo
 except ImportError:  # run without PYTHONPATH=src
     sys.path.insert(0, str(REPO / "src"))
-    from gpudoctor.trace import capture
+    from gpudoctor.runner import profile as capture
     from gpudoctor.util.units import fmt_bytes, fmt_us
     from gpudoctor.workloads import Step, Workload, zoo
 

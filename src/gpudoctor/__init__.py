@@ -17,7 +17,7 @@ def bench(fn: Any, *args: Any, **options: Any) -> Any:
 
 def step() -> None:
     """Mark the end of a step for `gpudoctor run` (loops without an optimizer); a no-op otherwise."""
-    from gpudoctor.trace.live import step as _step
+    from gpudoctor.runner.capture import step as _step
 
     _step()
 
@@ -25,6 +25,6 @@ def step() -> None:
 def session() -> Any:
     """`with gpudoctor.session() as s: ... s.step()`: a region of steps for `gpudoctor run`; leaving it
     ends the capture. Outside `gpudoctor run` it does nothing."""
-    from gpudoctor.trace.live import session as _session
+    from gpudoctor.runner.capture import session as _session
 
     return _session()

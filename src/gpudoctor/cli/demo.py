@@ -10,7 +10,7 @@ import typer
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
 from gpudoctor.cli.run import run_and_report
-from gpudoctor.trace.live import LiveOptions
+from gpudoctor.runner.capture import LiveOptions
 
 DEFAULT_WORKLOAD = "sync_every_step"  # an MLP trained with the usual host syncs planted in its loop
 WARMUP_STEPS = 3

@@ -27,9 +27,9 @@ from gpudoctor.report.markdown import render_markdown
 from gpudoctor.report.ranks_view import RanksView
 from gpudoctor.rules import diagnose
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.runner.record import RunRecord
 from gpudoctor.trace import load_trace, load_traces
 from gpudoctor.trace.model import Trace
-from gpudoctor.trace.record import RunRecord
 from gpudoctor.util.errors import UsageError
 
 ANALYSIS_FILE = "analysis.json"

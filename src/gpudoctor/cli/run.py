@@ -15,9 +15,9 @@ from rich.console import Console
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
-from gpudoctor.trace.launch import ScriptEnd, print_script_traceback, run_script
-from gpudoctor.trace.live import LiveCapture, LiveOptions
-from gpudoctor.trace.record import RunRecord
+from gpudoctor.runner.capture import LiveCapture, LiveOptions
+from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
+from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 from gpudoctor.util.units import fmt_bytes, fmt_us
 

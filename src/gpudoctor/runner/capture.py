@@ -1,8 +1,7 @@
-"""In-process capture for `gpudoctor run`: step boundaries from torch's global optimizer hook, from
-DataLoader iteration in loops that never step an optimizer (each batch after the first ends a step), or
-from `gpudoctor.step()`; then phases — skip warm-up steps, a light phase (step times from CUDA events or
-perf_counter, torch.cuda memory statistics, NVML samples; no profiler), a traced phase (torch.profiler
-driven by the same boundaries) — then `StopRun` once captured, unless told to let the script finish.
+"""In-process capture for `gpudoctor run`: at each step boundary (found by `runner.steps`), the phases:
+skip warm-up steps, a light phase (step times from CUDA events or perf_counter, torch.cuda memory
+statistics, NVML samples; no profiler), a traced phase (torch.profiler driven by the same boundaries),
+then `StopRun` once captured, unless told to let the script finish.
 
 `LiveCapture.install()` / `uninstall()` bracket the script; uninstall removes every hook and stops the
 profiler and sampler whatever state they are in. Nothing here runs at import.
@@ -21,7 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.trace.record import Environment, StepTimes
+from gpudoctor.runner.record import Environment, StepTimes
+from gpudoctor.runner.steps import StepDetector
 
 TRACE_NAME = "trace.json.gz"
 MEMORY_KEYS = (
@@ -94,7 +94,6 @@ class LiveCapture:
         self.out_dir = out_dir
         self.options = options
         self.steps_seen = 0
-        self.explicit = False  # gpudoctor.step() was called: optimizer hooks no longer count
         self.phase = "warmup"  # warmup, light, traced, done
         self.light: StepTimes | None = None
         self.traced: StepTimes | None = None
@@ -108,10 +107,7 @@ class LiveCapture:
         self.notes: list[str] = []
         self._clock: _Clock | None = None
         self._cuda = False
-        self._hook: Any = None
-        self._optimizer_seen = False
-        self._batches = 0
-        self._loader_next: Any = None  # DataLoader iterators' own __next__, while ours stands in
+        self._detector: StepDetector | None = None
         self._prof: Any = None
         self._prof_steps = 0
         self._raw_trace: Path | None = None
@@ -120,59 +116,24 @@ class LiveCapture:
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
         global _ACTIVE
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        self._wrap_dataloader()
+        self._detector = StepDetector(self.boundary).install()
         _ACTIVE = self
         return self
 
-    def _wrap_dataloader(self) -> None:
-        from torch.utils.data import dataloader
-
-        original = dataloader._BaseDataLoaderIter.__next__
-        capture = self
-
-        def __next__(iterator: Any) -> Any:
-            batch = original(iterator)
-            capture._on_batch()
-            return batch
-
-        dataloader._BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
-        self._loader_next = original
-
     def uninstall(self) -> None:
-        """Stop whatever is running and remove the hook; safe to call twice, also after a failure."""
+        """Stop whatever is running and remove the hooks; safe to call twice, also after a failure."""
         global _ACTIVE
         if _ACTIVE is self:
             _ACTIVE = None
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
-        if self._loader_next is not None:
-            from torch.utils.data import dataloader
-
-            dataloader._BaseDataLoaderIter.__next__ = self._loader_next  # type: ignore[method-assign]
-            self._loader_next = None
+        if self._detector is not None:
+            self._detector.uninstall()
         self.finish()
 
-    def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._optimizer_seen = True
-        if not self.explicit:
-            self.boundary()
-
-    def _on_batch(self) -> None:
-        """A DataLoader batch: in a loop with no optimizer and no gpudoctor.step(), the fetch of each
-        batch after the first ends the step of the batch before."""
-        if self.explicit or self._optimizer_seen:
-            return
-        self._batches += 1
-        if self._batches > 1:
-            self.boundary()
-
     def explicit_step(self) -> None:
-        self.explicit = True
-        self.boundary()
+        if self._detector is not None:
+            self._detector.explicit_step()
+        else:
+            self.boundary()
 
     # -- phases --------------------------------------------------------------------------------------
     def boundary(self) -> None:
