@@ -4,6 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # A CPU build from local disk; on a GPU machine with torch already installed, use your own.
 TORCH_PIN ?= torch==2.13.0
+# The frameworks the tests run scripts under (the versions on the GPU machine), CPU builds.
+FRAMEWORK_PINS ?= transformers==5.17.0 lightning==2.6.6 accelerate==1.15.0
 
 .PHONY: setup demo test lint browser clean
 
@@ -13,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q $(TORCH_PIN)
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev]' $(FRAMEWORK_PINS)
 	touch $@
 
 demo: setup

@@ -17,7 +17,7 @@ from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
 from gpudoctor.runner.record import RunRecord
 
-FAST = ["--warmup", "1", "--light-steps", "3", "--steps", "2"]
+FAST = ["--warmup", "1", "--light-steps", "3", "--light-seconds", "0", "--steps", "2"]
 
 TRAIN = """\
 import argparse
@@ -87,7 +87,7 @@ def test_a_training_script_gets_a_record_findings_and_a_summary(tmp_path: Path) 
     doc = json.loads((out / "analysis.json").read_text())
     analysis = Analysis.from_json(doc["analysis"])
     assert len(analysis.steps) == 2
-    assert analysis.unprofiled_step_us == pytest.approx(record.light.median_us)
+    assert analysis.unprofiled_step_us == pytest.approx(record.light.mean_us)  # the phase over its steps
     assert "light phase (no profiler): 3 steps" in result.output and "Step time" in result.output
 
 
@@ -117,19 +117,32 @@ def test_light_mode_runs_no_profiler(tmp_path: Path) -> None:
 def test_an_exception_keeps_the_capture_prints_the_traceback_and_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "run"
     path = script(tmp_path, after_step='if i == 5: raise ValueError("bad batch")')
-    result = run("--out", str(out), "--warmup", "1", "--light-steps", "10", str(path))
+    result = run("--out", str(out), "--warmup", "1", "--light-steps", "10", "--light-seconds", "0", str(path))
     assert result.exit_code == 1
     assert "Traceback" in result.stderr and "ValueError: bad batch" in result.stderr
     assert str(path) in result.stderr and "runpy" not in result.stderr
     record = record_of(out)
     assert record.outcome == "exception" and record.error == "ValueError: bad batch"
-    assert record.light is not None and len(record.light.times_us) == 5  # steps 2..6: the light phase so far
+    # the light phase so far: the steps after warm-up (at least --warmup 1, more while step times fell)
+    assert record.light is not None and 3 <= len(record.light.times_us) <= 5
 
 
 def test_an_exception_while_tracing_still_writes_the_trace(tmp_path: Path) -> None:
     out = tmp_path / "run"
     path = script(tmp_path, after_step='if i == 6: raise RuntimeError("late")')
-    result = run("--out", str(out), "--warmup", "1", "--light-steps", "2", "--steps", "10", str(path))
+    result = run(
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--light-steps",
+        "2",
+        "--light-seconds",
+        "0",
+        "--steps",
+        "10",
+        str(path),
+    )
     assert result.exit_code == 1
     record = record_of(out)
     assert record.trace_files == ("trace.json.gz",) and record.traced is not None
@@ -223,13 +236,13 @@ print("inference done")
 
 
 def test_a_loop_over_a_dataloader_needs_no_marks(tmp_path: Path) -> None:
-    # No optimizer and no gpudoctor.step(): each batch fetched after the first ends a step.
+    # No optimizer and no gpudoctor.step(): the model's calls are the steps (test_run_steps.py: the rest).
     out = tmp_path / "run"
     result = run("--out", str(out), "--run-to-end", *FAST, str(script(tmp_path, body=DATALOADER_INFERENCE)))
     assert result.exit_code == 0, result.output
-    assert "inference done" in result.output
+    assert "inference done" in result.output and "step = one call of Linear.forward" in result.output
     record = record_of(out)
-    assert record.steps_seen == 20 - 1  # 20 batches: the fetch of batches 2..20 ends steps 1..19
+    assert record.steps_seen < 20  # 20 batches: the first few go to finding the step
     assert record.light is not None and len(record.light.times_us) == 3
     assert record.traced is not None and len(record.traced.times_us) == 2
 
@@ -271,8 +284,9 @@ def test_the_record_round_trips(tmp_path: Path) -> None:
 
 def test_a_built_in_workload_runs_under_gpudoctor_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    fast = ["--warmup", "1", "--light-steps", "2", "--steps", "1"]
+    fast = ["--warmup", "1", "--light-steps", "2", "--light-seconds", "0", "--steps", "1"]
     result = run("--out", str(out), *fast, "-m", "gpudoctor.workloads.drive", "sync_every_step", "--cpu")
     assert result.exit_code == 0, result.output
     record = record_of(out)
-    assert record.outcome == "stopped" and record.steps_seen == 5 and (out / "analysis.json").exists()
+    assert record.outcome == "stopped" and record.steps_seen >= 5 and (out / "analysis.json").exists()
+    assert record.step is not None and record.step.source == "explicit"

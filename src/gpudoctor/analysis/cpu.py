@@ -9,13 +9,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpudoctor.analysis import classify
-from gpudoctor.analysis.intervals import Disjoint
+from gpudoctor.analysis.intervals import Disjoint, difference
 from gpudoctor.trace.links import gpu_rows_of_launch, op_parents, op_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, LAUNCH_KINDS, Kind, Trace
 from gpudoctor.trace.steps import Step
 
 DATALOADER = re.compile(r"DataLoader.*__next__|^DataLoader\.__next__|_next_data|fetch.*DataLoader", re.I)
 OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#|^Optimizer\.step$|optimizer\.step", re.I)
+# A closure given to optimizer.step (Lightning's automatic optimization, LBFGS) runs the forward and
+# backward inside the optimizer's range: gpudoctor run labels it; Lightning's profiler names its hooks.
+CLOSURE = re.compile(r"^gpudoctor\.closure$|training_step|\bbackward\b|closure|gradient_clipping", re.I)
+BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
 ZERO_GRAD = re.compile(r"^Optimizer\.zero_grad#")
 
 
@@ -24,7 +28,7 @@ class CpuStep:
     number: int
     duration_us: float
     dataloader_us: float  # inside DataLoader __next__
-    optimizer_us: float  # inside Optimizer.step
+    optimizer_us: float  # inside Optimizer.step, less the closure it may run (forward and backward)
     dataloader_gpu_wait_us: float  # GPU idle waiting for the host while the host was in the DataLoader
     optimizer_gpu_wait_us: float  # … while the host was in Optimizer.step
     cpu_ops_us: float  # top-level PyTorch ops, all threads (union)
@@ -59,8 +63,7 @@ def cpu_steps(
     ends = np.array([s.end_us for s in steps])
     cpu_rows = trace.rows(Kind.USER_ANNOTATION, Kind.PYTHON, Kind.CPU_OP)
     loader = Disjoint.of(*_spans(trace, classify.rows_matching(trace, cpu_rows, DATALOADER)))
-    annotations = trace.rows(Kind.USER_ANNOTATION, Kind.CPU_OP)
-    optimizer = Disjoint.of(*_spans(trace, classify.rows_matching(trace, annotations, OPTIMIZER_STEP)))
+    optimizer = optimizer_time(trace)
     ops = trace.rows(Kind.CPU_OP)
     top_ops = ops[op_parents(trace, ops) < 0]
     op_union = Disjoint.of(*_spans(trace, top_ops))
@@ -102,6 +105,26 @@ def cpu_steps(
             )
         )
     return tuple(out)
+
+
+def optimizer_time(trace: Trace) -> Disjoint:
+    """When the host runs the optimizer itself: `Optimizer.step` ranges less the closure each may run.
+    torch's optimizers call the closure first, so it is the start of the range up to the end of the last
+    closure range (gpudoctor's label, Lightning's training_step/backward hooks) or backward op in it."""
+    annotations = trace.rows(Kind.USER_ANNOTATION, Kind.CPU_OP)
+    steps = Disjoint.of(*_spans(trace, classify.rows_matching(trace, annotations, OPTIMIZER_STEP)))
+    if not len(steps.start):
+        return steps
+    labelled = classify.rows_matching(trace, trace.rows(Kind.USER_ANNOTATION, Kind.PYTHON), CLOSURE)
+    backward = classify.rows_matching(trace, trace.rows(Kind.CPU_OP), BACKWARD_OP)
+    rows = np.concatenate((labelled, backward))
+    starts, ends = trace.ts[rows], trace.ts[rows] + trace.dur[rows]
+    step = np.searchsorted(steps.start, starts, side="right") - 1
+    inside = (step >= 0) & (starts < steps.end[np.maximum(step, 0)])
+    closure_end = np.full(len(steps.start), -np.inf)
+    np.maximum.at(closure_end, step[inside], np.minimum(ends[inside], steps.end[step[inside]]))
+    has = np.isfinite(closure_end)
+    return difference(steps, Disjoint.of(steps.start[has], closure_end[has]))
 
 
 def _spans(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

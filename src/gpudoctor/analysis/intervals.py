@@ -42,6 +42,16 @@ class Disjoint:
         return self.upto(b) - self.upto(a)
 
 
+def difference(a: Disjoint, b: Disjoint) -> Disjoint:
+    """What of `a` no interval of `b` covers."""
+    if not len(a.start) or not len(b.start):
+        return a
+    points = np.unique(np.concatenate((a.start, a.end, b.start, b.end)))
+    lo, hi = points[:-1], points[1:]
+    keep = (a.covered(lo, hi) > 0) & (b.covered(lo, hi) <= 0)  # a piece between two points is all in or out
+    return Disjoint.of(lo[keep], hi[keep])
+
+
 def union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Merge possibly overlapping intervals into sorted disjoint ones (touching ones merge)."""
     if not len(start):

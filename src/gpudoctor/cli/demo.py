@@ -58,12 +58,14 @@ def demo_command(
     options = LiveOptions(
         warmup=WARMUP_STEPS,
         light_steps=light_steps,
+        light_seconds=0.0,  # the workload runs a set number of steps
         steps=steps,
         with_stack=True,
         record_shapes=True,  # the report's roofline needs the ops' input shapes
         profile_memory=True,
     )
-    total = WARMUP_STEPS + light_steps + steps + 2  # the run stops it once captured
+    # the run stops it once captured; room for warm-up steps beyond WARMUP_STEPS while step times fall
+    total = WARMUP_STEPS + light_steps + steps + 2 + 20
     args = [workload, "--steps", str(total), *(["--cpu"] if cpu else [])]
     code = run_and_report(DRIVER, args, module=True, out=out, options=options, console=console)
     if code:

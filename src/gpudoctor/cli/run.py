@@ -6,6 +6,7 @@ the light phase's step time); print the summary. Exits with the script's own sta
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +36,9 @@ def run_command(
     light_steps: Annotated[
         int, typer.Option("--light-steps", min=1, help="Steps timed with no profiler.")
     ] = 20,
+    light_seconds: Annotated[
+        float, typer.Option("--light-seconds", min=0, help="...and for at least this long.")
+    ] = 1.0,
     steps: Annotated[
         int, typer.Option("--steps", min=1, max=100, help="Steps recorded by the profiler.")
     ] = 5,
@@ -49,13 +53,17 @@ def run_command(
     nvml_interval: Annotated[
         int, typer.Option("--nvml-interval", min=10, help="NVML sampling interval, ms (light phase).")
     ] = 100,
+    module_depth: Annotated[
+        int, typer.Option("--module-depth", min=-1, max=6, help="Module view depth in the trace (-1: none).")
+    ] = 3,
     debug: DebugOption = False,
 ) -> None:
     """Profile an unmodified script: `gpudoctor run train.py --lr 3e-4`.
 
-    Steps are found from optimizer.step() (or gpudoctor.step() in loops without an optimizer). After
-    --warmup steps, --light-steps are timed with no profiler, then --steps are traced; then the script
-    is stopped (or runs on with --run-to-end). Options after the script name are the script's.
+    The step is found without help: an optimizer step, one call of the model, one generate() call, one
+    DataLoader batch, one iteration of the script's loop (gpudoctor.step() overrides). After --warmup
+    steps, --light-steps are timed with no profiler, then --steps are traced; then the script is stopped
+    (or runs on with --run-to-end). Options after the script name are the script's.
     """
     set_debug(ctx, debug)
     target, args = command[0], command[1:]
@@ -63,6 +71,7 @@ def run_command(
     options = LiveOptions(
         warmup=warmup,
         light_steps=light_steps,
+        light_seconds=light_seconds,
         steps=steps,
         light_only=light,
         run_to_end=run_to_end,
@@ -71,6 +80,7 @@ def run_command(
         profile_memory=profile_memory,
         nvml=nvml,
         nvml_interval_s=nvml_interval / 1000,
+        module_depth=module_depth,
     )
     code = run_and_report(target, args, module=module, out=out, options=options, console=stdout_console())
     if code:
@@ -80,20 +90,77 @@ def run_command(
 def run_and_report(
     target: str, args: list[str], *, module: bool, out: Path, options: LiveOptions, console: Console
 ) -> int:
-    """Run the script under capture, write the run directory, print the summary; the script's exit status."""
+    """Run the script under capture, write the run directory, print the summary; the script's exit status.
+    A script that ends before anything was traced runs a second time, traced to fit what it does."""
+    record, error = _capture(target, args, module=module, out=out, options=options)
+    again = None if error is not None or options.light_only else fitted_options(record, options)
+    if again is not None:
+        console.print(
+            f"[dim]the script ended after {record.steps_seen} steps, before tracing: running it again, "
+            f"{_describe_fit(again)}[/]"
+        )
+        first = record
+        record, error = _capture(target, args, module=module, out=out, options=again)
+        record = replace(
+            record, notes=(*record.notes, f"second run: the first ended after {first.steps_seen} steps")
+        )
+        if record.light is None and first.light is not None:
+            record = replace(record, light=first.light)
+    _write_record(out, record)
+    if error is not None:
+        print_script_traceback(error)
+    _report(record, out, console)
+    return record.exit_code
+
+
+def _capture(
+    target: str, args: list[str], *, module: bool, out: Path, options: LiveOptions
+) -> tuple[RunRecord, BaseException | None]:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    capture = LiveCapture(out, options).install()
+    capture = LiveCapture(out, options, script_files(target, module)).install()
     try:
         end = run_script(target, args, module=module)
     finally:
         capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
-    record = _record(capture, end, [target, *args], started, options)
+    return _record(capture, end, [target, *args], started, options), end.error
+
+
+def _write_record(out: Path, record: RunRecord) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1, allow_nan=False))
-    if end.error is not None:
-        print_script_traceback(end.error)
-    _report(record, out, console)
-    return end.exit_code
+
+
+def fitted_options(record: RunRecord, options: LiveOptions) -> LiveOptions | None:
+    """For a script that ended (by itself) before its trace: phases that fit the steps it ran, or the
+    whole script traced when it ran too few; None when it was traced or must not run again."""
+    if record.trace_files or record.exit_code != 0 or record.outcome not in ("completed", "exit"):
+        return None
+    if options.trace_all:
+        return None
+    n = record.steps_seen
+    if n < 5 or record.step is None:
+        return replace(options, trace_all=True)
+    steps = max(1, min(options.steps, (n - 2) // 3))
+    return replace(options, warmup=1, light_steps=max(n - 2 - steps - 1, 1), light_seconds=0.0, steps=steps)
+
+
+def _describe_fit(options: LiveOptions) -> str:
+    if options.trace_all:
+        return "traced from start to end"
+    return f"with {options.warmup} warm-up, {options.light_steps} timed and {options.steps} traced steps"
+
+
+def script_files(target: str, module: bool) -> tuple[str, ...]:
+    """The files that are the user's script, whatever folder they are in (for the loop watcher)."""
+    if not module:
+        return (str(Path(target).resolve()),)
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(target)
+    except (ImportError, ValueError):
+        return ()
+    return (spec.origin,) if spec is not None and spec.origin else ()
 
 
 def _run_name(target: str) -> str:
@@ -122,19 +189,23 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
     )
     for note in record.notes:
         console.print(f"[dim]note: {note}[/]")
+    console.print(f"step = {_step_line(record)}")
     light, traced = record.light, record.traced
     if light is None or not light.times_us:
-        console.print(
-            f"[dim]no light-phase steps: the script ended after {record.steps_seen} step boundaries "
-            f"(optimizer.step() or gpudoctor.step()); lower --warmup?[/]"
-        )
+        console.print(f"[dim]no light-phase steps: the script ended after {record.steps_seen} steps[/]")
     else:
         times = sorted(light.times_us)
         p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10 - (len(times) >= 10)]
         console.print(
-            f"light phase (no profiler): {len(times)} steps, median {fmt_us(light.median_us or 0)} "
-            f"(p10 {fmt_us(p10)}, p90 {fmt_us(p90)}) by {light.clock}"
+            f"light phase (no profiler): {len(times)} steps, {fmt_us(light.mean_us or 0)} per step "
+            f"(median {fmt_us(light.median_us or 0)}, p10 {fmt_us(p10)}, p90 {fmt_us(p90)}) by {light.clock}"
         )
+        per_call = record.step.calls_per_step if record.step else None
+        if per_call and per_call > 1.5 and light.mean_us:
+            console.print(
+                f"  {per_call:.1f} calls of {record.step.module}.forward per step: "  # type: ignore[union-attr]
+                f"{fmt_us(light.mean_us / per_call)} per call"
+            )
     if traced is not None and traced.median_us and light is not None and light.median_us:
         overhead = record.profiler_overhead or 0.0
         console.print(
@@ -164,7 +235,7 @@ def _analyze(out: Path, record: RunRecord, console: Console) -> None:
     from gpudoctor.rules import diagnose
     from gpudoctor.trace import load_trace
 
-    unprofiled = record.light.median_us if record.light else None
+    unprofiled = unprofiled_step_us(record)
     try:
         trace = load_trace(out / record.trace_files[0])
         analysis = analyze(trace, unprofiled_step_us=unprofiled, ceilings=trace_ceilings(trace))
@@ -185,6 +256,22 @@ def _analyze(out: Path, record: RunRecord, console: Console) -> None:
         )
 
 
+def _step_line(record: RunRecord) -> str:
+    if record.step is None:
+        return (
+            "not found (nothing in the script repeated)" if not record.trace_files else "the whole traced run"
+        )
+    return record.step.description
+
+
+def unprofiled_step_us(record: RunRecord) -> float | None:
+    """The step time without the profiler: the light phase's time over its steps (None for timed windows,
+    which are no step of the script)."""
+    if record.light is None or (record.step is not None and record.step.source == "window"):
+        return None
+    return record.light.mean_us
+
+
 def observer_effect(analysis: object, record: RunRecord) -> dict[str, float | None]:
     """The profiler's distortion in numbers: step times with and without it, and the GPU's busy share
     of the step as the trace shows it and as it is without the profiler (kernels are not slowed by the
@@ -192,7 +279,7 @@ def observer_effect(analysis: object, record: RunRecord) -> dict[str, float | No
     from gpudoctor.rules.facts import facts_of
 
     facts = facts_of(analysis)  # type: ignore[arg-type]
-    light = record.light.median_us if record.light else None
+    light = unprofiled_step_us(record)
     result: dict[str, float | None] = {
         "light_median_us": light,
         "traced_median_us": record.traced.median_us if record.traced else None,

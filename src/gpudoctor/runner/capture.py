@@ -12,15 +12,17 @@ from __future__ import annotations
 import contextlib
 import gzip
 import json
-import os
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.runner.record import Environment, StepTimes
+from gpudoctor.runner.discovery import StepDefinition
+from gpudoctor.runner.environment import cuda_uuid, environment
+from gpudoctor.runner.modules import ModuleLabels
+from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.steps import StepDetector
 
 TRACE_NAME = "trace.json.gz"
@@ -43,10 +45,15 @@ class StopRun(BaseException):
     own `except Exception` does not swallow it."""
 
 
+MAX_LIGHT_FACTOR = 50  # the light phase ends after this many times --light-steps, however short
+MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fall
+
+
 @dataclass(frozen=True)
 class LiveOptions:
-    warmup: int = 3  # steps skipped before the light phase
+    warmup: int = 3  # steps skipped before the light phase (more while step times still fall)
     light_steps: int = 20
+    light_seconds: float = 1.0  # and at least this long
     steps: int = 5  # profiled (active) steps of the traced phase
     light_only: bool = False
     run_to_end: bool = False  # let the script finish after the capture instead of stopping it
@@ -55,6 +62,8 @@ class LiveOptions:
     profile_memory: bool = False
     nvml: bool = True
     nvml_interval_s: float = 0.1
+    module_depth: int = 3  # module ranges in the traced phase to this depth (-1: none)
+    trace_all: bool = False  # trace the whole script (no steps, no light phase): for a short script
 
 
 class _Clock:
@@ -88,15 +97,18 @@ class _Clock:
 
 
 class LiveCapture:
-    """The phases of one run; `boundary()` is called at the end of every step of the script."""
+    """The phases of one run; `boundary()` is called at every step boundary the detector finds."""
 
-    def __init__(self, out_dir: Path, options: LiveOptions) -> None:
+    def __init__(self, out_dir: Path, options: LiveOptions, script_files: tuple[str, ...] = ()) -> None:
         self.out_dir = out_dir
         self.options = options
-        self.steps_seen = 0
+        self.script_files = script_files
+        self.steps_seen = 0  # boundaries of the step as finally defined
         self.phase = "warmup"  # warmup, light, traced, done
+        self.definition: StepDefinition | None = None
         self.light: StepTimes | None = None
         self.traced: StepTimes | None = None
+        self.calls_per_step: float | None = None  # root module calls per light-phase step
         self.environment: Environment | None = None
         self.memory: dict[str, int] | None = None
         self.memory_missing: str | None = None
@@ -108,16 +120,24 @@ class LiveCapture:
         self._clock: _Clock | None = None
         self._cuda = False
         self._detector: StepDetector | None = None
+        self._warm: list[float] = []  # host times of the warm-up boundaries
+        self._light_start = 0.0
+        self._light_calls = 0
         self._prof: Any = None
         self._prof_steps = 0
+        self._labels: ModuleLabels | None = None
         self._raw_trace: Path | None = None
         self._nvml: Any = None  # (backend, session)
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
         global _ACTIVE
-        self._detector = StepDetector(self.boundary).install()
+        self._detector = StepDetector(
+            self.boundary, self._on_definition, self.script_files, discover=not self.options.trace_all
+        ).install()
         _ACTIVE = self
+        if self.options.trace_all:
+            self._start_traced(schedule=False)
         return self
 
     def uninstall(self) -> None:
@@ -126,6 +146,7 @@ class LiveCapture:
         if _ACTIVE is self:
             _ACTIVE = None
         if self._detector is not None:
+            self.notes.extend(n for n in self._detector.notes if n not in self.notes)
             self._detector.uninstall()
         self.finish()
 
@@ -134,6 +155,19 @@ class LiveCapture:
             self._detector.explicit_step()
         else:
             self.boundary()
+
+    def _on_definition(self, definition: StepDefinition, restart: bool) -> None:
+        previous, self.definition = self.definition, definition
+        if not restart or previous is None:
+            return
+        if self.phase in ("warmup", "light"):
+            self._stop_nvml()
+            self.phase, self.steps_seen, self._clock, self._warm = "warmup", 0, None, []
+            self.notes.append(
+                f"the step is {definition.description}, not {previous.description}: started again"
+            )
+        else:
+            self.notes.append(f"the step became {definition.description} after tracing had begun")
 
     # -- phases --------------------------------------------------------------------------------------
     def boundary(self) -> None:
@@ -152,29 +186,45 @@ class LiveCapture:
             raise StopRun
 
     def _advance(self) -> None:
-        o, n = self.options, self.steps_seen
-        light_start = max(o.warmup, 1)  # the first boundary starts the first timed step
-        if self.phase == "warmup" and n >= light_start:
-            self._start_light()
+        o = self.options
+        if self.phase == "warmup":
+            self._warm.append(time.perf_counter())
+            if self._warmed_up():
+                self._start_light()
             return
         if self.phase == "light":
             assert self._clock is not None
             self._clock.mark()
-            if len(self._clock.marks) > o.light_steps:
+            timed = len(self._clock.marks) - 1
+            long_enough = time.perf_counter() - self._light_start >= o.light_seconds
+            if (timed >= o.light_steps and long_enough) or timed >= o.light_steps * MAX_LIGHT_FACTOR:
                 self._end_light()
                 if o.light_only:
                     self.phase = "done"
                 else:
-                    self._start_traced()
+                    self._start_traced(schedule=self.definition is None or self.definition.source != "window")
+            return
+        if self.phase == "traced" and self.options.trace_all:
+            self._prof.step()  # steps marked in a trace of the whole script, which runs to its end
             return
         if self.phase == "traced":
             # the step before the first boundary here was the profiler's warm-up: not timed
             self._prof_steps += 1
             assert self._clock is not None
             self._clock.mark()
-            self._prof.step()
+            if self._scheduled:
+                self._prof.step()
             if self._prof_steps > o.steps:
                 self._end_traced()
+
+    def _warmed_up(self) -> bool:
+        """At least --warmup steps, and until a step takes no more than twice the fastest so far (the
+        first calls of a compiled model, cudnn.benchmark's search), within a cap."""
+        n = len(self._warm) - 1  # whole steps between boundaries
+        if n < max(self.options.warmup, 1):
+            return self.options.warmup == 0 and n >= 0
+        times = [b - a for a, b in zip(self._warm, self._warm[1:], strict=False)]
+        return times[-1] <= 2 * min(times) or n >= self.options.warmup + MAX_EXTRA_WARMUP
 
     def _start_light(self) -> None:
         import torch
@@ -183,20 +233,27 @@ class LiveCapture:
         self.environment = environment(self._cuda)
         self._start_nvml()
         self._clock = _Clock(self._cuda)
+        self._light_start = time.perf_counter()
+        self._light_calls = self._detector.calls if self._detector else 0
         self._clock.mark()
         self.phase = "light"
 
     def _end_light(self) -> None:
         assert self._clock is not None
         self.light = self._clock.times_us()
+        if self._detector is not None and self._detector.root_module is not None and self.light.times_us:
+            self.calls_per_step = (self._detector.calls - self._light_calls) / len(self.light.times_us)
         self._read_memory()
         self._stop_nvml()
 
-    def _start_traced(self) -> None:
-        from torch.profiler import ProfilerActivity, profile, schedule
+    def _start_traced(self, schedule: bool = True) -> None:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import schedule as make_schedule
 
         o = self.options
-        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self._cuda else [])
+        self._cuda = self._cuda or (torch.cuda.is_available() and torch.cuda.is_initialized())
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         self.out_dir.mkdir(parents=True, exist_ok=True)
         raw = self.out_dir / TRACE_NAME.removesuffix(".gz")
 
@@ -204,9 +261,10 @@ class LiveCapture:
             prof.export_chrome_trace(str(raw))
             self._raw_trace = raw
 
+        self._scheduled = schedule
         self._prof = profile(
             activities=activities,
-            schedule=schedule(wait=0, warmup=1, active=o.steps, repeat=1),
+            schedule=make_schedule(wait=0, warmup=1, active=o.steps, repeat=1) if schedule else None,
             on_trace_ready=on_trace_ready,
             record_shapes=o.record_shapes,
             profile_memory=o.profile_memory,
@@ -215,9 +273,27 @@ class LiveCapture:
         self._prof.start()
         for key in ("with_stack", "record_shapes", "profile_memory"):  # read back by the trace loader
             self._prof.add_metadata_json(key, json.dumps(getattr(o, key)))
+        if self.definition is not None:
+            self._prof.add_metadata_json("gpudoctor_step", json.dumps(self.definition.description))
+        self._label_modules()
         self._prof_steps = 0
         self._clock = _Clock(self._cuda)
         self.phase = "traced"
+
+    def _label_modules(self) -> None:
+        detector = self._detector
+        if detector is None:
+            return
+        detector.label_closures = True
+        root = detector.root_module
+        if root is None or self.options.module_depth < 0:
+            return
+        if getattr(root, "_orig_mod", None) is not None:
+            self.notes.append(
+                "no module view: the root module is compiled (its submodules run inside the graph)"
+            )
+            return
+        self._labels = ModuleLabels(root, self.options.module_depth).install()
 
     def _end_traced(self) -> None:
         self._stop_profiler()
@@ -227,6 +303,11 @@ class LiveCapture:
         if self._prof is None:
             return
         prof, self._prof = self._prof, None
+        if self._labels is not None:
+            self._labels.remove()
+            self._labels = None
+        if self._detector is not None:
+            self._detector.label_closures = False
         try:
             prof.stop()
         finally:
@@ -238,7 +319,7 @@ class LiveCapture:
         """End every phase early (the script ended or failed): keep what was captured."""
         if self.phase == "light":
             self._end_light()
-        elif self.phase == "traced":
+        elif self.phase == "traced" or self._prof is not None:
             self._stop_profiler()
         self._stop_nvml()
         self.phase = "done"
@@ -280,7 +361,7 @@ class LiveCapture:
             self.nvml_missing = str(err)
             return
         try:
-            devices = [backend.resolve(_cuda_uuid())]
+            devices = [backend.resolve(cuda_uuid())]
         except Exception:  # an unknown UUID (MIG, another namespace): watch every GPU
             devices = None
         session = MonitorSession(backend, interval_s=self.options.nvml_interval_s, devices=devices, keep=None)
@@ -299,6 +380,7 @@ class LiveCapture:
 
     def result(self) -> dict[str, Any]:
         """The captured fields of a `RunRecord`."""
+        definition = self.definition
         return {
             "light": self.light,
             "traced": self.traced,
@@ -311,50 +393,8 @@ class LiveCapture:
             "trace_files": self.trace_files,
             "steps_seen": self.steps_seen,
             "notes": tuple(self.notes),
+            "step": None if definition is None else StepFound.of(definition, self.calls_per_step),
         }
-
-
-def _cuda_uuid() -> str:
-    import torch
-
-    uuid = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
-    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
-
-
-def environment(cuda: bool) -> Environment:
-    """The versions and flags that change what a step costs, read now."""
-    import platform
-
-    import torch
-
-    env = Environment(
-        python=platform.python_version(),
-        torch=torch.__version__,
-        cuda=torch.version.cuda,
-        cudnn=torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
-        tf32_matmul=bool(torch.backends.cuda.matmul.allow_tf32),
-        tf32_cudnn=bool(torch.backends.cudnn.allow_tf32),
-        float32_matmul_precision=torch.get_float32_matmul_precision(),
-        cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
-        cudnn_deterministic=bool(torch.backends.cudnn.deterministic),
-        deterministic_algorithms=torch.are_deterministic_algorithms_enabled(),
-        torch_threads=torch.get_num_threads(),
-        torch_interop_threads=torch.get_num_interop_threads(),
-        cpu_count=os.cpu_count(),
-    )
-    if cuda:
-        index = torch.cuda.current_device()
-        env = replace(env, device=f"cuda:{index}", gpu_name=torch.cuda.get_device_name(index))
-        with contextlib.suppress(Exception):
-            import pynvml  # type: ignore[import-not-found]
-
-            pynvml.nvmlInit()
-            try:
-                driver = pynvml.nvmlSystemGetDriverVersion()
-                env = replace(env, driver=driver.decode() if isinstance(driver, bytes) else driver)
-            finally:
-                pynvml.nvmlShutdown()
-    return env
 
 
 # -- the user's API (through gpudoctor.step / gpudoctor.session) ---------------------------------------

@@ -26,6 +26,25 @@ class StepTimes:
     def median_us(self) -> float | None:
         return statistics.median(self.times_us) if self.times_us else None
 
+    @property
+    def mean_us(self) -> float | None:
+        """The phase's whole time over its steps: the step time a loop's throughput reflects."""
+        return sum(self.times_us) / len(self.times_us) if self.times_us else None
+
+
+@dataclass(frozen=True)
+class StepFound:
+    """What a step of the script is, and how gpudoctor found it (`runner.discovery.StepDefinition`)."""
+
+    source: str  # explicit, optimizer, module, call, dataloader, loop, window
+    description: str  # "one call of BertModel.forward"
+    module: str | None = None  # the root module's class
+    calls_per_step: float | None = None  # root module calls per step, as measured in the light phase
+
+    @classmethod
+    def of(cls, definition: Any, calls_per_step: float | None) -> StepFound:
+        return cls(definition.source, definition.description, definition.module, calls_per_step)
+
 
 @dataclass(frozen=True)
 class Environment:
@@ -69,6 +88,7 @@ class RunRecord:
     nvml_missing: str | None = None
     error: str | None = None  # the script's exception, one line
     notes: tuple[str, ...] = ()
+    step: StepFound | None = None  # how the script's step was found (None in records before it was)
     schema: str = field(default=SCHEMA)
 
     @property

@@ -1,30 +1,77 @@
-"""Where a step of the user's loop ends, found without changing the script: torch's global optimizer
-step post-hook; in loops that never step an optimizer, DataLoader iteration (the fetch of each batch after
-the first ends the step of the batch before); `gpudoctor.step()`, which overrides both once called.
+"""Where a step of the user's loop ends, found without changing the script.
 
-`StepDetector.install()` / `uninstall()` put in and take out every hook; each boundary calls `on_step()`.
+Sources, strongest first: `gpudoctor.step()` (overrides everything once called); an optimizer step
+(torch's global step post-hook; the first optimizer to step leads, so a GAN's two optimizers make one
+step, and gradient accumulation counts once per optimizer step); then what discovery (`discovery.decide`)
+makes of the first moments of the run — one call of the root `nn.Module`, one iteration of the user's
+loop around `generate`-style calls, one DataLoader batch, one iteration of a plain loop — and, when
+nothing repeats, timed windows. A stronger source seen later (an optimizer after validation calls of the
+model) takes over and `on_definition` says so, so the capture can start again.
+
+During discovery torch's global module hooks, the loop watcher and a SIGALRM tick (so time-based choices
+are made in the main thread) are on; once the step is known only what that source needs stays on.
+`install()` / `uninstall()` put in and take out every hook.
 """
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+from gpudoctor.runner.discovery import Observations, RootCall, StepDefinition, decide
+from gpudoctor.runner.loops import LoopKey, LoopWatcher, UserCode
+from gpudoctor.runner.modules import CallHook, RootWatcher
+
+CLOSURE_LABEL = "gpudoctor.closure"
+COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
+TICK_S = 0.5  # discovery's clock, in the main thread
+
+EXPLICIT = StepDefinition("explicit", "gpudoctor.step() in the script")
+
 
 class StepDetector:
-    def __init__(self, on_step: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        on_step: Callable[[], None],
+        on_definition: Callable[[StepDefinition, bool], None] = lambda d, restart: None,
+        script_files: tuple[str, ...] = (),
+        discover: bool = True,
+    ) -> None:
         self.on_step = on_step
-        self.explicit = False  # gpudoctor.step() was called: the other sources no longer count
-        self._hook: Any = None
-        self._optimizer_seen = False
+        self.on_definition = on_definition  # (definition, restart): restart when it replaces another
+        self.definition: StepDefinition | None = None
+        self.label_closures = False  # set by the capture while tracing
+        self.calls = 0  # root module calls so far, once the root is known
+        self.root_module: Any = None  # the module the script calls per step, once known
+        self.notes: list[str] = []
+        self._discover = discover
+        self._user_code = UserCode(script_files)
+        self._obs = Observations(time.perf_counter())
+        self._post_hook: Any = None
+        self._pre_hook: Any = None
+        self._lead_optimizer: int | None = None
         self._batches = 0
         self._loader_next: Any = None  # DataLoader iterators' own __next__, while ours stands in
+        self._roots: RootWatcher | None = None
+        self._root_modules: dict[int, Any] = {}  # id -> module, while discovering
+        self._loops: LoopWatcher | None = None
+        self._call_hook: CallHook | None = None
+        self._alarm: Any = None  # the SIGALRM handler we replaced, while ours is in
+        self._in_alarm = False
+        self._warning_filter: Any = None
 
+    # -- installation --------------------------------------------------------------------------------
     def install(self) -> StepDetector:
-        from torch.optim.optimizer import register_optimizer_step_post_hook
+        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         from torch.utils.data import dataloader
 
-        self._hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._post_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
+        self._pre_hook = register_optimizer_step_pre_hook(self._label_closure)
         original = dataloader._BaseDataLoaderIter.__next__
         detector = self
 
@@ -35,33 +82,177 @@ class StepDetector:
 
         dataloader._BaseDataLoaderIter.__next__ = __next__  # type: ignore[method-assign]
         self._loader_next = original
+        if self._discover:
+            # torch.compile warns that global hooks fire once more for its wrapper: ours expect that
+            warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING)
+            self._warning_filter = warnings.filters[0]
+            self._roots = RootWatcher(self._on_root, self._user_code).start()
+            self._loops = LoopWatcher(self._on_iteration, self._user_code).start()
+            if self._loops.unavailable:
+                self.notes.append(f"loops not watched: {self._loops.unavailable}")
+            self._start_alarm(TICK_S)
         return self
 
     def uninstall(self) -> None:
         """Safe to call twice, also after a failure."""
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for hook in (self._post_hook, self._pre_hook):
+            if hook is not None:
+                hook.remove()
+        self._post_hook = self._pre_hook = None
         if self._loader_next is not None:
             from torch.utils.data import dataloader
 
             dataloader._BaseDataLoaderIter.__next__ = self._loader_next  # type: ignore[method-assign]
             self._loader_next = None
+        self._stop_discovery(keep_loop=False)
+        if self._warning_filter is not None:
+            with contextlib.suppress(ValueError):
+                warnings.filters.remove(self._warning_filter)
+            warnings._filters_mutated()  # type: ignore[attr-defined]
+            self._warning_filter = None
+        if self._call_hook is not None:
+            self._call_hook.remove()
+            self._call_hook = None
 
+    # -- the sources ---------------------------------------------------------------------------------
     def explicit_step(self) -> None:
-        self.explicit = True
+        if self.definition is not EXPLICIT:
+            self._commit(EXPLICIT)
         self.on_step()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self._optimizer_seen = True
-        if not self.explicit:
+        if self.definition is EXPLICIT:
+            return
+        if self._lead_optimizer is None:
+            self._lead_optimizer = id(optimizer)
+            name = type(optimizer).__name__
+            self._commit(StepDefinition("optimizer", f"one step of the optimizer ({name}.step)"))
+        if id(optimizer) == self._lead_optimizer:
             self.on_step()
 
+    def _label_closure(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
+        """While tracing, the closure given to optimizer.step (Lightning, LBFGS) runs in a profiler range
+        of its own, so its forward and backward are not counted as the optimizer's."""
+        if not self.label_closures:
+            return None
+        if kwargs.get("closure") is not None:
+            return args, {**kwargs, "closure": _labelled(kwargs["closure"])}
+        if args and callable(args[0]):
+            return (_labelled(args[0]), *args[1:]), kwargs
+        return None
+
     def _on_batch(self) -> None:
-        """A DataLoader batch: in a loop with no optimizer and no gpudoctor.step(), the fetch of each
-        batch after the first ends the step of the batch before."""
-        if self.explicit or self._optimizer_seen:
-            return
-        self._batches += 1
-        if self._batches > 1:
+        if self.definition is None:
+            self._obs.batches.append(time.perf_counter())
+            self._decide()
+        elif self.definition.source == "dataloader":
+            self._batches += 1
+            if self._batches > 1:  # the fetch of each batch after the first ends the step before
+                self.on_step()
+
+    def _on_root(self, call: RootCall, module: Any) -> None:
+        if self.definition is None:
+            self._obs.roots.append(call)
+            self._root_modules.setdefault(call.module_id, module)
+            self._decide()
+
+    def _on_iteration(self, loop: LoopKey, when: float) -> None:
+        if self.definition is None:
+            self._obs.add_iteration(loop, when)
+            self._decide()
+        elif self.definition.loop == loop:
             self.on_step()
+
+    def _on_call(self) -> None:
+        self.calls += 1
+        if self.definition is not None and self.definition.source == "module":
+            self.on_step()
+
+    # -- deciding ------------------------------------------------------------------------------------
+    def _decide(self) -> None:
+        if self.definition is not None:
+            return
+        found = decide(self._obs, time.perf_counter())
+        if found is not None:
+            self._commit(found)
+
+    def _commit(self, definition: StepDefinition) -> None:
+        replaced = self.definition is not None
+        if self.definition is not None and self.definition.source == "window":
+            self._stop_alarm()
+        self.definition = definition
+        if self.root_module is None:
+            self.root_module = self._most_called_root()
+        self._stop_discovery(keep_loop=definition.loop is not None)
+        if self._call_hook is None and self.root_module is not None:
+            self._call_hook = CallHook(self.root_module, self._on_call)
+        if definition.source == "window" and definition.window_s:
+            self._start_alarm(definition.window_s)
+        self.on_definition(definition, replaced)
+
+    def _most_called_root(self) -> Any:
+        if not self._obs.roots:
+            return None
+        counts: dict[int, int] = {}
+        for r in self._obs.roots:
+            counts[r.module_id] = counts.get(r.module_id, 0) + 1
+        return self._root_modules.get(max(counts, key=counts.__getitem__))
+
+    def _stop_discovery(self, keep_loop: bool) -> None:
+        if self._roots is not None:
+            self._roots.stop()
+            self._roots = None
+        if self._loops is not None:
+            if keep_loop and self.definition is not None and self.definition.loop is not None:
+                self._loops.follow(self.definition.loop)
+            else:
+                self._loops.stop()
+                self._loops = None
+        if self.definition is None or self.definition.source != "window":
+            self._stop_alarm()
+        self._root_modules = {}
+
+    # -- the main thread's clock (discovery ticks, then timed windows) -----------------------------------
+    def _start_alarm(self, interval_s: float) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            self.notes.append("not in the main thread: no timed discovery or windows")
+            return
+        if self._alarm is None:
+            current = signal.getsignal(signal.SIGALRM)
+            if current not in (signal.SIG_DFL, signal.SIG_IGN, None):
+                self.notes.append("the script handles SIGALRM itself: no timed discovery or windows")
+                return
+            self._alarm = current
+            signal.signal(signal.SIGALRM, self._on_alarm)
+            signal.siginterrupt(signal.SIGALRM, False)  # restart system calls the tick interrupts
+        signal.setitimer(signal.ITIMER_REAL, interval_s, interval_s)
+
+    def _stop_alarm(self) -> None:
+        if self._alarm is None:
+            return
+        with contextlib.suppress(ValueError):  # not the main thread: nothing of ours can be in
+            signal.setitimer(signal.ITIMER_REAL, 0, 0)
+            signal.signal(signal.SIGALRM, self._alarm)
+        self._alarm = None
+
+    def _on_alarm(self, signum: int, frame: Any) -> None:
+        if self._in_alarm:
+            return
+        self._in_alarm = True
+        try:
+            if self.definition is None:
+                self._decide()
+            elif self.definition.source == "window":
+                self.on_step()
+        finally:
+            self._in_alarm = False
+
+
+def _labelled(closure: Callable[[], Any]) -> Callable[[], Any]:
+    def closure_in_range() -> Any:
+        from torch.profiler import record_function
+
+        with record_function(CLOSURE_LABEL):
+            return closure()
+
+    return closure_in_range

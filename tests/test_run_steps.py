@@ -1,0 +1,324 @@
+"""`gpudoctor run` finds the step of every kind of loop without help, on the CPU: training loops
+(optimizer steps, also with closures, gradient accumulation, two optimizers), inference loops (one call
+of the root module), generate-style loops (the outer call), DataLoader loops without a model, loops of
+plain tensor ops, compiled models, the frameworks (Lightning, the Hugging Face Trainer, accelerate); a
+stronger source seen later takes over; a script too short for the phases is traced all the same."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.cli.main import app
+from gpudoctor.runner import capture as live
+from gpudoctor.runner.record import RunRecord
+
+FAST = ["--warmup", "1", "--light-steps", "3", "--light-seconds", "0", "--steps", "2"]
+
+
+def run_script(tmp_path: Path, body: str, *options: str, name: str = "script.py") -> tuple[RunRecord, str]:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(
+        app, ["run", "--out", str(out), *FAST, *options, str(path)], catch_exceptions=False
+    )
+    assert result.exit_code == 0, result.output
+    return RunRecord.from_json(json.loads((out / "record.json").read_text())), result.output
+
+
+def analysis_of(tmp_path: Path) -> Analysis:
+    return Analysis.from_json(json.loads((tmp_path / "run" / "analysis.json").read_text())["analysis"])
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    """Every hook gpudoctor puts in for discovery is gone afterwards: optimizer and module hooks, the
+    DataLoader stand-in, the loop watcher, the SIGALRM handler and timer."""
+    from torch.nn.modules import module
+    from torch.optim import optimizer
+    from torch.utils.data import dataloader
+
+    before = (
+        dict(optimizer._global_optimizer_pre_hooks),
+        dict(optimizer._global_optimizer_post_hooks),
+        dict(module._global_forward_pre_hooks),
+        dict(module._global_forward_hooks),
+        dataloader._BaseDataLoaderIter.__next__,
+        sys.gettrace(),
+        signal.getsignal(signal.SIGALRM),
+    )
+    yield
+    after = (
+        dict(optimizer._global_optimizer_pre_hooks),
+        dict(optimizer._global_optimizer_post_hooks),
+        dict(module._global_forward_pre_hooks),
+        dict(module._global_forward_hooks),
+        dataloader._BaseDataLoaderIter.__next__,
+        sys.gettrace(),
+        signal.getsignal(signal.SIGALRM),
+    )
+    assert after == before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    assert live._ACTIVE is None and not torch.autograd.profiler._is_profiler_enabled
+    if sys.version_info >= (3, 12):
+        assert all(sys.monitoring.get_tool(t) != "gpudoctor" for t in range(6))
+
+
+MLP = "torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))"
+
+
+def test_a_training_loop_steps_at_each_optimizer_step(tmp_path: Path) -> None:
+    record, output = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(60):
+            loss = model(torch.randn(8, 32)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """,
+    )
+    assert record.step is not None and record.step.source == "optimizer"
+    assert "step = one step of the optimizer (SGD.step)" in output
+    assert record.step.calls_per_step == pytest.approx(1.0)
+
+
+def test_gradient_accumulation_counts_one_step_per_optimizer_step(tmp_path: Path) -> None:
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}
+        opt = torch.optim.AdamW(model.parameters())
+        for i in range(160):
+            (model(torch.randn(8, 32)).sum() / 4).backward()
+            if (i + 1) % 4 == 0:
+                opt.step()
+                opt.zero_grad()
+        """,
+    )
+    assert record.step is not None and record.step.source == "optimizer"
+    assert record.step.calls_per_step == pytest.approx(4.0)  # four micro-batches in each step
+
+
+def test_two_optimizers_make_one_step(tmp_path: Path) -> None:
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        gen, disc = {MLP}, {MLP}
+        opt_g = torch.optim.Adam(gen.parameters())
+        opt_d = torch.optim.Adam(disc.parameters())
+        for i in range(60):
+            disc(torch.randn(8, 32)).sum().backward()
+            opt_d.step(); opt_d.zero_grad()
+            gen(torch.randn(8, 32)).sum().backward()
+            opt_g.step(); opt_g.zero_grad()
+        """,
+    )
+    assert record.step is not None and record.step.source == "optimizer"
+    assert record.steps_seen <= 60  # the first optimizer to step leads: one boundary per iteration
+
+
+def test_an_lbfgs_closure_is_not_optimizer_time(tmp_path: Path) -> None:
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}
+        opt = torch.optim.LBFGS(model.parameters(), max_iter=2)
+        x, y = torch.randn(64, 32), torch.randint(0, 4, (64,))
+        def closure():
+            opt.zero_grad()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            return loss
+        for i in range(40):
+            opt.step(closure)
+        """,
+    )
+    assert record.step is not None and record.step.source == "optimizer"
+    analysis = analysis_of(tmp_path)
+    for step in analysis.steps:
+        # the closure (forward, backward) runs inside Optimizer.step and is left out of its time
+        assert 0 < step.cpu.optimizer_us < 0.9 * step.cpu.duration_us
+
+
+def test_an_inference_loop_steps_at_each_call_of_the_model(tmp_path: Path) -> None:
+    record, output = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}.eval()
+        with torch.inference_mode():
+            for i in range(80):
+                y = model(torch.randn(16, 32))
+        """,
+    )
+    assert record.step is not None and record.step.source == "module"
+    assert "step = one call of Sequential.forward" in output
+    names = {e for e in _annotations(tmp_path) if e.startswith("gpudoctor.module: ")}
+    assert {"gpudoctor.module: Sequential", "gpudoctor.module: 0", "gpudoctor.module: 2"} <= names
+
+
+def test_a_model_called_from_the_users_own_function_is_still_the_step(tmp_path: Path) -> None:
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}.eval()
+        def predict(x):
+            with torch.no_grad():
+                return model(x).argmax(-1)
+        for i in range(80):
+            predict(torch.randn(16, 32))
+        """,
+    )
+    assert record.step is not None and record.step.source == "module"
+
+
+def test_a_compiled_model_is_found_by_its_calls(tmp_path: Path) -> None:
+    record, output = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = torch.compile({MLP}.eval(), backend="eager")
+        with torch.no_grad():
+            for i in range(80):
+                model(torch.randn(16, 32))
+        """,
+    )
+    assert record.step is not None and record.step.source == "module"
+    assert "one call of Sequential (torch.compile).forward" in output
+    assert any("no module view" in note for note in record.notes)
+
+
+def test_hugging_face_generate_in_a_loop_is_one_step_per_generate_call(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    record, output = run_script(
+        tmp_path,
+        """
+        import torch
+        from transformers import GPT2Config, GPT2LMHeadModel
+        config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=100, n_positions=64)
+        model = GPT2LMHeadModel(config).eval()
+        prompt = torch.randint(0, 100, (1, 4))
+        for i in range(30):
+            model.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0)
+        """,
+    )
+    assert record.step is not None and record.step.source == "call"
+    assert record.step.description.startswith("one call of GPT2LMHeadModel.generate")
+    assert record.step.calls_per_step == pytest.approx(6.0)  # one forward per new token
+    assert "calls of GPT2LMHeadModel.forward per step" in output
+
+
+def test_a_dataloader_loop_without_a_model_steps_at_each_batch(tmp_path: Path) -> None:
+    record, _ = run_script(
+        tmp_path,
+        """
+        import time
+        import torch
+        data = torch.utils.data.TensorDataset(torch.randn(4000, 16))
+        loader = torch.utils.data.DataLoader(data, batch_size=8)
+        total = 0.0
+        for (x,) in loader:
+            total += float((x @ x.T).sum())
+            time.sleep(0.002)
+        """,
+    )
+    assert record.step is not None and record.step.source == "dataloader"
+
+
+def test_a_loop_of_plain_tensor_ops_steps_at_each_iteration(tmp_path: Path) -> None:
+    record, output = run_script(
+        tmp_path,
+        """
+        import torch
+        a, w = torch.randn(128, 128), torch.randn(128, 128)
+        for i in range(3000):
+            a = torch.tanh(a @ w)
+            for j in range(3):
+                a = a * 0.5
+        """,
+    )
+    assert record.step is not None and record.step.source == "loop"
+    assert "one iteration of the loop at script.py:4" in output  # the outer loop, not the inner
+
+
+def test_validation_calls_first_then_training_steps_start_again(tmp_path: Path) -> None:
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}
+        with torch.no_grad():  # a short validation before training (Lightning's sanity check)
+            for i in range(4):
+                model(torch.randn(8, 32))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(60):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step(); opt.zero_grad()
+        """,
+    )
+    assert record.step is not None and record.step.source == "optimizer"
+    assert any("started again" in note for note in record.notes)
+
+
+def test_a_script_too_short_for_the_phases_is_run_again_to_fit(tmp_path: Path) -> None:
+    record, output = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(7):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step(); opt.zero_grad()
+        print("ran")
+        """,
+        "--warmup",
+        "3",
+        "--light-steps",
+        "20",
+    )
+    assert "running it again" in output and output.count("ran") >= 2
+    assert record.trace_files and (tmp_path / "run" / "analysis.json").exists()
+    assert record.light is not None and record.light.times_us
+
+
+def test_a_script_of_a_few_steps_is_traced_whole(tmp_path: Path) -> None:
+    record, output = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(3):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step(); opt.zero_grad()
+        """,
+    )
+    assert "traced from start to end" in output
+    assert record.trace_files and record.outcome == "completed"
+
+
+def _annotations(tmp_path: Path) -> set[str]:
+    import gzip
+
+    with gzip.open(tmp_path / "run" / "trace.json.gz") as f:
+        doc = json.load(f)
+    return {e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"}
