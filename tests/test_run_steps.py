@@ -322,3 +322,44 @@ def _annotations(tmp_path: Path) -> set[str]:
     with gzip.open(tmp_path / "run" / "trace.json.gz") as f:
         doc = json.load(f)
     return {e["name"] for e in doc["traceEvents"] if e.get("cat") == "user_annotation"}
+
+
+def test_a_replay_loop_after_the_models_calls_becomes_the_step(tmp_path: Path) -> None:
+    # A CUDA graph is captured from a few calls of the model and then replayed in a loop: the calls stop,
+    # the script's loop runs on, and that loop is the step (here plain ops stand in for the replay).
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}.eval()
+        x = torch.randn(16, 32)
+        with torch.no_grad():
+            for i in range(5):
+                model(x)
+        a, w = torch.randn(256, 256), torch.randn(256, 256) / 16
+        for i in range(100000):
+            a = torch.tanh(a @ w)
+        """,
+    )
+    assert record.step is not None and record.step.source == "loop"
+    assert "one iteration of the loop at script.py:9" in record.step.description
+
+
+def test_when_nothing_repeats_the_steps_are_timed_windows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpudoctor.runner import discovery
+
+    monkeypatch.setattr(discovery, "WINDOW_AFTER_S", 0.5)
+    record, output = run_script(
+        tmp_path,
+        """
+        import torch
+        a = torch.randn(128, 128)
+        def work(_):
+            return float((a @ a).sum())
+        total = sum(map(work, range(200000)))  # no loop in the script's own code, no model
+        """,
+    )
+    assert record.step is not None and record.step.source == "window"
+    assert "window" in output and record.trace_files

@@ -30,6 +30,8 @@ from gpudoctor.runner.modules import CallHook, RootWatcher
 CLOSURE_LABEL = "gpudoctor.closure"
 COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 TICK_S = 0.5  # discovery's clock, in the main thread
+STALE_SOURCES = ("module", "dataloader")  # sources a loop of the script can replace when they stop
+STALE_ITERATIONS, STALE_S = 20, 1.0
 
 EXPLICIT = StepDefinition("explicit", "gpudoctor.step() in the script")
 
@@ -64,6 +66,8 @@ class StepDetector:
         self._alarm: Any = None  # the SIGALRM handler we replaced, while ours is in
         self._in_alarm = False
         self._warning_filter: Any = None
+        self._idle_iterations: dict[LoopKey, int] = {}  # loop iterations since the last step
+        self._last_step = time.perf_counter()
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> StepDetector:
@@ -105,6 +109,7 @@ class StepDetector:
             dataloader._BaseDataLoaderIter.__next__ = self._loader_next  # type: ignore[method-assign]
             self._loader_next = None
         self._stop_discovery(keep_loop=False)
+        self._stop_alarm()
         if self._warning_filter is not None:
             with contextlib.suppress(ValueError):
                 warnings.filters.remove(self._warning_filter)
@@ -118,7 +123,7 @@ class StepDetector:
     def explicit_step(self) -> None:
         if self.definition is not EXPLICIT:
             self._commit(EXPLICIT)
-        self.on_step()
+        self._step()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self.definition is EXPLICIT:
@@ -128,7 +133,7 @@ class StepDetector:
             name = type(optimizer).__name__
             self._commit(StepDefinition("optimizer", f"one step of the optimizer ({name}.step)"))
         if id(optimizer) == self._lead_optimizer:
-            self.on_step()
+            self._step()
 
     def _label_closure(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """While tracing, the closure given to optimizer.step (Lightning, LBFGS) runs in a profiler range
@@ -148,7 +153,7 @@ class StepDetector:
         elif self.definition.source == "dataloader":
             self._batches += 1
             if self._batches > 1:  # the fetch of each batch after the first ends the step before
-                self.on_step()
+                self._step()
 
     def _on_root(self, call: RootCall, module: Any) -> None:
         if self.definition is None:
@@ -161,12 +166,25 @@ class StepDetector:
             self._obs.add_iteration(loop, when)
             self._decide()
         elif self.definition.loop == loop:
-            self.on_step()
+            self._step()
+        elif self.definition.source in STALE_SOURCES:
+            # The model's calls (or the batches) stopped while a loop of the script runs on: a CUDA graph
+            # captured from the model and replayed, say. That loop is the step.
+            self._idle_iterations[loop] = self._idle_iterations.get(loop, 0) + 1
+            if self._idle_iterations[loop] >= STALE_ITERATIONS and when - self._last_step >= STALE_S:
+                self._commit(
+                    StepDefinition("loop", f"one iteration of the loop at {loop.describe()}", loop=loop)
+                )
+
+    def _step(self) -> None:
+        self._last_step = time.perf_counter()
+        self._idle_iterations.clear()
+        self.on_step()
 
     def _on_call(self) -> None:
         self.calls += 1
         if self.definition is not None and self.definition.source == "module":
-            self.on_step()
+            self._step()
 
     # -- deciding ------------------------------------------------------------------------------------
     def _decide(self) -> None:
@@ -183,7 +201,7 @@ class StepDetector:
         self.definition = definition
         if self.root_module is None:
             self.root_module = self._most_called_root()
-        self._stop_discovery(keep_loop=definition.loop is not None)
+        self._stop_discovery(keep_loop=definition.loop is not None or definition.source in STALE_SOURCES)
         if self._call_hook is None and self.root_module is not None:
             self._call_hook = CallHook(self.root_module, self._on_call)
         if definition.source == "window" and definition.window_s:
@@ -203,8 +221,9 @@ class StepDetector:
             self._roots.stop()
             self._roots = None
         if self._loops is not None:
-            if keep_loop and self.definition is not None and self.definition.loop is not None:
-                self._loops.follow(self.definition.loop)
+            if keep_loop and self.definition is not None:
+                if self.definition.loop is not None:
+                    self._loops.follow(self.definition.loop)
             else:
                 self._loops.stop()
                 self._loops = None
@@ -243,7 +262,7 @@ class StepDetector:
             if self.definition is None:
                 self._decide()
             elif self.definition.source == "window":
-                self.on_step()
+                self._step()
         finally:
             self._in_alarm = False
 
