@@ -77,7 +77,7 @@ def test_a_training_script_gets_a_record_findings_and_a_summary(tmp_path: Path) 
     record = record_of(out)
     assert record.outcome == "stopped" and record.exit_code == 0
     assert (
-        record.light is not None and len(record.light.times_us) == 3 and record.light.clock == "perf_counter"
+        record.light is not None and len(record.light.times_us) >= 3 and record.light.clock == "perf_counter"
     )
     assert record.traced is not None and len(record.traced.times_us) == 2
     assert record.profiler_overhead is not None
@@ -109,7 +109,7 @@ def test_light_mode_runs_no_profiler(tmp_path: Path) -> None:
     result = run("--out", str(out), "--light", *FAST, str(script(tmp_path)))
     assert result.exit_code == 0, result.output
     record = record_of(out)
-    assert record.light is not None and len(record.light.times_us) == 3
+    assert record.light is not None and len(record.light.times_us) >= 3
     assert record.traced is None and record.trace_files == ()
     assert not (out / "analysis.json").exists() and not list(out.glob("*.gz"))
 
@@ -243,7 +243,7 @@ def test_a_loop_over_a_dataloader_needs_no_marks(tmp_path: Path) -> None:
     assert "inference done" in result.output and "step = one call of Linear.forward" in result.output
     record = record_of(out)
     assert record.steps_seen < 20  # 20 batches: the first few go to finding the step
-    assert record.light is not None and len(record.light.times_us) == 3
+    assert record.light is not None and len(record.light.times_us) >= 3
     assert record.traced is not None and len(record.traced.times_us) == 2
 
 

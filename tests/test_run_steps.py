@@ -363,3 +363,13 @@ def test_when_nothing_repeats_the_steps_are_timed_windows(
     )
     assert record.step is not None and record.step.source == "window"
     assert "window" in output and record.trace_files
+
+
+def test_short_steps_are_timed_in_groups_so_the_marks_cost_stays_out() -> None:
+    clock = live._Clock(cuda=False, every=4)
+    for _ in range(9):
+        clock.boundary()
+    times = clock.times_us()
+    assert len(clock.marks) == 3 and clock.timed_steps == 8  # marks at boundaries 1, 5 and 9
+    assert len(times.times_us) == 8 and len(set(times.times_us[:4])) == 1  # each mark: the mean of 4 steps
+    assert times.mean_us == pytest.approx((clock.marks[-1] - clock.marks[0]) / 1e3 / 8)

@@ -38,7 +38,7 @@ def run_command(
     ] = 20,
     light_seconds: Annotated[
         float, typer.Option("--light-seconds", min=0, help="...and for at least this long.")
-    ] = 1.0,
+    ] = 2.0,
     steps: Annotated[
         int, typer.Option("--steps", min=1, max=100, help="Steps recorded by the profiler.")
     ] = 5,

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import itertools
 import json
+import math
 import shutil
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,7 +48,9 @@ class StopRun(BaseException):
     own `except Exception` does not swallow it."""
 
 
-MAX_LIGHT_FACTOR = 50  # the light phase ends after this many times --light-steps, however short
+MAX_MARKS = 5000  # the light phase ends after this many marks, however short its time
+MARK_EVERY_US = 500.0  # light-phase marks at least this far apart (steps shorter are marked in groups)
+MAX_EVERY = 1000
 MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fall
 
 
@@ -53,7 +58,7 @@ MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fa
 class LiveOptions:
     warmup: int = 3  # steps skipped before the light phase (more while step times still fall)
     light_steps: int = 20
-    light_seconds: float = 1.0  # and at least this long
+    light_seconds: float = 2.0  # and at least this long
     steps: int = 5  # profiled (active) steps of the traced phase
     light_only: bool = False
     run_to_end: bool = False  # let the script finish after the capture instead of stopping it
@@ -68,32 +73,47 @@ class LiveOptions:
 
 class _Clock:
     """Marks at step boundaries: CUDA events on the current stream (no sync until `times_us`), or
-    perf_counter on the CPU."""
+    perf_counter on the CPU. With `every` > 1 only every so many boundaries is marked (steps shorter
+    than a mark's own cost: each mark then stands for the mean of the steps since the last); events
+    are made ahead, in batches, so that a mark only records one."""
 
-    def __init__(self, cuda: bool) -> None:
+    def __init__(self, cuda: bool, every: int = 1) -> None:
         self.cuda = cuda
+        self.every = every
         self.name = "cuda_events" if cuda else "perf_counter"
         self.marks: list[Any] = []
+        self.steps = 0  # boundaries seen since the first mark
+        self._spare: list[Any] = []
 
-    def mark(self) -> None:
+    def boundary(self) -> None:
+        if self.marks:
+            self.steps += 1
+            if self.steps % self.every:
+                return
         if self.cuda:
-            import torch
+            if not self._spare:
+                import torch
 
-            event = torch.cuda.Event(enable_timing=True)
+                self._spare = [torch.cuda.Event(enable_timing=True) for _ in range(64)]
+            event = self._spare.pop()
             event.record()
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter_ns())
+
+    @property
+    def timed_steps(self) -> int:
+        return (len(self.marks) - 1) * self.every if self.marks else 0
 
     def times_us(self) -> StepTimes:
         if len(self.marks) < 2:
             return StepTimes(self.name, ())
         if self.cuda:
             self.marks[-1].synchronize()
-            times = [a.elapsed_time(b) * 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
+            spans = [a.elapsed_time(b) * 1e3 for a, b in itertools.pairwise(self.marks)]
         else:
-            times = [(b - a) / 1e3 for a, b in zip(self.marks, self.marks[1:], strict=False)]
-        return StepTimes(self.name, tuple(times))
+            spans = [(b - a) / 1e3 for a, b in itertools.pairwise(self.marks)]
+        return StepTimes(self.name, tuple(t / self.every for t in spans for _ in range(self.every)))
 
 
 class LiveCapture:
@@ -194,10 +214,10 @@ class LiveCapture:
             return
         if self.phase == "light":
             assert self._clock is not None
-            self._clock.mark()
-            timed = len(self._clock.marks) - 1
+            self._clock.boundary()
+            timed = self._clock.timed_steps
             long_enough = time.perf_counter() - self._light_start >= o.light_seconds
-            if (timed >= o.light_steps and long_enough) or timed >= o.light_steps * MAX_LIGHT_FACTOR:
+            if (timed >= o.light_steps and long_enough) or len(self._clock.marks) > MAX_MARKS:
                 self._end_light()
                 if o.light_only:
                     self.phase = "done"
@@ -211,7 +231,7 @@ class LiveCapture:
             # the step before the first boundary here was the profiler's warm-up: not timed
             self._prof_steps += 1
             assert self._clock is not None
-            self._clock.mark()
+            self._clock.boundary()
             if self._scheduled:
                 self._prof.step()
             if self._prof_steps > o.steps:
@@ -226,16 +246,25 @@ class LiveCapture:
         times = [b - a for a, b in zip(self._warm, self._warm[1:], strict=False)]
         return times[-1] <= 2 * min(times) or n >= self.options.warmup + MAX_EXTRA_WARMUP
 
+    def _mark_every(self) -> int:
+        """Mark every k-th boundary when the warm-up's steps are short, so that marks are at least
+        MARK_EVERY_US apart and their own cost stays out of the step time."""
+        times = [b - a for a, b in itertools.pairwise(self._warm)]
+        if not times:
+            return 1
+        step_us = 1e6 * statistics.median(times)
+        return max(1, min(MAX_EVERY, math.ceil(MARK_EVERY_US / max(step_us, 1e-3))))
+
     def _start_light(self) -> None:
         import torch
 
         self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.environment = environment(self._cuda)
         self._start_nvml()
-        self._clock = _Clock(self._cuda)
+        self._clock = _Clock(self._cuda, every=self._mark_every())
         self._light_start = time.perf_counter()
         self._light_calls = self._detector.calls if self._detector else 0
-        self._clock.mark()
+        self._clock.boundary()
         self.phase = "light"
 
     def _end_light(self) -> None:

@@ -94,7 +94,7 @@ class LoopWatcher:
         self.active = False
 
     def _report(self, loop: LoopKey) -> None:
-        if self.only is None or loop == self.only:
+        if self.only is None or loop is self.only:
             self.on_iteration(loop, time.perf_counter())
 
 
@@ -142,7 +142,8 @@ class _Monitoring:
                 line = _header_line(code, destination)
                 key = LoopKey(code.co_filename, _qualname(code), line) if line is not None else None
             self.keys[(code, destination)] = key
-        if key is None or (self.watcher.only is not None and key != self.watcher.only):
+        only = self.watcher.only
+        if key is None or (only is not None and key is not only):  # keys are made once: `is` will do
             return sys.monitoring.DISABLE  # type: ignore[attr-defined]
         self.watcher._report(key)
         return None
@@ -164,6 +165,7 @@ class _Tracing:
     def __init__(self, watcher: LoopWatcher) -> None:
         self.watcher = watcher
         self.last_line: dict[int, int] = {}  # id(frame) -> its last line
+        self.keys: dict[tuple[CodeType, int], LoopKey] = {}
         self.installed = False
 
     def start(self) -> str | None:
@@ -185,7 +187,12 @@ class _Tracing:
             self.last_line[id(frame)] = frame.f_lineno
             if frame.f_lineno < previous:
                 code = frame.f_code
-                self.watcher._report(LoopKey(code.co_filename, _qualname(code), frame.f_lineno))
+                key = self.keys.get((code, frame.f_lineno))
+                if key is None:
+                    key = self.keys[(code, frame.f_lineno)] = LoopKey(
+                        code.co_filename, _qualname(code), frame.f_lineno
+                    )
+                self.watcher._report(key)
         elif event == "return":
             self.last_line.pop(id(frame), None)
         return self._on_line

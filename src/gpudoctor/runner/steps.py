@@ -165,7 +165,7 @@ class StepDetector:
         if self.definition is None:
             self._obs.add_iteration(loop, when)
             self._decide()
-        elif self.definition.loop == loop:
+        elif self.definition.loop is loop:
             self._step()
         elif self.definition.source in STALE_SOURCES:
             # The model's calls (or the batches) stopped while a loop of the script runs on: a CUDA graph
@@ -178,7 +178,8 @@ class StepDetector:
 
     def _step(self) -> None:
         self._last_step = time.perf_counter()
-        self._idle_iterations.clear()
+        if self._idle_iterations:
+            self._idle_iterations.clear()
         self.on_step()
 
     def _on_call(self) -> None:
