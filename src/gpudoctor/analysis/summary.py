@@ -18,9 +18,10 @@ from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.device.ceilings import Ceilings, reference_ceilings
+from gpudoctor.trace.iterations import StepSource, find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
-from gpudoctor.trace.steps import Step, find_steps
+from gpudoctor.trace.steps import Step, steps_from_spans
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.serial import from_jsonable, to_jsonable
@@ -71,6 +72,11 @@ class Analysis:
     roofline: Roofline | None = None
     # The user frames that hold the host's time between ops (with_stack traces), most first.
     host_gaps: tuple[HostGap, ...] = ()
+    # How the steps were found (marked or inferred); None in an analysis saved before it existed.
+    steps_source: StepSource | None = None
+    # Where no step was found: the traced time (the GPU's span) as one whole, with its host figures;
+    # what rules then reason with, as shares of the traced time. None where there are steps.
+    whole_trace: StepSummary | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -107,10 +113,13 @@ def analyze(
 def _analyze(
     trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None, ceilings: Ceilings | None
 ) -> Analysis:
-    steps = find_steps(trace)
+    found = find_iterations(trace)
+    steps = found.steps
     notes: list[str] = []
     if not steps:
-        notes.append("no ProfilerStep#N annotations: figures cover the whole trace, not steps")
+        notes.append("no step markers and no repeating iteration: figures cover the traced time")
+    elif found.source.inferred:
+        notes.append(f"steps: {found.source.description}")
     if step is not None:
         chosen = tuple(s for s in steps if s.number == step)
         if not chosen:
@@ -124,11 +133,7 @@ def _analyze(
     syncs = host_sync_rows(trace)
     gpu_rows = _launched_within(trace, steps[0]) if step is not None else None
     timeline = gpu_timeline(trace, steps, gpu_rows)
-    cpu = cpu_steps(trace, steps, syncs, idle_intervals(trace, steps, gpu_rows).get("host_wait"))
-    step_rows = tuple(
-        StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
-        for i, s in enumerate(steps)
-    )
+    step_rows = _step_summaries(trace, steps, syncs, timeline, gpu_rows)
     memory = memory_report(trace, steps)
     if memory is None and len(trace.memory):
         notes.append("memory events only for the CPU: no GPU memory to analyze")
@@ -152,7 +157,36 @@ def _analyze(
         unprofiled_step_us=unprofiled_step_us,
         roofline=roofline(trace, ceilings, window),
         host_gaps=host_gaps(trace, steps, syncs),
+        steps_source=found.source,
+        whole_trace=None if steps else _whole_trace(trace, syncs),
     )
+
+
+def _step_summaries(
+    trace: Trace,
+    steps: tuple[Step, ...],
+    syncs: np.ndarray,
+    timeline: GpuTimeline,
+    gpu_rows: np.ndarray | None,
+) -> tuple[StepSummary, ...]:
+    cpu = cpu_steps(trace, steps, syncs, idle_intervals(trace, steps, gpu_rows).get("host_wait"))
+    return tuple(
+        StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
+        for i, s in enumerate(steps)
+    )
+
+
+def _whole_trace(trace: Trace, syncs: np.ndarray) -> StepSummary | None:
+    """The GPU's span (and the launches of its work) as one step numbered 0; None without GPU work."""
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    if not len(gpu):
+        return None
+    launch = launch_rows(trace, gpu)
+    launched = launch[launch >= 0]
+    start = min(float(trace.ts[gpu].min()), float(trace.ts[launched].min()) if len(launched) else np.inf)
+    end = float((trace.ts[gpu] + trace.dur[gpu]).max())
+    whole = steps_from_spans(trace, [(start, end)], [0])
+    return _step_summaries(trace, whole, syncs, gpu_timeline(trace, whole), None)[0]
 
 
 def _launched_within(trace: Trace, step: Step) -> np.ndarray:
@@ -180,4 +214,4 @@ def _summary(trace: Trace) -> TraceSummary:
     )
 
 
-__all__ = ["SCHEMA", "Analysis", "Step", "analyze"]
+__all__ = ["SCHEMA", "Analysis", "Step", "StepSource", "analyze"]

@@ -28,6 +28,7 @@ from gpudoctor.report.style import (
     section,
     table,
 )
+from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 
@@ -76,6 +77,9 @@ def render_header(analysis: Analysis, console: Console) -> None:
         f"{fmt_us(t.span_us)} traced",
         steps,
     )
+    sentence = steps_sentence(analysis)
+    if sentence:
+        line(console, sentence)
     options = _profiler_options(t.profiler_config)
     if options:
         line(console, f"profiler: {options}")
@@ -111,9 +115,15 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
     section(console, "Step time")
     dist = analysis.step_time_us
     if dist is None:
-        not_available(
-            console, "no ProfilerStep#N annotations (use torch.profiler's schedule and prof.step())"
-        )
+        whole = per_second(analysis)
+        if whole:
+            line(console, "no repeating step: the figures cover the traced time")
+            line(console, *(f"{label} {value}" for label, value in whole))
+        else:
+            not_available(
+                console,
+                "no step markers and no repeating iteration (use torch.profiler's schedule and prof.step())",
+            )
         return
     numbers = [s.number for s in analysis.steps]
     span = f"#{numbers[0]}" if len(numbers) == 1 else f"#{numbers[0]}–#{numbers[-1]}"
@@ -125,6 +135,9 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
         f"mean {fmt_us(dist.mean)}",
         f"max {fmt_us(dist.max)}",
     )
+    per_call = per_call_sentence(analysis)
+    if per_call:
+        line(console, per_call)
     if len(analysis.steps) > MAX_STEP_ROWS:
         dim_line(console, f"per-step table left out: {len(analysis.steps)} steps (at most {MAX_STEP_ROWS})")
         return
@@ -176,7 +189,7 @@ def render_gpu_time(analysis: Analysis, console: Console) -> None:
         t.add_row(Text(label, style="bold" if not label.startswith(" ") else ""), *cells)
     console.print(t)
     if tl.profiled_steps is None:
-        not_available(console, "profiled-steps window: no ProfilerStep#N annotations")
+        not_available(console, "profiled-steps window: the trace has no steps")
     dim_line(console, "GPU window: first to last GPU activity of the whole trace, as HTA measures it")
     if len(tl.concurrent_kinds_us) > 1:
         each = ", ".join(f"{kind_label(k)} {fmt_us(v)}" for k, v in tl.concurrent_kinds_us.items())

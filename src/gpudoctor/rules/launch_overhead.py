@@ -50,14 +50,14 @@ def launch_overhead(a: Analysis, f: Facts) -> Finding | None:
     saving_us = min(wait_us, max(f.step_us - max(f.busy_us, outside_us), 0.0))
     per_launch = f.launch_us / f.launch_count
     evidence = [
-        f"{f.launch_count:.0f} kernel launches per step; the mean kernel runs {us(mean_kernel)}, "
+        f"{f.launch_count:.0f} kernel launches {f.per}; the mean kernel runs {us(mean_kernel)}, "
         f"{pct(100 * a.kernels.short_count_share)} of kernels under 10 µs.",
         f"The host spends {us(per_launch)} per launch call; the GPU waits for the host {us(wait_us)} "
         f"{step_phrase(f)} ({pct(f.pct(wait_us))}) and is busy {pct(100 * f.busy_fraction)} of it.",
     ]
     if saving_us < wait_us:
         evidence.append(
-            f"The host also spends {us(outside_us)} of each traced step outside PyTorch ops (the script's own "
+            f"The host also spends {us(outside_us)} {'of the traced time' if f.whole_trace else 'of each traced step'} outside PyTorch ops (the script's own "
             f"Python): a CUDA graph does not remove that, so at most {us(saving_us)} goes."
         )
     return finding(
