@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from gpudoctor.analysis.batching import batch_evidence
 from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
@@ -77,6 +78,9 @@ class Analysis:
     # Where no step was found: the traced time (the GPU's span) as one whole, with its host figures;
     # what rules then reason with, as shares of the traced time. None where there are steps.
     whole_trace: StepSummary | None = None
+    # What shows the work has a batch dimension (a DataLoader, an optimizer step, module calls, ...);
+    # empty where nothing does; None in an analysis saved before it existed (unknown).
+    batch_evidence: tuple[str, ...] | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -159,6 +163,7 @@ def _analyze(
         host_gaps=host_gaps(trace, steps, syncs),
         steps_source=found.source,
         whole_trace=None if steps else _whole_trace(trace, syncs),
+        batch_evidence=batch_evidence(trace),
     )
 
 

@@ -1,7 +1,7 @@
 """The iterations of the loop a trace recorded, marked or inferred: `find_iterations(trace)`.
 
-Sources, in order; the first that finds two iterations or more wins (one alone, where nothing finds
-more):
+Sources, in order; the first that finds any iteration wins (one optimizer step traced is one
+iteration, whatever repeats inside it):
 1. `ProfilerStep#N` annotations (torch.profiler's schedule and `prof.step()`);
 2. `gpudoctor.step` annotations (what `gpudoctor run` marks);
 3. `Optimizer.step#…` annotations: one iteration per optimizer step, whatever runs inside it (a
@@ -82,17 +82,11 @@ def _find(trace: Trace) -> Iterations:
     marked = find_steps(trace)
     if marked:
         return Iterations(marked, StepSource(PROFILER_STEPS, "ProfilerStep#N annotations"))
-    single: Iterations | None = None
     for finder in (_gpudoctor_steps, _optimizer_steps, _loader_batches, _module_calls, _repetition):
         found = finder(trace)
-        if found is None:
-            continue
-        if len(found.steps) >= 2:
+        if found is not None and found.steps:
             return found
-        single = single or found
-    return single or Iterations(
-        (), StepSource(NONE, "no repeating iteration found: figures cover the traced time")
-    )
+    return Iterations((), StepSource(NONE, "no repeating iteration found: figures cover the traced time"))
 
 
 def _gpudoctor_steps(trace: Trace) -> Iterations | None:
