@@ -13,6 +13,7 @@ from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
+from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
 from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
@@ -81,6 +82,9 @@ class Analysis:
     # What shows the work has a batch dimension (a DataLoader, an optimizer step, module calls, ...);
     # empty where nothing does; None in an analysis saved before it existed (unknown).
     batch_evidence: tuple[str, ...] | None = None
+    # Where in the model: per nn.Module, its GPU (forward, backward) and host time per step; None where
+    # the trace has no module calls (record with_stack, or run under gpudoctor run).
+    modules: ModuleView | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -103,19 +107,26 @@ def analyze(
     top: int = 15,
     unprofiled_step_us: float | None = None,
     ceilings: Ceilings | None = None,
+    module_depth: int = DEFAULT_DEPTH,
 ) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
     kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler.
     `ceilings`: the measured ceilings of the trace's GPU for the roofline (the CLI passes
-    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices."""
+    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices.
+    `module_depth`: how deep below the root the module view goes."""
     if ceilings is None and trace.device_info is not None:
         ceilings = reference_ceilings(trace.device_info.name)
     with gc_paused():
-        return _analyze(trace, step, top, unprofiled_step_us, ceilings)
+        return _analyze(trace, step, top, unprofiled_step_us, ceilings, module_depth)
 
 
 def _analyze(
-    trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None, ceilings: Ceilings | None
+    trace: Trace,
+    step: int | None,
+    top: int,
+    unprofiled_step_us: float | None,
+    ceilings: Ceilings | None,
+    module_depth: int = DEFAULT_DEPTH,
 ) -> Analysis:
     found = find_iterations(trace)
     steps = found.steps
@@ -164,6 +175,7 @@ def _analyze(
         steps_source=found.source,
         whole_trace=None if steps else _whole_trace(trace, syncs),
         batch_evidence=batch_evidence(trace),
+        modules=module_view(trace, steps, module_depth),
     )
 
 

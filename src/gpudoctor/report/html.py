@@ -19,6 +19,7 @@ from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
 from gpudoctor.report.html_style import CSS, SORT_JS
+from gpudoctor.report.modules_view import modules_html
 from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
 from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis, Finding
@@ -49,6 +50,7 @@ def render_html(
         _ranks(ranks) if ranks is not None else "",
         _step_chart(analysis),
         _timeline(analysis, timeline),
+        _section("Where in the model", modules_html(analysis.modules), "modules"),
         _kernels(analysis),
         _roofline(analysis),
         _ops(analysis),

@@ -14,6 +14,7 @@ from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
 from gpudoctor.report.findings_view import render_diagnosis
+from gpudoctor.report.modules_view import render_modules
 from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
 from gpudoctor.report.style import (
     count,
@@ -45,6 +46,7 @@ def render_analysis(
         render_diagnosis(diagnosis, console)
     render_step_time(analysis, console)
     render_gpu_time(analysis, console)
+    render_modules(analysis.modules, console)
     if analysis.trace.gpu_activities:
         tables.render_kernels(analysis.kernels, console, top)
         tables.render_roofline(analysis.roofline, console, top)
