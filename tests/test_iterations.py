@@ -144,7 +144,7 @@ def test_the_doctor_says_the_same_without_markers(rule: str, stripped: Any) -> N
     a, unmarked = _zoo_diagnosis(slow["file"], unprofiled, path)
     # THEN it says how it found the steps, and names the same first cause (the planted one)
     assert a.steps_source is not None and a.steps_source.inferred
-    assert any(n.startswith("steps: inferred:") for n in a.notes)
+    assert a.steps_source.description.startswith("inferred:")
     assert _first(unmarked) == _first(marked) == rule, [(f.id, f.est_saving_pct) for f in unmarked.findings]
     assert unmarked.saving_of == "step"
 
@@ -330,7 +330,7 @@ def test_without_repetition_the_figures_cover_the_traced_time(tmp_path: Path, fi
     # THEN there are no steps; the traced time is one whole, with its host figures
     assert a.steps == () and a.steps_source is not None and a.steps_source.kind == NONE
     assert a.whole_trace is not None and a.whole_trace.cpu.launch_count > 100
-    assert any("figures cover the traced time" in n for n in a.notes)
+    assert "figures cover the traced time" in a.steps_source.description
     # AND every saving is a share of the traced time, said so, never per step; the unprofiled step
     # time does not apply to a whole trace
     assert d.saving_of == "traced time" and "traced" in d.bound
@@ -392,3 +392,40 @@ def test_the_zoo_recorder_records_without_markers_on_the_cpu(tmp_path: Path) -> 
     assert not any(n.startswith("ProfilerStep#") for n in names)
     found = find_iterations(load_trace(out / entry["file"]))
     assert found.source.kind == OPTIMIZER and len(found.steps) == 4
+
+
+def test_a_closure_inside_the_optimizer_step_is_part_of_one_iteration(tmp_path: Path) -> None:
+    # GIVEN a Lightning-style loop: each Optimizer.step runs the forward and backward as a closure
+    # (marked gpudoctor.closure, as gpudoctor run marks it), then launches its own update
+    events: list[dict[str, Any]] = []
+    corr = 0
+
+    def x(cat: str, name: str, ts: float, dur: float, **args: Any) -> None:
+        events.append(
+            {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": args}
+        )
+
+    def launch(ts: float, kernel: str) -> None:
+        nonlocal corr
+        corr += 1
+        x("cuda_runtime", "cudaLaunchKernel", ts, 5.0, correlation=corr)
+        events.append({"ph": "X", "cat": "kernel", "name": kernel, "pid": 0, "tid": 7, "ts": ts + 20,
+                       "dur": 30.0, "args": {"correlation": corr, "device": 0, "stream": 7}})  # fmt: skip
+
+    for i in range(4):
+        t = 10.0 + 1000.0 * i
+        x("user_annotation", "Optimizer.step#AdamW.step", t, 800.0)
+        x("user_annotation", "gpudoctor.closure", t + 10, 600.0)
+        for j in range(6):
+            launch(t + 20 + 90 * j, f"forward_backward_{j}")
+        for j in range(3):
+            launch(t + 650 + 40 * j, f"update_{j}")
+    path = tmp_path / "closure.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    found = find_iterations(load_trace(path))
+    # THEN one iteration per optimizer step, each holding its closure's work and its update
+    assert found.source.kind == OPTIMIZER and len(found.steps) == 4
+    for s in found.steps:
+        assert s.gpu_start_us is not None and s.gpu_end_us is not None
+        first_forward, last_update_end = 20 + 20, 650 + 2 * 40 + 20 + 30  # from the step's start
+        assert s.gpu_end_us - s.gpu_start_us == pytest.approx(last_update_end - first_forward)

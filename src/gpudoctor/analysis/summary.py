@@ -130,11 +130,7 @@ def _analyze(
 ) -> Analysis:
     found = find_iterations(trace)
     steps = found.steps
-    notes: list[str] = []
-    if not steps:
-        notes.append("no step markers and no repeating iteration: figures cover the traced time")
-    elif found.source.inferred:
-        notes.append(f"steps: {found.source.description}")
+    notes: list[str] = []  # how the steps were found is `steps_source`, said by every report
     if step is not None:
         chosen = tuple(s for s in steps if s.number == step)
         if not chosen:

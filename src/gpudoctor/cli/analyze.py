@@ -33,7 +33,10 @@ def analyze_command(
     step: Annotated[
         int | None,
         typer.Option(
-            "--step", metavar="N", help="Analyze step N alone (the N of ProfilerStep#N).", show_default=False
+            "--step",
+            metavar="N",
+            help="Analyze step N alone (the N of ProfilerStep#N; inferred steps count from 1).",
+            show_default=False,
         ),
     ] = None,
     rank: Annotated[
