@@ -5,10 +5,15 @@ Each workload: build, warm up, time unprofiled steps back to back (one CUDA even
 and no sync in between, so the host runs ahead as in a real loop), then profile wait=1, warmup=2, active=3
 steps (fixed variants: active=2) with the case's profiler options into `<out>/<case>__slow.json.gz`,
 `<case>__fixed.json.gz` or `<control>.json.gz`, and merge what was measured into `<out>/manifest.json`.
-The GPU is freed between workloads. Run from the repo root:
+The GPU is freed between workloads. With --no-step-markers, the profiler records a window of
+`--iterations` steps without `prof.step()` (no ProfilerStep#N annotation, no schedule: the first step
+pays the profiler's start, as in a script that wraps its loop in `with profile():`), into
+tests/fixtures/zoo_unmarked by default: the traces `gpudoctor analyze` must find iterations in. Run from
+the repo root:
 
     PYTHONPATH=src python tools/record_zoo.py [--only RULE,CONTROL,...] [--out DIR] [--cpu]
                                               [--copy-to DIR] [--tar FILE]
+                                              [--no-step-markers [--iterations N]]
 """
 
 from __future__ import annotations
@@ -16,14 +21,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
+import gzip
 import itertools
 import json
+import shutil
 import statistics
 import sys
 import tarfile
 import time
 import traceback
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,6 +39,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "zoo"
+DEFAULT_OUT_UNMARKED = REPO / "tests" / "fixtures" / "zoo_unmarked"
 MANIFEST = "manifest.json"
 MANIFEST_SCHEMA = 1
 
@@ -64,7 +72,9 @@ class Recording:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help="output dir (default tests/fixtures/zoo)")
+    p.add_argument(
+        "--out", type=Path, default=None, help="output dir (default tests/fixtures/zoo, or zoo_unmarked)"
+    )
     p.add_argument("--only", default="", help="comma-separated case rule ids and/or control names")
     p.add_argument("--cpu", action="store_true", help="record on the CPU even if a GPU is present")
     p.add_argument("--scale", choices=("auto", "small", "full"), default="auto", help="auto: small on CPU")
@@ -72,9 +82,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--timing-steps", type=int, default=30, help="unprofiled steps timed")
     p.add_argument("--copy-to", type=Path, default=None, help="also copy the traces and manifest here")
     p.add_argument("--tar", type=Path, default=None, help="also write one uncompressed tar of everything")
+    p.add_argument(
+        "--no-step-markers",
+        action="store_true",
+        help="profile a window of steps without prof.step(): traces with no ProfilerStep#N annotation",
+    )
+    p.add_argument("--iterations", type=int, default=5, help="steps in a --no-step-markers window")
     args = p.parse_args(argv)
-    if args.timing_steps < 1 or args.warmup_steps < 0:
-        p.error("--timing-steps must be >= 1 and --warmup-steps >= 0")
+    if args.timing_steps < 1 or args.warmup_steps < 0 or args.iterations < 1:
+        p.error("--timing-steps and --iterations must be >= 1 and --warmup-steps >= 0")
+    if args.out is None:
+        args.out = DEFAULT_OUT_UNMARKED if args.no_step_markers else DEFAULT_OUT
     return args
 
 
@@ -141,7 +159,8 @@ def record(rec: Recording, device: torch.device, small: bool, args: argparse.Nam
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
         samples, method = time_steps(step, device, args.timing_steps)
-        options = capture.ProfileOptions(active=rec.active_steps, cuda=on_gpu, **rec.profile)
+        active = args.iterations if args.no_step_markers else rec.active_steps
+        options = capture.ProfileOptions(active=active, cuda=on_gpu, **rec.profile)
         walls: list[float] = []
         run = step.run
 
@@ -150,7 +169,8 @@ def record(rec: Recording, device: torch.device, small: bool, args: argparse.Nam
             run()
             walls.append((time.perf_counter() - t) * 1e6)
 
-        size = capture.profile_steps(timed_run, rec.path, options).stat().st_size
+        profile = profile_unmarked if args.no_step_markers else capture.profile_steps
+        size = profile(timed_run, rec.path, options).stat().st_size
         peak = torch.cuda.max_memory_allocated(device) if on_gpu else None
         total = torch.cuda.get_device_properties(device).total_memory if on_gpu else None
         info = dict(step.info)
@@ -162,16 +182,46 @@ def record(rec: Recording, device: torch.device, small: bool, args: argparse.Nam
         "workload": rec.workload.name,
         "file": rec.path.name,
         "file_bytes": size,
-        "profiler_schedule": {"wait": 1, "warmup": 2, "active": rec.active_steps, "repeat": 1},
+        "profiler_schedule": None
+        if args.no_step_markers
+        else {"wait": 1, "warmup": 2, "active": active, "repeat": 1},
+        "step_markers": not args.no_step_markers,
+        "iterations": active,
         "profile_options": dict(rec.profile),
         "workload_info": info,
         "build_s": build_s,
         "warmup_steps": args.warmup_steps,
         "unprofiled_step_us": {"median": statistics.median(samples), "samples": samples, "method": method},
-        "profiled_step_wall_us": walls[-rec.active_steps :],
+        "profiled_step_wall_us": walls[-active:],
         "peak_memory_allocated_bytes": peak,
         "peak_memory_fraction": peak / total if peak is not None and total else None,
     }
+
+
+def profile_unmarked(run_step: Callable[[], None], dest: Path, options: capture.ProfileOptions) -> Path:
+    """Run `options.active` steps inside one `torch.profiler.profile()` window, never calling
+    `prof.step()`, and write the trace to `dest` (.json.gz): no ProfilerStep#N annotation in it."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if options.cuda and torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    raw = dest.with_name(dest.name.removesuffix(".gz"))
+    with profile(
+        activities=activities,
+        record_shapes=options.record_shapes,
+        profile_memory=options.profile_memory,
+        with_stack=options.with_stack,
+        with_flops=options.with_flops,
+    ) as prof:
+        for _ in range(options.active):
+            run_step()
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.GzipFile(dest, "wb", compresslevel=6, mtime=0) as dst:
+        shutil.copyfileobj(src, dst, length=1 << 20)
+    raw.unlink()
+    return dest
 
 
 def case_entry(case: zoo.ZooCase, slow: dict[str, Any], fixed: dict[str, Any]) -> dict[str, Any]:

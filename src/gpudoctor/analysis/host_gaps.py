@@ -37,7 +37,7 @@ def host_gaps(
     if not steps or not len(python):
         return ()
     covered = _covered(trace, sync_rows)
-    thread = _step_thread(trace)
+    thread = steps[0].thread or _step_thread(trace)
     if thread is None:
         return ()
     by_frame: dict[str, list[float]] = {}

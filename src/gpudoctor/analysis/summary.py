@@ -8,19 +8,22 @@ from typing import Any
 
 import numpy as np
 
+from gpudoctor.analysis.batching import batch_evidence
 from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
+from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
 from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.device.ceilings import Ceilings, reference_ceilings
+from gpudoctor.trace.iterations import StepSource, find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
-from gpudoctor.trace.steps import Step, find_steps
+from gpudoctor.trace.steps import Step, steps_from_spans
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.serial import from_jsonable, to_jsonable
@@ -71,6 +74,17 @@ class Analysis:
     roofline: Roofline | None = None
     # The user frames that hold the host's time between ops (with_stack traces), most first.
     host_gaps: tuple[HostGap, ...] = ()
+    # How the steps were found (marked or inferred); None in an analysis saved before it existed.
+    steps_source: StepSource | None = None
+    # Where no step was found: the traced time (the GPU's span) as one whole, with its host figures;
+    # what rules then reason with, as shares of the traced time. None where there are steps.
+    whole_trace: StepSummary | None = None
+    # What shows the work has a batch dimension (a DataLoader, an optimizer step, module calls, ...);
+    # empty where nothing does; None in an analysis saved before it existed (unknown).
+    batch_evidence: tuple[str, ...] | None = None
+    # Where in the model: per nn.Module, its GPU (forward, backward) and host time per step; None where
+    # the trace has no module calls (record with_stack, or run under gpudoctor run).
+    modules: ModuleView | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -93,24 +107,30 @@ def analyze(
     top: int = 15,
     unprofiled_step_us: float | None = None,
     ceilings: Ceilings | None = None,
+    module_depth: int = DEFAULT_DEPTH,
 ) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
     kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler.
     `ceilings`: the measured ceilings of the trace's GPU for the roofline (the CLI passes
-    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices."""
+    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices.
+    `module_depth`: how deep below the root the module view goes."""
     if ceilings is None and trace.device_info is not None:
         ceilings = reference_ceilings(trace.device_info.name)
     with gc_paused():
-        return _analyze(trace, step, top, unprofiled_step_us, ceilings)
+        return _analyze(trace, step, top, unprofiled_step_us, ceilings, module_depth)
 
 
 def _analyze(
-    trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None, ceilings: Ceilings | None
+    trace: Trace,
+    step: int | None,
+    top: int,
+    unprofiled_step_us: float | None,
+    ceilings: Ceilings | None,
+    module_depth: int = DEFAULT_DEPTH,
 ) -> Analysis:
-    steps = find_steps(trace)
-    notes: list[str] = []
-    if not steps:
-        notes.append("no ProfilerStep#N annotations: figures cover the whole trace, not steps")
+    found = find_iterations(trace)
+    steps = found.steps
+    notes: list[str] = []  # how the steps were found is `steps_source`, said by every report
     if step is not None:
         chosen = tuple(s for s in steps if s.number == step)
         if not chosen:
@@ -124,11 +144,7 @@ def _analyze(
     syncs = host_sync_rows(trace)
     gpu_rows = _launched_within(trace, steps[0]) if step is not None else None
     timeline = gpu_timeline(trace, steps, gpu_rows)
-    cpu = cpu_steps(trace, steps, syncs, idle_intervals(trace, steps, gpu_rows).get("host_wait"))
-    step_rows = tuple(
-        StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
-        for i, s in enumerate(steps)
-    )
+    step_rows = _step_summaries(trace, steps, syncs, timeline, gpu_rows)
     memory = memory_report(trace, steps)
     if memory is None and len(trace.memory):
         notes.append("memory events only for the CPU: no GPU memory to analyze")
@@ -152,7 +168,38 @@ def _analyze(
         unprofiled_step_us=unprofiled_step_us,
         roofline=roofline(trace, ceilings, window),
         host_gaps=host_gaps(trace, steps, syncs),
+        steps_source=found.source,
+        whole_trace=None if steps else _whole_trace(trace, syncs),
+        batch_evidence=batch_evidence(trace),
+        modules=module_view(trace, steps, module_depth),
     )
+
+
+def _step_summaries(
+    trace: Trace,
+    steps: tuple[Step, ...],
+    syncs: np.ndarray,
+    timeline: GpuTimeline,
+    gpu_rows: np.ndarray | None,
+) -> tuple[StepSummary, ...]:
+    cpu = cpu_steps(trace, steps, syncs, idle_intervals(trace, steps, gpu_rows).get("host_wait"))
+    return tuple(
+        StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
+        for i, s in enumerate(steps)
+    )
+
+
+def _whole_trace(trace: Trace, syncs: np.ndarray) -> StepSummary | None:
+    """The GPU's span (and the launches of its work) as one step numbered 0; None without GPU work."""
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    if not len(gpu):
+        return None
+    launch = launch_rows(trace, gpu)
+    launched = launch[launch >= 0]
+    start = min(float(trace.ts[gpu].min()), float(trace.ts[launched].min()) if len(launched) else np.inf)
+    end = float((trace.ts[gpu] + trace.dur[gpu]).max())
+    whole = steps_from_spans(trace, [(start, end)], [0])
+    return _step_summaries(trace, whole, syncs, gpu_timeline(trace, whole), None)[0]
 
 
 def _launched_within(trace: Trace, step: Step) -> np.ndarray:
@@ -180,4 +227,4 @@ def _summary(trace: Trace) -> TraceSummary:
     )
 
 
-__all__ = ["SCHEMA", "Analysis", "Step", "analyze"]
+__all__ = ["SCHEMA", "Analysis", "Step", "StepSource", "analyze"]

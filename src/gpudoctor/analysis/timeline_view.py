@@ -10,9 +10,10 @@ import numpy as np
 
 from gpudoctor.analysis import classify
 from gpudoctor.analysis.timeline import IDLE_CAUSES, idle_intervals
+from gpudoctor.trace.iterations import find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
-from gpudoctor.trace.steps import Step, find_steps
+from gpudoctor.trace.steps import Step
 
 MAX_SPANS_PER_LANE = 1500  # after merging; a 50 MB trace's timeline stays a few hundred kB of SVG
 MAX_COUNTER_POINTS = 4000
@@ -68,7 +69,7 @@ def step_timeline(trace: Trace, step_number: int | None = None) -> StepTimeline 
     gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
         return None
-    steps = find_steps(trace)
+    steps = find_iterations(trace).steps
     step = next((s for s in steps if s.number == step_number), None) or representative_step(steps)
     if step is not None:
         a, b = step.window_start_us, step.window_end_us
@@ -128,7 +129,7 @@ def _merged(
 def idle_spans(trace: Trace) -> IdleSpans:
     """Idle intervals by cause within the profiled steps (the whole trace without steps), and the
     launch-queue depth, downsampled to at most MAX_COUNTER_POINTS points (each bucket's maximum)."""
-    steps = find_steps(trace)
+    steps = find_iterations(trace).steps
     idle = idle_intervals(trace, steps)
     if steps:
         lo, hi = steps[0].window_start_us, steps[-1].window_end_us

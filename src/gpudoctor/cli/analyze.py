@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from gpudoctor.analysis.modules import DEFAULT_DEPTH
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.common import DebugOption, rank_index, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import ranks_view, write_html
@@ -32,7 +33,10 @@ def analyze_command(
     step: Annotated[
         int | None,
         typer.Option(
-            "--step", metavar="N", help="Analyze step N alone (the N of ProfilerStep#N).", show_default=False
+            "--step",
+            metavar="N",
+            help="Analyze step N alone (the N of ProfilerStep#N; inferred steps count from 1).",
+            show_default=False,
         ),
     ] = None,
     rank: Annotated[
@@ -58,6 +62,16 @@ def analyze_command(
             show_default=False,
         ),
     ] = None,
+    module_depth: Annotated[
+        int,
+        typer.Option(
+            "--module-depth",
+            metavar="D",
+            min=1,
+            max=8,
+            help="How deep below the model's root the module view goes (with_stack traces, gpudoctor run).",
+        ),
+    ] = DEFAULT_DEPTH,
     html: Annotated[
         Path | None,
         typer.Option(
@@ -86,6 +100,7 @@ def analyze_command(
             top=max(top, 15),
             unprofiled_step_us=unprofiled,
             ceilings=trace_ceilings(trace),
+            module_depth=module_depth,
         )
         for trace in traces
     ]

@@ -26,15 +26,15 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
         console.print(Text("  No bottleneck found that a change would shorten by 2% or more.", style="green"))
         return
     for i, finding in enumerate(diagnosis.findings):
-        _render_finding(finding, console, with_snippet=i < SNIPPETS_SHOWN)
+        _render_finding(finding, console, with_snippet=i < SNIPPETS_SHOWN, of=diagnosis.saving_of)
 
 
-def _render_finding(f: Finding, console: Console, with_snippet: bool) -> None:
+def _render_finding(f: Finding, console: Console, with_snippet: bool, of: str = "step") -> None:
     console.print()
     head = Text("  ")
     head.append(f" {f.severity.value.upper()} ", style=SEVERITY_STYLE[f.severity])
     head.append(f"  {f.title}", style="bold")
-    saving = f"  up to {f.est_saving_pct:g}% of the step" if f.est_saving_pct > 0 else ""
+    saving = f"  up to {f.est_saving_pct:g}% of the {of}" if f.est_saving_pct > 0 else ""
     head.append(saving, style="bold green")
     head.append(f"  [{f.id}]", style="dim")
     console.print(head)

@@ -19,7 +19,9 @@ from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
 from gpudoctor.report.html_style import CSS, SORT_JS
+from gpudoctor.report.modules_view import modules_html
 from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
+from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
@@ -48,6 +50,7 @@ def render_html(
         _ranks(ranks) if ranks is not None else "",
         _step_chart(analysis),
         _timeline(analysis, timeline),
+        _section("Where in the model", modules_html(analysis.modules), "modules"),
         _kernels(analysis),
         _roofline(analysis),
         _ops(analysis),
@@ -119,9 +122,11 @@ def _header(a: Analysis, name: str) -> str:
         steps = f"step {a.selected_step} only"
     rank = f"rank {t.rank}" + (f" of {t.world_size}" if t.world_size else "")
     meta = " · ".join((device, rank, f"{t.events:,} events", f"{t.gpu_activities:,} GPU activities", steps))
+    sentence = steps_sentence(a)
+    how = f'<p class="meta">{escape(sentence)}</p>' if sentence else ""
     return (
         f'<header><h1>gpudoctor <span class="file">{escape(name)}</span></h1>'
-        f'<p class="meta">{escape(meta)}</p><p class="path">{escape(t.path)}</p></header>'
+        f'<p class="meta">{escape(meta)}</p>{how}<p class="path">{escape(t.path)}</p></header>'
     )
 
 
@@ -129,15 +134,17 @@ def _diagnosis(d: Diagnosis) -> str:
     out = ['<section id="diagnosis">']
     if not d.findings:
         out.append('<p class="ok">No bottleneck found that a change would shorten by 2% or more.</p>')
-    out.extend(_finding(f, open_=i < 3) for i, f in enumerate(d.findings))
+    out.extend(_finding(f, open_=i < 3, of=d.saving_of) for i, f in enumerate(d.findings))
     out.append("</section>")
     return "".join(out)
 
 
-def _finding(f: Finding, open_: bool) -> str:
+def _finding(f: Finding, open_: bool, of: str = "step") -> str:
     sev = f.severity.value
     saving = (
-        f'<span class="saving">up to {f.est_saving_pct:g}% of the step</span>' if f.est_saving_pct > 0 else ""
+        f'<span class="saving">up to {f.est_saving_pct:g}% of the {escape(of)}</span>'
+        if f.est_saving_pct > 0
+        else ""
     )
     evidence = "".join(f"<li>{escape(e)}</li>" for e in f.evidence)
     sources = "".join(f"<li><code>{escape(s)}</code></li>" for s in f.sources)
@@ -218,8 +225,15 @@ _MARKS = {"straggler": "critical", "slowest": "minor"}
 def _step_chart(a: Analysis) -> str:
     chart, keys = svg.step_bars(a.steps)
     if not chart:
+        whole = per_second(a)
+        if whole:
+            body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in whole)
+            note = '<p class="note">No repeating step: the figures cover the traced time.</p>'
+            return _section("Traced time", f'{note}<table class="kv">{body}</table>', "steps")
         return _section("Step time", _na("no GPU time per step: the trace has no steps or no GPU activity"))
-    return _section("Where each step's time goes", chart + svg.legend(keys), "steps")
+    per_call = per_call_sentence(a)
+    note = f'<p class="note">{escape(per_call)}</p>' if per_call else ""
+    return _section("Where each step's time goes", note + chart + svg.legend(keys), "steps")
 
 
 def _timeline(a: Analysis, view: StepTimeline | None) -> str:

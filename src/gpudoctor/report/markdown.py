@@ -9,6 +9,7 @@ from pathlib import Path
 
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
+from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
@@ -32,8 +33,13 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis, ranks: RanksView |
     if ranks is not None:
         meta += f" · rank {ranks.detailed} of {len(ranks.overview.ranks)} ranks"
     out = [f"## gpudoctor: {md_text(name)}", "", meta, ""]
+    sentence = steps_sentence(analysis)
+    if sentence:
+        out += [md_text(sentence[0].upper() + sentence[1:]) + ".", ""]
     out += [f"**{md_text(diagnosis.bound)}**", ""]
     if diagnosis.findings:
+        if diagnosis.saving_of != "step":
+            out += [f"Savings are shares of the {md_text(diagnosis.saving_of)}: the trace has no steps.", ""]
         out += ["| severity | finding | up to | id |", "|---|---|--:|---|"]
         for f in diagnosis.findings:
             saving = f"{f.est_saving_pct:g}%" if f.est_saving_pct > 0 else "-"
@@ -102,6 +108,10 @@ def _figures(a: Analysis) -> list[tuple[str, str]]:
     rows = []
     if a.step_time_us is not None:
         rows.append(("step time (median)", fmt_us(a.step_time_us.p50)))
+    per_call = per_call_sentence(a)
+    if per_call:
+        rows.append(("per model call", md_text(per_call)))
+    rows += [(label, value) for label, value in per_second(a) if label != "GPU busy"]
     w = a.window
     if w is not None:
         rows.append(("GPU busy", fmt_pct(w.busy_fraction)))

@@ -14,6 +14,7 @@ from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
 from gpudoctor.report.findings_view import render_diagnosis
+from gpudoctor.report.modules_view import render_modules
 from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
 from gpudoctor.report.style import (
     count,
@@ -28,6 +29,7 @@ from gpudoctor.report.style import (
     section,
     table,
 )
+from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 
@@ -44,6 +46,7 @@ def render_analysis(
         render_diagnosis(diagnosis, console)
     render_step_time(analysis, console)
     render_gpu_time(analysis, console)
+    render_modules(analysis.modules, console)
     if analysis.trace.gpu_activities:
         tables.render_kernels(analysis.kernels, console, top)
         tables.render_roofline(analysis.roofline, console, top)
@@ -76,6 +79,9 @@ def render_header(analysis: Analysis, console: Console) -> None:
         f"{fmt_us(t.span_us)} traced",
         steps,
     )
+    sentence = steps_sentence(analysis)
+    if sentence:
+        line(console, sentence)
     options = _profiler_options(t.profiler_config)
     if options:
         line(console, f"profiler: {options}")
@@ -111,9 +117,15 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
     section(console, "Step time")
     dist = analysis.step_time_us
     if dist is None:
-        not_available(
-            console, "no ProfilerStep#N annotations (use torch.profiler's schedule and prof.step())"
-        )
+        whole = per_second(analysis)
+        if whole:
+            line(console, "no repeating step: the figures cover the traced time")
+            line(console, *(f"{label} {value}" for label, value in whole))
+        else:
+            not_available(
+                console,
+                "no step markers and no repeating iteration (use torch.profiler's schedule and prof.step())",
+            )
         return
     numbers = [s.number for s in analysis.steps]
     span = f"#{numbers[0]}" if len(numbers) == 1 else f"#{numbers[0]}–#{numbers[-1]}"
@@ -125,6 +137,9 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
         f"mean {fmt_us(dist.mean)}",
         f"max {fmt_us(dist.max)}",
     )
+    per_call = per_call_sentence(analysis)
+    if per_call:
+        line(console, per_call)
     if len(analysis.steps) > MAX_STEP_ROWS:
         dim_line(console, f"per-step table left out: {len(analysis.steps)} steps (at most {MAX_STEP_ROWS})")
         return
@@ -176,7 +191,7 @@ def render_gpu_time(analysis: Analysis, console: Console) -> None:
         t.add_row(Text(label, style="bold" if not label.startswith(" ") else ""), *cells)
     console.print(t)
     if tl.profiled_steps is None:
-        not_available(console, "profiled-steps window: no ProfilerStep#N annotations")
+        not_available(console, "profiled-steps window: the trace has no steps")
     dim_line(console, "GPU window: first to last GPU activity of the whole trace, as HTA measures it")
     if len(tl.concurrent_kinds_us) > 1:
         each = ", ".join(f"{kind_label(k)} {fmt_us(v)}" for k, v in tl.concurrent_kinds_us.items())

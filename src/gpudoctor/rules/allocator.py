@@ -26,7 +26,7 @@ def allocator_thrash(a: Analysis, f: Facts) -> Finding | None:
     # The calls themselves, and the GPU idle they cause (cudaFree waits for the device to drain).
     saving_us = min(f.allocator_us + f.host_wait_us * f.host_scale, f.allocator_us * 2)
     evidence = [
-        f"{f.allocator_calls:.0f} cudaMalloc/cudaFree calls per step take {us(f.allocator_us)} of host "
+        f"{f.allocator_calls:.0f} cudaMalloc/cudaFree calls {f.per} take {us(f.allocator_us)} of host "
         f"time {step_phrase(f)} ({pct(f.pct(f.allocator_us))}); a warm caching allocator makes none.",
         "cudaFree synchronizes the device, so the GPU's queue drains at each one.",
     ]

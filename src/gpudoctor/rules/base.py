@@ -53,7 +53,10 @@ def pct(x: float) -> str:
 
 
 def step_phrase(f: Facts) -> str:
-    """'of each 16.4 ms step', or 'of each unprofiled 16.4 ms step' where that time is known."""
+    """'of each 16.4 ms step', 'of each unprofiled 16.4 ms step' where that time is known, or 'of the
+    2.1 s traced' where the trace has no steps."""
+    if f.whole_trace:
+        return f"of the {us(f.step_us)} traced"
     if f.profiler_overhead is not None:
         return f"of each unprofiled {us(f.step_us)} step"
     return f"of each {us(f.step_us)} step"

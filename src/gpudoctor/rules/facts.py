@@ -4,6 +4,9 @@ profiler's own overhead taken out where the unprofiled step time is known.
 The profiler slows the host (every op, launch and Python call is recorded), not the GPU's kernels. So
 when the unprofiled step time T is known, the GPU's real idle time per step is T − busy, and each
 host-caused idle figure from the trace is scaled by `host_scale` = real idle / traced idle.
+
+Without steps (no markers, no repeating iteration) the traced time is one whole "step": every figure
+is over it and every saving a share of it, so no rule extrapolates a per-step saving from a whole trace.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from gpudoctor.analysis.summary import Analysis
 
 @dataclass(frozen=True)
 class Facts:
-    steps: int  # profiled steps averaged (1 when the trace has no step annotations)
+    steps: int  # profiled steps averaged (1 when the trace has no steps: then the traced time)
     traced_step_us: float  # median profiled step time
     step_us: float  # the step time savings are a share of: unprofiled if known, else traced
     busy_us: float  # GPU busy per step (mean)
@@ -40,6 +43,13 @@ class Facts:
     kernel_us: float  # kernel time per step
     cpu_ops_us: float = 0.0  # host time in top-level PyTorch ops per step, as traced
     sync_call_us: float = 0.0  # host time in runtime calls that block on the GPU per step, as traced
+    # No steps: the "step" is the traced time as a whole, and every figure and saving is a share of it.
+    whole_trace: bool = False
+
+    @property
+    def per(self) -> str:
+        """'per step', or 'in the traced time' where there are no steps."""
+        return "in the traced time" if self.whole_trace else "per step"
 
     @property
     def profiler_overhead(self) -> float | None:
@@ -80,32 +90,35 @@ class Facts:
 
 
 def facts_of(a: Analysis) -> Facts | None:
-    """None when the trace has no GPU activity: nothing for the GPU rules to say."""
+    """None when the trace has no GPU activity: nothing for the GPU rules to say. Without steps the
+    traced time is one whole: its host figures count (`Analysis.whole_trace`), and a step time measured
+    without the profiler does not apply to it."""
     if a.window is None:
         return None
+    whole = a.whole_trace
     if a.steps and all(s.gpu is not None for s in a.steps):
-        n = len(a.steps)
-        traced = statistics.median(s.duration_us for s in a.steps)
-        busy = sum(s.gpu.busy_us for s in a.steps) / n  # type: ignore[union-attr]
-        causes = {c: sum(s.gpu.idle_by_cause_us[c] for s in a.steps) / n for c in a.window.idle_by_cause_us}  # type: ignore[union-attr]
-        after_sync = sum(s.gpu.host_wait_after_sync_us for s in a.steps) / n  # type: ignore[union-attr]
-        cpu = [s.cpu for s in a.steps]
+        rows = list(a.steps)
+        traced = statistics.median(s.duration_us for s in rows)
+    elif not a.steps and whole is not None and whole.gpu is not None:
+        rows = [whole]
+        traced = whole.duration_us
+    else:
+        rows = []
+        traced = a.window.window_us
+    n = max(len(rows), 1)
+    if rows:
+        busy = sum(s.gpu.busy_us for s in rows) / n  # type: ignore[union-attr]
+        causes = {c: sum(s.gpu.idle_by_cause_us[c] for s in rows) / n for c in a.window.idle_by_cause_us}  # type: ignore[union-attr]
+        after_sync = sum(s.gpu.host_wait_after_sync_us for s in rows) / n  # type: ignore[union-attr]
+    else:  # an analysis saved before `whole_trace` existed: the GPU window, without host figures
+        w = a.window
+        busy, causes, after_sync = w.busy_us, dict(w.idle_by_cause_us), w.host_wait_after_sync_us
 
-        def mean(attr: str) -> float:
-            return sum(float(getattr(c, attr)) for c in cpu) / n
-    else:  # no steps: the GPU window is one "step"
-        n, w = 1, a.window
-        traced, busy, causes, after_sync = (
-            w.window_us,
-            w.busy_us,
-            dict(w.idle_by_cause_us),
-            w.host_wait_after_sync_us,
-        )
+    def mean(attr: str) -> float:
+        return sum(float(getattr(s.cpu, attr)) for s in rows) / n if rows else 0.0
 
-        def mean(attr: str) -> float:
-            return 0.0
-
-    step = a.unprofiled_step_us if a.unprofiled_step_us else traced
+    whole_trace = not a.steps
+    step = a.unprofiled_step_us if a.unprofiled_step_us and not whole_trace else traced
     traced_idle = max(traced - busy, 0.0)
     idle = max(step - busy, 0.0)
     return Facts(
@@ -133,4 +146,5 @@ def facts_of(a: Analysis) -> Facts | None:
         kernel_us=a.kernels.total_us / n,
         cpu_ops_us=mean("cpu_ops_us"),
         sync_call_us=mean("sync_us"),
+        whole_trace=whole_trace,
     )

@@ -55,6 +55,8 @@ class Diagnosis:
     findings: tuple[Finding, ...]  # by est_saving_pct, highest first
     bound: str  # what limits the step, in one sentence
     summary: dict[str, float | None]
+    # What `est_saving_pct` is a share of: "step", or "traced time" where the trace has no steps.
+    saving_of: str = "step"
 
     def to_json(self) -> dict[str, Any]:
         return to_jsonable(self)

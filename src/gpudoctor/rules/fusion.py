@@ -39,12 +39,14 @@ def unfused_elementwise(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"Elementwise, normalization and reduction kernels take {pct(100 * memory_bound / total)} of GPU "
         f"kernel time: {us(per_step)} {step_phrase(f)}.",
-        "The largest: " + "; ".join(f"{kernel(k.name)} ({us(k.total_us / f.steps)}/step)" for k in top) + "."
+        "The largest: "
+        + "; ".join(f"{kernel(k.name)} ({us(k.total_us / f.steps)} {f.per})" for k in top)
+        + "."
         if top
         else "Each such kernel reads and writes its whole tensor.",
     ]
     if cats.get("compiled"):
-        evidence.append(f"Compiled (fused) kernels already run {us(f.per_step(cats['compiled']))} per step.")
+        evidence.append(f"Compiled (fused) kernels already run {us(f.per_step(cats['compiled']))} {f.per}.")
     return finding(
         "unfused_elementwise",
         "Memory-bound elementwise and normalization kernels dominate",

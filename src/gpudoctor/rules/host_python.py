@@ -36,17 +36,17 @@ def host_python(a: Analysis, f: Facts) -> Finding | None:
     if saving_us <= 0:
         return None
     evidence = [
-        f"The host spends {us(python_us)} of each traced {us(f.traced_step_us)} step "
+        f"The host spends {us(python_us)} {_of_traced(f)} "
         f"({pct(100 * python_us / f.traced_step_us)}) in neither a PyTorch op, the DataLoader nor a call "
         "that waits for the GPU: Python between the ops.",
         f"Meanwhile the GPU waits for the host {us(wait_us)} {step_phrase(f)} ({pct(f.pct(wait_us))}); "
-        f"it is busy {pct(100 * f.busy_fraction)} of the step.",
+        f"it is busy {pct(100 * f.busy_fraction)} of the time.",
     ]
     where = [g for g in a.host_gaps if g.us_per_step >= 0.1 * python_us]
     if where:
         evidence.append(
             "Most of it in "
-            + "; ".join(f"{g.frame}: {us(g.us_per_step)} per step" for g in where[:3])
+            + "; ".join(f"{g.frame}: {us(g.us_per_step)} {f.per}" for g in where[:3])
             + " (the user's frame open during those stretches)."
         )
     if len(a.trace.gpu_devices) == 1 and a.timeline.concurrent_kinds_us.get("communication", 0.0) > 0:
@@ -63,3 +63,9 @@ def host_python(a: Analysis, f: Facts) -> Finding | None:
         {"host_python_us": python_us, "gpu_wait_us": wait_us, "traced_step_us": f.traced_step_us},
         sources=tuple(g.frame for g in where),
     )
+
+
+def _of_traced(f: Facts) -> str:
+    if f.whole_trace:
+        return f"of the {us(f.traced_step_us)} traced"
+    return f"of each traced {us(f.traced_step_us)} step"

@@ -49,7 +49,7 @@ def host_sync(a: Analysis, f: Facts) -> Finding | None:
         for s in top
     )
     evidence = [
-        f"{per_step:.0f} host synchronizations per step: {where}.",
+        f"{per_step:.0f} host synchronizations {f.per}: {where}.",
         f"Each one drains the GPU's queue, so the host cannot run ahead: the GPU waits for the host "
         f"{us(serialized)} {step_phrase(f)}; the host's own work ({us(host_work)}) leaves {us(drained)} of it "
         f"({pct(f.pct(drained))}) to win back.",

@@ -35,8 +35,8 @@ def input_pipeline(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"DataLoader __next__ takes {us(f.dataloader_us)} {step_phrase(f)} ({pct(100 * loader_share)}), "
         f"on the training thread.",
-        f"Meanwhile the GPU idles {us(waiting)} per step waiting for it; it is busy "
-        f"{pct(100 * f.busy_fraction)} of the step.",
+        f"Meanwhile the GPU idles {us(waiting)} {f.per} waiting for it; it is busy "
+        f"{pct(100 * f.busy_fraction)} of the time.",
     ]
     return finding(
         "input_pipeline",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, pct, step_phrase, us
+from gpudoctor.rules.batch import launch_wait_share
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
@@ -47,17 +48,25 @@ def launch_overhead(a: Analysis, f: Facts) -> Finding | None:
     # shorter than that, nor than the GPU's work.
     wait_us = f.launch_wait_us
     outside_us = f.outside_ops_us
-    saving_us = min(wait_us, max(f.step_us - max(f.busy_us, outside_us), 0.0))
+    # Where kernels are under-filled by a small batch, the part of the wait a batch that fills the GPU
+    # spreads over more samples is small_batch's; this finding claims the rest.
+    share = launch_wait_share(a)
+    saving_us = min(wait_us * share, max(f.step_us - max(f.busy_us, outside_us), 0.0))
     per_launch = f.launch_us / f.launch_count
     evidence = [
-        f"{f.launch_count:.0f} kernel launches per step; the mean kernel runs {us(mean_kernel)}, "
+        f"{f.launch_count:.0f} kernel launches {f.per}; the mean kernel runs {us(mean_kernel)}, "
         f"{pct(100 * a.kernels.short_count_share)} of kernels under 10 µs.",
         f"The host spends {us(per_launch)} per launch call; the GPU waits for the host {us(wait_us)} "
         f"{step_phrase(f)} ({pct(f.pct(wait_us))}) and is busy {pct(100 * f.busy_fraction)} of it.",
     ]
-    if saving_us < wait_us:
+    if share < 1:
         evidence.append(
-            f"The host also spends {us(outside_us)} of each traced step outside PyTorch ops (the script's own "
+            f"The kernels are too small to fill the GPU (small_batch): a batch that fills it shares "
+            f"{pct(100 * (1 - share))} of this wait among more samples; this finding claims the rest."
+        )
+    elif saving_us < wait_us:
+        evidence.append(
+            f"The host also spends {us(outside_us)} {'of the traced time' if f.whole_trace else 'of each traced step'} outside PyTorch ops (the script's own "
             f"Python): a CUDA graph does not remove that, so at most {us(saving_us)} goes."
         )
     return finding(

@@ -41,7 +41,7 @@ def conv_layout(a: Analysis, f: Facts) -> Finding | None:
     ]
     if nchw_norm_us:
         evidence.append(
-            f"Batch norm runs its NCHW kernels for {us(nchw_norm_us)} per step; its channels_last kernels "
+            f"Batch norm runs its NCHW kernels for {us(nchw_norm_us)} {f.per}; its channels_last kernels "
             f"are about twice as fast."
         )
     return finding(

@@ -30,9 +30,9 @@ def optimizer_unfused(a: Analysis, f: Facts) -> Finding | None:
     waiting = f.optimizer_wait_us * f.host_scale
     saving_us = waiting + FUSED_KERNEL_SAVING * f.optimizer_kernel_us
     evidence = [
-        f"Optimizer.step launches {f.optimizer_launches:.0f} kernels per step and takes {us(f.optimizer_us)} "
+        f"Optimizer.step launches {f.optimizer_launches:.0f} kernels {f.per} and takes {us(f.optimizer_us)} "
         f"of host time {step_phrase(f)} ({pct(f.pct(f.optimizer_us))}).",
-        f"A per-parameter loop: the GPU idles {us(waiting)} per step waiting for its launches, and runs its "
+        f"A per-parameter loop: the GPU idles {us(waiting)} {f.per} waiting for its launches, and runs its "
         f"{us(f.optimizer_kernel_us)} of kernels as many small passes.",
     ]
     return finding(

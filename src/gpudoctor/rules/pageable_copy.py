@@ -39,12 +39,12 @@ def pageable_copy(a: Analysis, f: Facts) -> Finding | None:
     copy_us = sum(t.time_us * t.pageable_bytes / max(t.bytes, 1) for t in stats) / f.steps
     blocking = sum(t.blocking_count for t in stats) / f.steps
     lines = [
-        f"{t.direction.upper()}: {t.pageable_count // f.steps} pageable copies per step, "
+        f"{t.direction.upper()}: {t.pageable_count // f.steps} pageable copies {f.per}, "
         f"{size(t.pageable_bytes / f.steps)} at {fmt_rate(t.bandwidth)}"
         for t in stats
     ]
     evidence = [
-        "; ".join(lines) + f"; {blocking:.0f} per step blocked the host until done.",
+        "; ".join(lines) + f"; {blocking:.0f} {f.per} blocked the host until done.",
         f"They take {us(copy_us)} of GPU time {step_phrase(f)} ({pct(f.pct(copy_us))}), serialized with "
         f"compute.",
     ]

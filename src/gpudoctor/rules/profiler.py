@@ -34,7 +34,7 @@ def profiler_distortion(a: Analysis, f: Facts) -> Finding | None:
     evidence = [
         f"Profiled steps take {us(f.traced_step_us)}, {pct(100 * overhead)} longer than the {us(f.step_us)} "
         f"measured without the profiler" + (f" (recorded with {', '.join(options)})." if options else "."),
-        f"The trace shows the GPU idle {pct(100 * f.traced_idle_us / f.traced_step_us)} of the step; without "
+        f"The trace shows the GPU idle {pct(100 * f.traced_idle_us / f.traced_step_us)} of the time; without "
         f"the profiler it is idle {pct(f.pct(f.idle_us))}. Host-side findings are scaled to the real step.",
     ]
     return finding(

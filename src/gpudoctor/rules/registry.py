@@ -47,8 +47,8 @@ ALWAYS_KEPT = {"memory_pressure", "profiler_distortion"}
 _SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.MAJOR: 1, Severity.MINOR: 2, Severity.INFO: 3}
 
 
-# Without step annotations the GPU's own span stands for a step: with this little work in it, shares of
-# that "step" say nothing about a training or inference loop.
+# Without steps the traced time is one whole: with this little work in it, its shares say nothing about
+# a training or inference loop.
 MIN_KERNELS_WITHOUT_STEPS = 20
 
 
@@ -58,29 +58,34 @@ def diagnose(analysis: Analysis) -> Diagnosis:
         return Diagnosis(SCHEMA, (), "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
     if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
         too_little = (
-            f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no ProfilerStep#N "
-            f"annotations (profile a few steps with torch.profiler's schedule and prof.step())."
+            f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no repeating step "
+            f"(profile a few steps with torch.profiler's schedule and prof.step())."
         )
-        return Diagnosis(SCHEMA, (), too_little, _summary(facts))
+        return Diagnosis(SCHEMA, (), too_little, _summary(facts), _saving_of(facts))
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
         if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
-    return Diagnosis(SCHEMA, tuple(found), bound(analysis, facts), _summary(facts))
+    return Diagnosis(SCHEMA, tuple(found), bound(analysis, facts), _summary(facts), _saving_of(facts))
+
+
+def _saving_of(f: Facts) -> str:
+    return "traced time" if f.whole_trace else "step"
 
 
 def bound(a: Analysis, f: Facts) -> str:
     """What limits the step, in one sentence."""
     busy = 100 * f.busy_fraction
+    each = f"of the {us(f.step_us)} traced" if f.whole_trace else f"of each {us(f.step_us)} step"
     cats = a.kernels.time_by_category_us
     total = sum(cats.values()) or 1.0
     top_cat, top_us = max(cats.items(), key=lambda kv: kv[1]) if cats else ("kernels", 0.0)
     comm_us = a.window.busy_by_kind_us.get("communication", 0.0) if a.window else 0.0
     if busy >= 85 and a.window and comm_us >= 0.5 * a.window.busy_us:
         return (
-            f"Communication-bound: the GPU is busy {pct(busy)} of each {us(f.step_us)} step, "
+            f"Communication-bound: the GPU is busy {pct(busy)} {each}, "
             f"{pct(100 * comm_us / a.window.busy_us)} of it in collectives with no compute beside them."
         )
     if busy >= 85:
@@ -89,7 +94,7 @@ def bound(a: Analysis, f: Facts) -> str:
         detail = f"{pct(100 * heavy)} of GPU time in matmul, convolution and attention"
         if tc is not None:
             detail += f", {pct(100 * tc)} of matmul/convolution time on tensor cores"
-        return f"GPU-bound: the GPU is busy {pct(busy)} of each {us(f.step_us)} step; {detail}."
+        return f"GPU-bound: the GPU is busy {pct(busy)} {each}; {detail}."
     causes = {
         "waiting for the host": f.host_wait_us * f.host_scale,
         "synchronizations": f.sync_idle_us,
@@ -97,7 +102,7 @@ def bound(a: Analysis, f: Facts) -> str:
     }
     cause = max(causes, key=lambda c: causes[c])
     return (
-        f"The GPU idles {pct(100 - busy)} of each {us(f.step_us)} step, mostly {cause}; when busy, "
+        f"The GPU idles {pct(100 - busy)} {each}, mostly {cause}; when busy, "
         f"{pct(100 * top_us / total)} of its time is {top_cat}."
     )
 

@@ -239,7 +239,7 @@ class _Builder:
     _COLUMNS = (
         "kind", "name", "pid", "tid", "ts", "dur", "correlation", "external_id", "device", "stream",
         "bytes", "grid", "block", "registers", "shared_memory", "occupancy", "blocks_per_sm",
-        "warps_per_sm", "python_id", "python_parent_id", "flops", "inputs",
+        "warps_per_sm", "python_id", "python_parent_id", "flops", "inputs", "sequence", "fwd_thread",
     )  # fmt: skip
     _MEMORY = ("ts", "bytes", "total_allocated", "total_reserved", "device_type", "device_id")
 
@@ -312,6 +312,8 @@ class _Builder:
         b["python_parent_id"].append(python.column("python_parent_id", np.int64, -1))
         cpu_op = _Subset(n, np.flatnonzero(kinds == Kind.CPU_OP), args)
         b["flops"].append(cpu_op.column("flops", np.float64, np.nan))
+        b["sequence"].append(cpu_op.column("sequence", np.int64, -1))
+        b["fwd_thread"].append(cpu_op.column("fwd_thread", np.int64, -1))
         shaped = cpu_op.rows[self._shaped(name_ids[cpu_op.rows])]
         b["inputs"].append(_Subset(n, shaped, args).inputs(self.inputs))
 

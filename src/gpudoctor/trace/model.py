@@ -181,6 +181,9 @@ class Trace:
     op_inputs: tuple[OpInputs, ...] = ()  # the distinct argument records of cpu ops (record_shapes)
     thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=dict)  # events not kept, by reason
+    # autograd's "Sequence number" and "Fwd thread id" of cpu ops (-1 elsewhere); empty if not loaded
+    sequence: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    fwd_thread: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     _memo: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # memo only
 
     def __len__(self) -> int:

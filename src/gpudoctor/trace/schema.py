@@ -36,6 +36,10 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     python_id: int | None = msgspec.field(name="Python id", default=-1)
     python_parent_id: int | None = msgspec.field(name="Python parent id", default=-1)
     flops: float | None = _NAN
+    # autograd: a forward op and the backward op of its graph node share a sequence number; the backward
+    # op's "Fwd thread id" names the forward's thread (a forward op's is 0)
+    sequence: int | None = msgspec.field(name="Sequence number", default=-1)
+    fwd_thread: int | None = msgspec.field(name="Fwd thread id", default=-1)
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_RAW)
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_RAW)
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_RAW)

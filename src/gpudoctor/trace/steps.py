@@ -1,35 +1,38 @@
-"""Training/inference steps from the `ProfilerStep#N` annotations torch.profiler writes on the CPU
-timeline (and, in newer Kineto, mirrors on the GPU timeline)."""
+"""Steps on a trace's timeline: `find_steps` reads the `ProfilerStep#N` annotations torch.profiler writes
+on the CPU timeline; `steps_from_spans` turns any CPU spans (inferred iterations: `trace.iterations`)
+into steps, placing each on the timeline once the GPU's lag is counted."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpudoctor.trace.links import launch_rows
-from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Kind, Trace
+from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, LAUNCH_KINDS, Kind, Trace
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 @dataclass(frozen=True)
 class Step:
-    """One profiled step. Its CPU span is the `ProfilerStep#N` annotation; its GPU span covers the GPU
-    work launched during that span (from any thread: backward kernels come from autograd's). Its window
-    is where the step sits on the timeline once the GPU's lag is counted: it opens when the host has
-    started the step and the GPU has finished the previous one, and closes where the next opens (the
-    last closes when both host and GPU are done). Windows tile the profiled time; their length is the
-    step time the loop really runs at, whether the host or the GPU is the slower."""
+    """One step. Its CPU span is the `ProfilerStep#N` annotation (or an inferred iteration's span); its
+    GPU span covers the GPU work launched during that span (from any thread: backward kernels come from
+    autograd's). Its window is where the step sits on the timeline once the GPU's lag is counted: it
+    opens when the host has started the step and the GPU has finished the previous one, and closes where
+    the next opens (the last closes when both host and GPU are done). Windows tile the profiled time;
+    their length is the step time the loop really runs at, whether the host or the GPU is the slower."""
 
     number: int
-    start_us: float  # CPU ProfilerStep span
+    start_us: float  # CPU span
     end_us: float
     gpu_start_us: float | None  # first / last GPU activity the step launched
     gpu_end_us: float | None
     window_start_us: float
     window_end_us: float
+    thread: tuple[int, int] | None = None  # (pid, tid) of the thread that drives the loop
 
     @property
     def duration_us(self) -> float:
@@ -51,11 +54,49 @@ def find_steps(trace: Trace) -> tuple[Step, ...]:
     rows = annotations[is_step]
     if not len(rows):
         return ()
-    # One thread drives the loop; if several carry steps (rare), keep the busiest.
-    threads, counts = np.unique(trace.tid[rows], return_counts=True)
-    rows = rows[trace.tid[rows] == threads[np.argmax(counts)]]
-    rows = rows[np.argsort(trace.ts[rows], kind="stable")]
-    cpu = [(float(trace.ts[r]), float(trace.ts[r] + trace.dur[r])) for r in rows.tolist()]
+    rows = on_busiest_thread(trace, rows)
+    spans = [(float(trace.ts[r]), float(trace.ts[r] + trace.dur[r])) for r in rows.tolist()]
+    numbers = [step_name[int(trace.name[r])] for r in rows.tolist()]
+    return steps_from_spans(trace, spans, numbers, (int(trace.pid[rows[0]]), int(trace.tid[rows[0]])))
+
+
+def on_busiest_thread(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """The rows of the thread that holds most of them (one thread drives a loop), in time order."""
+    keys = trace.pid[rows] * (1 << 32) + trace.tid[rows]
+    ids, counts = np.unique(keys, return_counts=True)
+    rows = rows[keys == ids[np.argmax(counts)]]
+    return rows[np.argsort(trace.ts[rows], kind="stable")]
+
+
+def thread_extent(trace: Trace, thread: tuple[int, int]) -> tuple[float, float]:
+    """When the loop's thread starts (its first host event, or when the profiler started recording,
+    if earlier: a loop's first moments may be Python with no event) and when its last event ends."""
+    rows = trace.rows(Kind.CPU_OP, Kind.USER_ANNOTATION, Kind.PYTHON, *LAUNCH_KINDS)
+    mine = rows[(trace.pid[rows] == thread[0]) & (trace.tid[rows] == thread[1])]
+    t0, t1 = float(trace.ts[mine].min()), float((trace.ts[mine] + trace.dur[mine]).max())
+    other = trace.rows(Kind.OTHER)
+    if len(other):
+        profiler = trace.name_ids_matching(_is_profiler_span, trace.name[other])[trace.name[other]]
+        if profiler.any():
+            t0 = min(t0, float(trace.ts[other[profiler]].min()))
+    return t0, t1
+
+
+def _is_profiler_span(name: str) -> bool:
+    return name.startswith("PyTorch Profiler")
+
+
+def steps_from_spans(
+    trace: Trace,
+    spans: Sequence[tuple[float, float]],
+    numbers: Sequence[int],
+    thread: tuple[int, int] | None = None,
+) -> tuple[Step, ...]:
+    """Steps from CPU spans in time order (not overlapping): each gets the GPU work launched inside it
+    and its window on the timeline."""
+    if not spans:
+        return ()
+    cpu = [(float(a), float(b)) for a, b in spans]
     gpu, before = _gpu_spans(trace, cpu)
     # Window boundaries: a step opens once the host started it and the GPU finished the one before.
     opens = []
@@ -67,9 +108,9 @@ def find_steps(trace: Trace) -> tuple[Step, ...]:
     last_end = max(cpu[-1][1], gpu[-1][1] if gpu[-1] is not None else cpu[-1][1])
     closes = [*opens[1:], last_end]
     steps = []
-    for i, r in enumerate(rows.tolist()):
+    for i, number in enumerate(numbers):
         g0, g1 = gpu[i] if gpu[i] is not None else (None, None)
-        steps.append(Step(step_name[int(trace.name[r])], *cpu[i], g0, g1, opens[i], max(closes[i], opens[i])))
+        steps.append(Step(int(number), *cpu[i], g0, g1, opens[i], max(closes[i], opens[i]), thread))
     return tuple(steps)
 
 
@@ -79,18 +120,26 @@ def _gpu_spans(
     """For each CPU span, the extent of the GPU activity launched inside it (None if none); and when
     the GPU finished the work queued before the first step (None if there was none): work launched
     before it, and work whose launch the profiler did not record (it was queued before recording
-    began) that ran before the first step's own."""
+    began) that ran before the first step's own. Linear in the activity (spans are in time order)."""
     gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
         return [None] * len(cpu), None
     launch = launch_rows(trace, gpu)
     linked = launch >= 0
-    launch_ts = np.where(linked, trace.ts[np.maximum(launch, 0)], np.nan)
-    start, end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
+    launch_ts = trace.ts[launch[linked]]
+    order = np.argsort(launch_ts, kind="stable")
+    when = launch_ts[order]
+    start = trace.ts[gpu[linked]][order]
+    end = (trace.ts[gpu] + trace.dur[gpu])[linked][order]
+    bounds = np.array(cpu)
+    lo = np.searchsorted(when, bounds[:, 0], side="left")
+    hi = np.searchsorted(when, bounds[:, 1], side="left")
     spans: list[tuple[float, float] | None] = []
-    for c0, c1 in cpu:
-        inside = (launch_ts >= c0) & (launch_ts < c1)
-        spans.append((float(start[inside].min()), float(end[inside].max())) if inside.any() else None)
+    for a, b in zip(lo.tolist(), hi.tolist(), strict=True):
+        spans.append((float(start[a:b].min()), float(end[a:b].max())) if b > a else None)
     first_own = next((sp[0] for sp in spans if sp is not None), np.inf)
-    earlier = (launch_ts < cpu[0][0]) | (~linked & (start < first_own))
-    return spans, (float(end[earlier].max()) if earlier.any() else None)
+    all_start, all_end = trace.ts[gpu], trace.ts[gpu] + trace.dur[gpu]
+    launched_before = np.zeros(len(gpu), dtype=bool)
+    launched_before[linked] = trace.ts[launch[linked]] < cpu[0][0]
+    earlier = launched_before | (~linked & (all_start < first_own))
+    return spans, (float(all_end[earlier].max()) if earlier.any() else None)

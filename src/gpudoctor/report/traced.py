@@ -1,0 +1,52 @@
+"""What every renderer says about a trace's steps: how they were found, and, where the trace has none,
+its figures per traced second. Text only, from the analysis as it is."""
+
+from __future__ import annotations
+
+from gpudoctor.analysis.summary import Analysis
+from gpudoctor.util.units import fmt_pct, fmt_us
+
+
+def steps_sentence(a: Analysis) -> str | None:
+    """'steps: ProfilerStep#N annotations', 'steps: inferred: …'; None in an analysis saved before
+    gpudoctor recorded how steps were found."""
+    source = a.steps_source
+    if source is None:
+        return None
+    return f"steps: {source.description}"
+
+
+def per_call_sentence(a: Analysis) -> str | None:
+    """Where each step is one outer call making several model calls (`generate`): the time per call."""
+    source = a.steps_source
+    if source is None or not source.calls_per_step or a.step_time_us is None:
+        return None
+    return (
+        f"{source.calls_per_step:.3g} model calls per step: {fmt_us(a.step_time_us.p50 / source.calls_per_step)} "
+        f"per call (median step over calls)"
+    )
+
+
+def per_second(a: Analysis) -> list[tuple[str, str]]:
+    """(label, value) figures of the traced time as a whole, where the trace has no steps: busy share,
+    and host figures per traced second. Empty where there are steps or no GPU activity."""
+    w = a.whole_trace
+    if a.steps or w is None or w.duration_us <= 0:
+        return []
+    seconds = w.duration_us / 1e6
+    c = w.cpu
+    rows = [("traced time (the GPU's span)", fmt_us(w.duration_us))]
+    if w.gpu is not None:
+        rows.append(("GPU busy", fmt_pct(w.gpu.busy_fraction)))
+    rows += [
+        ("kernel launches per second", f"{c.launch_count / seconds:,.0f}"),
+        ("host in launch calls", fmt_pct(c.launch_us / w.duration_us)),
+        ("host in synchronizing calls", fmt_pct(c.sync_us / w.duration_us)),
+    ]
+    if c.dataloader_us:
+        rows.append(("host in DataLoader", fmt_pct(c.dataloader_us / w.duration_us)))
+    if c.optimizer_us:
+        rows.append(("host in Optimizer.step", fmt_pct(c.optimizer_us / w.duration_us)))
+    if c.allocator_calls:
+        rows.append(("cudaMalloc/cudaFree per second", f"{c.allocator_calls / seconds:,.0f}"))
+    return rows
