@@ -6,7 +6,7 @@ import _window
 import torch
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=20000)
+parser.add_argument("--steps", type=int, default=1000000)
 args = parser.parse_args()
 model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)]).cuda().eval()
 static_in = torch.randn(64, 512, device="cuda")

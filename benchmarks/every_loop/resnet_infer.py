@@ -7,7 +7,7 @@ import torch
 import torchvision
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=1000)
+parser.add_argument("--steps", type=int, default=5000)
 parser.add_argument("--small", action="store_true")
 args = parser.parse_args()
 device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -6,7 +6,7 @@ import _window
 import torch
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=20000)
+parser.add_argument("--steps", type=int, default=200000)
 parser.add_argument("--n", type=int, default=2048)
 parser.add_argument("--small", action="store_true")
 args = parser.parse_args()

@@ -83,6 +83,7 @@ class _Clock:
         self.name = "cuda_events" if cuda else "perf_counter"
         self.marks: list[Any] = []
         self.steps = 0  # boundaries seen since the first mark
+        self.host_times: list[float] = []  # perf_counter at the first and the latest mark
         self._spare: list[Any] = []
 
     def boundary(self) -> None:
@@ -100,6 +101,8 @@ class _Clock:
             self.marks.append(event)
         else:
             self.marks.append(time.perf_counter_ns())
+        now = time.perf_counter()
+        self.host_times = [self.host_times[0] if self.host_times else now, now]
 
     @property
     def timed_steps(self) -> int:
@@ -113,7 +116,8 @@ class _Clock:
             spans = [a.elapsed_time(b) * 1e3 for a, b in itertools.pairwise(self.marks)]
         else:
             spans = [(b - a) / 1e3 for a, b in itertools.pairwise(self.marks)]
-        return StepTimes(self.name, tuple(t / self.every for t in spans for _ in range(self.every)))
+        times = tuple(t / self.every for t in spans for _ in range(self.every))
+        return StepTimes(self.name, times, (self.host_times[0], self.host_times[-1]))
 
 
 class LiveCapture:

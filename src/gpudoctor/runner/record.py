@@ -21,6 +21,9 @@ class StepTimes:
 
     clock: str
     times_us: tuple[float, ...] = ()
+    # When the phase's first and last marks were made, by the host's perf_counter (seconds): to set the
+    # phase beside timings the script makes itself.
+    host_span_s: tuple[float, float] | None = None
 
     @property
     def median_us(self) -> float | None:
