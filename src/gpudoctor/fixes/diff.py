@@ -202,7 +202,7 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
     if e.op in ("delete_statement", "wrap_statement", "before_statement") and not alone:
         return f"line {e.line} holds more than one statement"
     if e.op == "delete_statement":
-        return first, last, []
+        return first, last, [f"{indent}pass\n"] if _only_statement(tree, stmt) else []
     if e.op == "wrap_statement":
         body = [INDENT + ln if ln.strip() else ln for ln in lines[first:last]]
         return first, last, [f"{indent}with {e.wrap}:\n", *body]
@@ -217,6 +217,16 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
         at = target.end_lineno or target.lineno
         return at, at, [t_indent + c.replace("{name}", e.name) + "\n" for c in e.code]
     return f"unknown edit {e.op!r}"
+
+
+def _only_statement(tree: ast.AST, stmt: ast.stmt) -> bool:
+    """`stmt` is all of a block: deleting it would leave the block empty."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block == [stmt]:
+                return True
+    return False
 
 
 def _after_docstring(tree: ast.Module) -> int:

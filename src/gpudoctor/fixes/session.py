@@ -327,7 +327,7 @@ class FixSession:
             started_at=self.started_at,
             device=ref.device if ref else "unknown",
             torch=ref.torch if ref else None,
-            options={k: v for k, v in vars(self.options).items()},
+            options={k: list(v) if isinstance(v, tuple) else v for k, v in vars(self.options).items()},
             baseline_us=statistics.median([t for r in timed for t in r.step_times_us]) if timed else None,
             baseline_rounds=len(timed),
             observations=obs,
