@@ -116,3 +116,10 @@ def test_a_patch_that_cannot_be_applied_is_a_failed_round(
 def test_a_round_survives_json(tmp_path: Path) -> None:
     r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "fused_optimizer")
     assert RoundResult.from_json(r.to_json()) == r
+
+
+def test_compile_time_is_measured_apart_from_the_timed_steps(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "compile", "--compile-backend", "eager")
+    assert r.failure is None and r.patches["compile"].applied
+    assert r.compile_s > 0 and r.compile_timed_s == 0.0  # compiled during the warm-up steps
+    assert r.outputs_kind == "loss" and len(r.outputs) == 3

@@ -31,7 +31,8 @@ class FixSpec:
     rules: tuple[str, ...]  # the findings this fix answers
     tolerance: float | None  # None: results are not comparable (the batch changes): finite is enough
     tolerance_note: str
-    group: str  # alternatives: only one of a group goes into the combination
+    group: str  # alternatives: only one of a group goes into the combination (bfloat16 autocast
+    # leaves TF32 little to do: its matmuls no longer run in float32)
 
 
 SPECS: dict[str, FixSpec] = {

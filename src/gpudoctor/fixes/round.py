@@ -27,6 +27,7 @@ class RoundResult:
     outputs_kind: str = "none"  # loss, output, none
     outputs: tuple[tuple[float, ...], ...] = ()
     compile_s: float = 0.0
+    compile_timed_s: float = 0.0  # of it, during the timed steps (a recompilation)
     patches: dict[str, PatchOutcome] = field(default_factory=dict)
     observations: Observations | None = None
     error: str | None = None  # one line

@@ -22,6 +22,11 @@ from gpudoctor.fixes.verify import NumericsCheck, check_numerics, compare_rounds
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.timing.compare import SAME_WITHIN
 
+FALLBACK_RANDOM_NOTE = (
+    "timed with Inductor's fallback_random=True, so that dropout draws as in eager mode and the losses "
+    "compare; plain torch.compile may be a little faster"
+)
+
 
 @dataclass(frozen=True)
 class FixOptions:
@@ -47,7 +52,7 @@ class Progress:
     count: int
     round: int  # from 1
     rounds: int
-    side: str  # baseline, candidate, numerics
+    side: str  # baseline, candidate
 
 
 class Launcher(Protocol):
@@ -152,11 +157,7 @@ class FixSession:
         label, stage = "+".join(fixes), "fix" if cand is not None else "combination"
         obs = self.reference.observations if self.reference else None
         at = self._current = _Attempt(fixes, cand)
-        if _random_differs(fixes, obs):
-            self._progress(stage, label, index, count, "numerics", 1, 1)
-            r = self._round(f"{index:02d}-{label}-numerics", fixes, exact_random=True)
-            at.failure = r.failure or _not_applied(r, fixes)
-            at.numerics = None if at.failure else self._numerics(fixes, r)
+        exact = _random_differs(fixes, obs)
         for k in range(1, self.options.rounds + 1):
             if at.failure or (at.numerics is not None and not at.numerics.ok):
                 break
@@ -171,7 +172,7 @@ class FixSession:
             at.base.append(a)
             self.baselines.append(a)
             self._progress(stage, label, index, count, "candidate", k)
-            b = self._round(f"{index:02d}-{label}-b{k}", fixes)
+            b = self._round(f"{index:02d}-{label}-b{k}", fixes, exact_random=exact)
             at.failure = b.failure or _not_applied(b, fixes)
             if at.failure:
                 break
@@ -260,6 +261,13 @@ class FixSession:
         if compile_s and timing and timing.baseline_us > timing.candidate_us:
             payback = compile_s * 1e6 / (timing.baseline_us - timing.candidate_us)
         changes = tuple(c for r in runs[-1:] for f in fixes for c in r.patches[f].changes)
+        if any(r.exact_random for r in runs):
+            changes += (FALLBACK_RANDOM_NOTE,)
+        recompiled = max((r.compile_timed_s for r in runs), default=0.0)
+        if recompiled:
+            changes += (
+                f"recompiled during the timed steps ({recompiled:.1f} s, counted in them): raise --warmup",
+            )
         lo, hi = timing.saving_ci if timing else (None, None)
         return FixVerdict(
             fix="+".join(fixes),
@@ -356,7 +364,8 @@ def _not_applied(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
 
 def _random_differs(fixes: tuple[str, ...], obs: Observations | None) -> bool:
     """Compiled code draws other random numbers than eager: with dropout the losses differ unless
-    Inductor is told to draw them as eager does — done in an extra round used for numerics only."""
+    Inductor is told to draw them as eager does (`fallback_random`), which every round of such a
+    configuration then does — a little slower than plain compile, so its saving is understated."""
     return any(f.startswith("compile") for f in fixes) and bool(obs and obs.root and obs.root.dropout)
 
 
