@@ -7,7 +7,9 @@ of the expert's (goal ≥ 90%), whether any slower or numerically broken fix was
 against measured saving per fix.
 
     PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --only gpt2_train
-    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --phase time --only gpt2_train   # reuse the fix run
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --phase fix --only gpt2_train
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --phase time --only gpt2_train --previous DIR
+        # times the configuration a fix run kept: DIR is that run's --out (fetched back into the worktree)
     .venv/bin/python benchmarks/fix_vs_expert.py --out /tmp/fve --smoke --only per_param_optimizer   # CPU path
 
 Writes $OUT/fix_vs_expert_<name>.json per workload (with the fix directory under $OUT/fix/<name>) and
@@ -176,11 +178,14 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="gpudoctor fix --rounds")
     p.add_argument("--warmup", type=int, default=5, help="gpudoctor fix --warmup")
     p.add_argument("--steps", type=int, default=15, help="gpudoctor fix --steps")
-    p.add_argument("--budget", default="7m", help="gpudoctor fix --budget, per workload")
+    p.add_argument(
+        "--budget", default="8m", help="gpudoctor fix --budget, per workload (after its diagnosis)"
+    )
     p.add_argument("--timing-rounds", type=int, default=2, help="fresh processes per configuration")
     p.add_argument("--timer-warmup", type=int, default=8)
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--previous", type=Path, help="--phase time: the --out of the fix phase (default --out)")
     p.add_argument("--smoke", action="store_true", help="tiny models (--small), for the CPU")
     a = p.parse_args()
     names = [n for n in a.only.split(",") if n] or list(WORKLOADS)
@@ -191,15 +196,15 @@ def main() -> int:
     for name in names:
         t0 = time.perf_counter()
         fix_run = run_fix(name, a.out, a) if a.phase in ("all", "fix") else None
-        fix_dir = a.out / "fix" / name
-        summary = summarize_fix(fix_dir)
+        source = a.previous if a.phase == "time" and a.previous else a.out
+        summary = summarize_fix(source / "fix" / name)
         timing = measure(name, summary["final"], a.out, a) if a.phase in ("all", "time") else None
         result = {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": summary,
                   "timing": timing, "wall_s": time.perf_counter() - t0, "environment": environment()}  # fmt: skip
-        previous = a.out / f"fix_vs_expert_{name}.json"
-        if a.phase == "time" and previous.exists():
-            result["fix_run"] = json.loads(previous.read_text()).get("fix_run")
-        previous.write_text(json.dumps(result, indent=1))
+        earlier = source / f"fix_vs_expert_{name}.json"
+        if a.phase == "time" and earlier.exists():
+            result["fix_run"] = json.loads(earlier.read_text()).get("fix_run")
+        (a.out / f"fix_vs_expert_{name}.json").write_text(json.dumps(result, indent=1))
         print(_line(result), flush=True)
     combined = [json.loads(f.read_text()) for f in sorted(a.out.glob("fix_vs_expert_*.json"))]
     (a.out / "fix_vs_expert.json").write_text(

@@ -100,7 +100,16 @@ def test_a_sync_in_the_loop_is_left_to_the_user_with_its_source_line(tmp_path: P
 def test_item_calls_seen_at_runtime_are_reported_even_without_a_stack_trace(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text("x = 1\nacc = loss.item()\n")
-    seen = replace(obs(), item_syncs=(SiteCount(CallSite(str(script), 2, "<module>"), 20),))
-    _, manual = choose(diagnosis(finding("host_sync", 20.0)), seen)
-    (m,) = manual
-    assert m.source_line == "acc = loss.item()"
+    seen = replace(obs(), item_syncs=(SiteCount(CallSite(str(script), 2, "<module>"), 20),
+                                      SiteCount(CallSite(str(script), 1, "<module>"), 1)))  # fmt: skip
+    _, manual = choose(diagnosis(finding("host_sync", 20.0)), seen, steps=25)
+    (m,) = manual  # the line seen once in 25 steps (logging every N steps) is not a per-step sync
+    assert m.source_line == "acc = loss.item()" and m.title == ".item() on a GPU tensor: 20 calls in 25 steps"
+
+
+def test_an_item_inside_a_library_call_names_the_users_line_that_made_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("trainer.fit(model, loader)\n")
+    seen = replace(obs(), item_syncs=(SiteCount(CallSite(str(script), 1, "<module>"), 30),))
+    (m,) = choose(None, seen, steps=25)[1]
+    assert m.source_line == "trainer.fit(model, loader)" and "a call made from this line" in m.change

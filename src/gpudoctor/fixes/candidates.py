@@ -7,7 +7,7 @@ apply safely become `ManualFix`es: the source line and the change to make, never
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpudoctor.fixes.catalog import SPECS, validate
@@ -18,6 +18,10 @@ from gpudoctor.runner.hooks import CallSite
 ITEM_CHANGE = (
     "keep the value on the GPU (e.g. running_loss += loss.detach()) and read it with .item() every N "
     "steps: each .item() waits for the GPU to finish the step"
+)
+INNER_ITEM_CHANGE = (
+    "a call made from this line reads a GPU value with .item() every step (per-step logging or metrics "
+    "inside it?): read such values every N steps"
 )
 # Findings that no automatic fix answers, and the change to make by hand.
 MANUAL = {
@@ -59,8 +63,10 @@ def choose(
     compile_mode: str | None = None,
     only: tuple[str, ...] = (),
     skip: tuple[str, ...] = (),
+    steps: int = 0,
 ) -> tuple[list[Candidate], list[ManualFix]]:
-    """The fixes to try, highest predicted saving first, and the changes left to the user."""
+    """The fixes to try, highest predicted saving first, and the changes left to the user. `steps`: how
+    many steps the observing run made (a call seen in half of them or more happens every step)."""
     found = {f.id: f for f in diagnosis.findings} if diagnosis else {}
     proposals: dict[str, str] = {}
     for fix, why in _proposals(found, obs, allow_batch, compile_mode):
@@ -74,7 +80,8 @@ def choose(
         predicted = max((found[r].est_saving_pct for r in rules), default=None)
         candidates.append(Candidate(fix, predicted, rules, why))
     candidates.sort(key=lambda c: -(c.predicted_saving_pct or 0.0))
-    return candidates, manual_fixes(diagnosis, obs, {r for c in candidates for r in c.rules}, allow_batch)
+    answered = {r for c in candidates for r in c.rules}
+    return candidates, manual_fixes(diagnosis, obs, answered, allow_batch, steps)
 
 
 def _proposals(
@@ -132,11 +139,17 @@ _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): ")
 
 
 def manual_fixes(
-    diagnosis: Diagnosis | None, obs: Observations, answered: set[str], allow_batch: bool
+    diagnosis: Diagnosis | None, obs: Observations, answered: set[str], allow_batch: bool, steps: int = 0
 ) -> list[ManualFix]:
     out: list[ManualFix] = []
-    for site in obs.item_syncs:
-        out.append(_manual("host_sync", ".item() on a GPU tensor every step", site.site, ITEM_CHANGE))
+    per_step = [s for s in obs.item_syncs if s.count >= max(2, steps // 2)]
+    for s in per_step:
+        m = _manual(
+            "host_sync", f".item() on a GPU tensor: {s.count} calls in {steps} steps", s.site, ITEM_CHANGE
+        )
+        if m.source_line is not None and ".item(" not in m.source_line:
+            m = replace(m, change=INNER_ITEM_CHANGE)
+        out.append(m)
     for lo in obs.loaders:
         if lo.iterated and lo.iterable and lo.num_workers == 0:
             out.append(
@@ -151,7 +164,7 @@ def manual_fixes(
     for f in diagnosis.findings if diagnosis else ():
         if f.id in answered or (f.id == "small_batch" and allow_batch):
             continue
-        if f.id == "host_sync" and obs.item_syncs:
+        if f.id == "host_sync" and per_step:
             continue
         change = MANUAL.get(f.id, f.fix.summary)
         sites = [_site_of(s) for s in f.sources] or [None]

@@ -21,7 +21,7 @@ from gpudoctor.report.markdown import md_text
 from gpudoctor.report.style import dim_line, section
 from gpudoctor.util.units import fmt_us
 
-HEAD = ("fix", "predicted", "measured (95% CI)", "numerics", "", "why")
+HEAD = ("fix", "predicted saving", "measured saving (95% CI)", "numerics", "", "why")
 
 
 def saving_cell(v: FixVerdict) -> str:
