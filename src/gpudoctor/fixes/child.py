@@ -17,6 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -98,24 +99,23 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     started = time.perf_counter()
     seed_everything(args.seed)
     finder = RootFinder()
-    script = None if args.module else str(Path(target).resolve())
-    ctx = PatchContext(finder, script)
-    patches = [
-        build_patch(f, ctx, compile_backend=args.compile_backend, exact_random=args.exact_random)
-        for f in fixes
-    ]
-    patches.sort(key=lambda p: p.order)
+    ctx = PatchContext(finder, None if args.module else str(Path(target).resolve()))
+    patches = sorted(
+        (
+            build_patch(f, ctx, compile_backend=args.compile_backend, exact_random=args.exact_random)
+            for f in fixes
+        ),
+        key=lambda p: p.order,
+    )
     observer = Observer(finder, all_devices=args.count_cpu_items)
     recorder = OutputRecorder(finder, args.record)
     options = LiveOptions(warmup=args.warmup, light_steps=args.steps, light_only=True, nvml=False)
     capture = LiveCapture(Path(args.out).parent, options)
-    clock = (
-        CompileClock(lambda: capture.phase == "light")
-        if any(f.startswith("compile") for f in fixes)
-        else None
-    )
+    compiling = any(f.startswith("compile") for f in fixes)
+    clock = CompileClock(lambda: capture.phase == "light") if compiling else None
     end: ScriptEnd | None = None
     failed: str | None = None
+    kind, values, observations = "none", [], None
     finder.install()
     try:
         with patched([*patches, observer, recorder, *([clock] if clock else [])]):
@@ -129,9 +129,28 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     except Exception as err:  # a patch that could not be applied or undone
         failed = f"{type(err).__name__}: {err}"
         traceback.print_exc()
-        kind, values, observations = "none", [], None
     finally:
         finder.uninstall()
+    result = _result(fixes, end, failed, capture, clock)
+    return replace(
+        result,
+        outputs_kind=kind,
+        outputs=tuple(tuple(v) for v in values),
+        patches={p.name: p.outcome() for p in patches},
+        observations=observations,
+        exact_random=args.exact_random,
+        wall_s=time.perf_counter() - started,
+    )
+
+
+def _result(
+    fixes: tuple[str, ...],
+    end: ScriptEnd | None,
+    failed: str | None,
+    capture: LiveCapture,
+    clock: CompileClock | None,
+) -> RoundResult:
+    """How the script ended and what the light phase timed."""
     light = capture.light
     error = failed or (
         None if end is None or end.error is None else f"{type(end.error).__name__}: {end.error}"
@@ -143,16 +162,10 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         clock=light.clock if light else None,
         step_times_us=tuple(light.times_us) if light else (),
         steps_seen=capture.steps_seen,
-        outputs_kind=kind,
-        outputs=tuple(tuple(v) for v in values),
         compile_s=clock.total_s if clock else 0.0,
         compile_timed_s=clock.timed_s if clock else 0.0,
-        patches={p.name: p.outcome() for p in patches},
-        observations=observations,
         error=" ".join(error.split())[:500] if error else None,
         oom=_is_oom(end.error if end else None),
-        exact_random=args.exact_random,
-        wall_s=time.perf_counter() - started,
         device=_device(capture),
         torch=_torch_version(),
     )
