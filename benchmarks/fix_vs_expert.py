@@ -1,0 +1,230 @@
+"""gpudoctor fix against an expert: for each workload written as users write them
+(benchmarks/fix_workloads/<name>.py), run `gpudoctor fix` on it, then time three configurations plainly
+in fresh processes, alternating — the script as written, the script with the expert's hand-written fixes
+(`--expert`), and the script with the fixes gpudoctor kept — with CUDA-synchronized wall time over
+windows of at least a second (plain_timer.py). Reports each workload's speedups, gpudoctor's as a share
+of the expert's (goal ≥ 90%), whether any slower or numerically broken fix was kept, and predicted
+against measured saving per fix.
+
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --only gpt2_train
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --phase fix --only gpt2_train
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --phase time --only gpt2_train --previous DIR
+        # times the configuration a fix run kept: DIR is that run's --out (fetched back into the worktree)
+    .venv/bin/python benchmarks/fix_vs_expert.py --out /tmp/fve --smoke --only per_param_optimizer   # CPU path
+
+Writes $OUT/fix_vs_expert_<name>.json per workload (with the fix directory under $OUT/fix/<name>) and
+$OUT/fix_vs_expert.json with every workload found in $OUT; copy it to benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKLOADS_DIR = ROOT / "benchmarks" / "fix_workloads"
+TIMER = WORKLOADS_DIR / "plain_timer.py"
+GOAL = 0.9
+
+# name -> (the script's own arguments, what an expert writes by hand, minutes a GPU run takes: fix + timing)
+WORKLOADS: dict[str, tuple[list[str], str, float]] = {
+    "gpt2_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 9.0),
+    "vit_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 8.0),
+    "convnet_nchw": ([], "channels_last, bf16 autocast, cudnn.benchmark", 6.0),
+    "transformer_infer_b1": ([], 'torch.compile(mode="reduce-overhead"), bf16 autocast', 6.0),
+    "dataloader_starved": ([], "8 workers, pin_memory, persistent workers, non_blocking", 7.0),
+    "lightning_fit": ([], 'precision="bf16-mixed", TF32, fused AdamW, torch.compile', 7.0),
+    "per_param_optimizer": ([], "Adam(fused=True)", 5.0),
+    "fp32_matmul_loop": ([], "bf16 autocast, TF32", 4.0),
+}
+
+
+def env() -> dict[str, str]:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), e.get("PYTHONPATH", "")) if p)
+    return e
+
+
+def run_fix(name: str, out: Path, a: argparse.Namespace) -> dict[str, Any]:
+    script = WORKLOADS_DIR / f"{name}.py"
+    fix_dir = out / "fix" / name
+    cmd = [sys.executable, "-m", "gpudoctor", "fix", "--out", str(fix_dir), "--rounds", str(a.rounds),
+           "--warmup", str(a.warmup), "--steps", str(a.steps), "--budget", a.budget, str(script),
+           *WORKLOADS[name][0], *(["--small"] if a.smoke else [])]  # fmt: skip
+    if a.smoke:
+        cmd[4:4] = ["--child-timeout", "300"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
+    (out / f"fix_{name}.log").write_text(proc.stdout + proc.stderr)
+    report_file = fix_dir / "fix.json"
+    if not report_file.exists():
+        raise SystemExit(
+            f"{name}: gpudoctor fix wrote no report (exit {proc.returncode}); see fix_{name}.log"
+        )
+    return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - t0, "dir": str(fix_dir)}
+
+
+def time_config(
+    name: str, label: str, fixes: list[str], expert: bool, out: Path, a: argparse.Namespace, k: int
+) -> dict[str, Any]:
+    target = out / "timing" / f"{name}-{label}-{k}.json"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, str(TIMER), "--out", str(target), "--fixes", ",".join(fixes),
+           "--warmup", str(a.timer_warmup), "--window-s", str(a.window_s), "--windows", str(a.windows), "--",
+           str(WORKLOADS_DIR / f"{name}.py"), *WORKLOADS[name][0], *(["--expert"] if expert else []),
+           *(["--small"] if a.smoke else [])]  # fmt: skip
+    proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
+    if not target.exists():
+        return {"step_s": None, "error": (proc.stdout + proc.stderr)[-800:]}
+    return json.loads(target.read_text())
+
+
+def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> dict[str, Any]:
+    configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
+    for k in range(a.timing_rounds):
+        for label, (fixes, expert) in configs.items():
+            if label == "gpudoctor" and not fixes:
+                continue  # nothing kept: it is the plain script
+            runs[label].append(time_config(name, label, fixes, expert, out, a, k))
+    if not final:
+        runs["gpudoctor"] = runs["plain"]
+    step = {c: _median([r["step_s"] for r in rs if r.get("step_s")]) for c, rs in runs.items()}
+    errors = {c: [r["error"] for r in rs if r.get("error")] for c, rs in runs.items()}
+    result: dict[str, Any] = {"step_ms": {c: v * 1e3 if v else None for c, v in step.items()}, "errors": errors,
+                              "runs": {c: [r.get("windows") for r in rs] for c, rs in runs.items()}}  # fmt: skip
+    if step["plain"] and step["expert"] and step["gpudoctor"]:
+        expert, ours = step["plain"] / step["expert"], step["plain"] / step["gpudoctor"]
+        result.update(expert_speedup=expert, gpudoctor_speedup=ours, share_of_expert=ours / expert,
+                      meets_goal=ours / expert >= GOAL)  # fmt: skip
+    return result
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def summarize_fix(fix_dir: Path) -> dict[str, Any]:
+    report = json.loads((fix_dir / "fix.json").read_text())
+    verdicts = [*report["verdicts"], *([report["combination"]] if report.get("combination") else [])]
+    kept = [v for v in verdicts if v["kept"]]
+    return {
+        "final": report["final"],
+        "final_saving_pct": report["final_saving_pct"],
+        "baseline_step_ms": report["baseline_us"] / 1e3 if report.get("baseline_us") else None,
+        "kept_all_faster": all(v["verdict"] == "faster" for v in kept),
+        "kept_all_numerics_ok": all(v["numerics"] is None or v["numerics"]["ok"] for v in kept),
+        "fixes": [
+            {
+                k: v.get(k)
+                for k in (
+                    "fix",
+                    "rules",
+                    "predicted_saving_pct",
+                    "measured_saving_pct",
+                    "ci_low_pct",
+                    "ci_high_pct",
+                    "verdict",
+                    "kept",
+                    "reason",
+                    "compile_s",
+                    "payback_steps",
+                )
+            }
+            | {"numerics_max_rel_diff": (v.get("numerics") or {}).get("max_rel_diff")}
+            for v in verdicts
+        ],
+        "manual": report["manual"],
+        "diff": report["diff"],
+        "notes": report["notes"],
+        "elapsed_s": report["elapsed_s"],
+        "complete": report["complete"],
+    }
+
+
+def environment() -> dict[str, Any]:
+    info: dict[str, Any] = {"python": platform.python_version()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+        info["driver"] = None
+    except ImportError:
+        pass
+    for package in ("transformers", "torchvision", "lightning", "pytorch_lightning"):
+        try:
+            from importlib import metadata
+
+            info[package] = metadata.version(package.replace("_", "-"))
+        except Exception:
+            continue
+    return info
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--only", default="", help="comma-separated workload names (default: all)")
+    p.add_argument("--phase", choices=("all", "fix", "time"), default="all")
+    p.add_argument("--rounds", type=int, default=3, help="gpudoctor fix --rounds")
+    p.add_argument("--warmup", type=int, default=5, help="gpudoctor fix --warmup")
+    p.add_argument("--steps", type=int, default=15, help="gpudoctor fix --steps")
+    p.add_argument(
+        "--budget", default="8m", help="gpudoctor fix --budget, per workload (after its diagnosis)"
+    )
+    p.add_argument("--timing-rounds", type=int, default=2, help="fresh processes per configuration")
+    p.add_argument("--timer-warmup", type=int, default=8)
+    p.add_argument("--window-s", type=float, default=1.0)
+    p.add_argument("--windows", type=int, default=3)
+    p.add_argument("--previous", type=Path, help="--phase time: the --out of the fix phase (default --out)")
+    p.add_argument("--smoke", action="store_true", help="tiny models (--small), for the CPU")
+    a = p.parse_args()
+    names = [n for n in a.only.split(",") if n] or list(WORKLOADS)
+    unknown = sorted(set(names) - set(WORKLOADS))
+    if unknown:
+        p.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
+    a.out.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        t0 = time.perf_counter()
+        fix_run = run_fix(name, a.out, a) if a.phase in ("all", "fix") else None
+        source = a.previous if a.phase == "time" and a.previous else a.out
+        summary = summarize_fix(source / "fix" / name)
+        timing = measure(name, summary["final"], a.out, a) if a.phase in ("all", "time") else None
+        result = {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": summary,
+                  "timing": timing, "wall_s": time.perf_counter() - t0, "environment": environment()}  # fmt: skip
+        earlier = source / f"fix_vs_expert_{name}.json"
+        if a.phase == "time" and earlier.exists():
+            result["fix_run"] = json.loads(earlier.read_text()).get("fix_run")
+        (a.out / f"fix_vs_expert_{name}.json").write_text(json.dumps(result, indent=1))
+        print(_line(result), flush=True)
+    combined = [json.loads(f.read_text()) for f in sorted(a.out.glob("fix_vs_expert_*.json"))]
+    (a.out / "fix_vs_expert.json").write_text(
+        json.dumps({"goal_share_of_expert": GOAL, "workloads": combined}, indent=1)
+    )
+    return 0
+
+
+def _line(r: dict[str, Any]) -> str:
+    t = r.get("timing") or {}
+    fix = r["fix"]
+    share = f"{100 * t['share_of_expert']:.0f}% of the expert's" if t.get("share_of_expert") else "not timed"
+    speed = (
+        f"expert {t['expert_speedup']:.2f}×, gpudoctor {t['gpudoctor_speedup']:.2f}×"
+        if t.get("expert_speedup")
+        else ""
+    )
+    return (f"{r['workload']}: kept {'+'.join(fix['final']) or 'nothing'}; {speed} ({share}); "
+            f"kept all faster {fix['kept_all_faster']}, numerics ok {fix['kept_all_numerics_ok']}; {r['wall_s']:.0f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,98 @@
+"""Time a workload plainly, for benchmarks/fix_vs_expert.py: run the script (optionally with gpudoctor's
+fixes applied as `gpudoctor fix`'s child applies them), skip `--warmup` steps, then time `--windows`
+windows of at least `--window-s` seconds each with CUDA-synchronized wall time — one synchronization at
+each window's ends, none per step — and stop the script. Steps are found as `gpudoctor run` finds them.
+
+    PYTHONPATH=src python3 benchmarks/fix_workloads/plain_timer.py --out t.json [--fixes tf32,compile] -- \\
+        benchmarks/fix_workloads/gpt2_train.py [--expert]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--fixes", default="")
+    parser.add_argument("--warmup", type=int, default=8)
+    parser.add_argument("--window-s", type=float, default=1.0)
+    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    args = parser.parse_args()
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+
+    import torch
+
+    from gpudoctor.fixes.catalog import build_patch
+    from gpudoctor.fixes.patches.base import PatchContext
+    from gpudoctor.runner.capture import StopRun
+    from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
+    from gpudoctor.runner.launch import run_script
+    from gpudoctor.runner.steps import StepDetector
+
+    windows: list[tuple[float, int]] = []
+    state = {"steps": 0, "t0": 0.0, "in_window": 0}
+
+    def sync() -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
+    def on_step() -> None:
+        state["steps"] += 1
+        if state["steps"] < args.warmup:
+            return
+        if state["steps"] == args.warmup:
+            sync()
+            state["t0"], state["in_window"] = time.perf_counter(), 0
+            return
+        state["in_window"] += 1
+        if time.perf_counter() - state["t0"] < args.window_s:
+            return
+        sync()
+        now = time.perf_counter()
+        windows.append((now - state["t0"], state["in_window"]))
+        state["t0"], state["in_window"] = now, 0
+        if len(windows) >= args.windows:
+            raise StopRun
+
+    seed_everything(args.seed)
+    finder = RootFinder()
+    ctx = PatchContext(finder, str(Path(command[0]).resolve()))
+    patches = sorted((build_patch(f, ctx) for f in args.fixes.split(",") if f), key=lambda p: p.order)
+    detector = StepDetector(on_step)
+    started = time.perf_counter()
+    finder.install()
+    try:
+        with patched(patches):
+            detector.install()
+            try:
+                end = run_script(command[0], command[1:])
+            finally:
+                detector.uninstall()
+    finally:
+        finder.uninstall()
+    total_s = sum(w[0] for w in windows)
+    total_steps = sum(w[1] for w in windows)
+    result = {
+        "command": command,
+        "fixes": [f for f in args.fixes.split(",") if f],
+        "outcome": end.outcome,
+        "error": None if end.error is None else f"{type(end.error).__name__}: {end.error}",
+        "windows": windows,
+        "step_s": total_s / total_steps if total_steps else None,
+        "wall_s": time.perf_counter() - started,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0 if result["step_s"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,164 @@
+"""`gpudoctor fix [options] train.py [args...]` / `gpudoctor fix --from RUN_DIR`: diagnose, apply each
+candidate fix to the unmodified script in fresh processes, keep it only if it is faster beyond noise with
+the same results, combine the kept ones, and print the table and the diff. Writes the fix directory as it
+goes (fix.json after every fix; fix.md, fix.html, fix.diff, calibration.json at the end); Ctrl-C keeps
+the results so far and exits 130."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.fixes.api import FixTarget, load_from_run, run_fix
+from gpudoctor.fixes.catalog import title_of, validate
+from gpudoctor.fixes.diagnose import RunInputs
+from gpudoctor.fixes.patches.compile import MODES
+from gpudoctor.fixes.result import FixReport
+from gpudoctor.fixes.session import FixOptions
+from gpudoctor.fixes.session import Progress as Step
+from gpudoctor.report.fix_view import render_fix_html, render_fix_markdown, render_fix_terminal
+from gpudoctor.util.errors import UsageError
+
+FIXES_DIR = Path("gpudoctor-fixes")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "90", "90s", "10m", "1.5h"."""
+    m = _DURATION.match(text)
+    if not m:
+        raise UsageError(f"not a duration: {text!r} (e.g. 90s, 10m, 1h)")
+    scale = {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
+    return float(m.group(1)) * scale
+
+
+def _ids(text: str | None) -> tuple[str, ...]:
+    return tuple(validate(f.strip()) for f in (text or "").split(",") if f.strip())
+
+
+def fix_command(
+    ctx: typer.Context,
+    command: Annotated[list[str] | None, typer.Argument(help="script.py [args...] (or, with -m, module [args...])")] = None,
+    module: Annotated[bool, typer.Option("-m", help="Run a module, as python -m does.")] = False,
+    from_run: Annotated[Path | None, typer.Option("--from", help="A gpudoctor run directory: its script and findings.")] = None,
+    out: Annotated[Path | None, typer.Option("--out", "-o", help="Fix directory (default gpudoctor-fixes/<name>-<time>).")] = None,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Fresh processes per side and fix.")] = 3,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Steps skipped in each process (compilation too).")] = 5,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Steps timed in each process.")] = 20,
+    record: Annotated[int, typer.Option("--loss-steps", min=0, help="First steps whose losses are compared.")] = 5,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of torch, random and numpy in every process.")] = 0,
+    budget: Annotated[str | None, typer.Option("--budget", help="Time limit, e.g. 10m: fixes not reached are reported.")] = None,
+    only: Annotated[str | None, typer.Option("--only", help="Try just these fixes, e.g. tf32,compile,workers:8.")] = None,
+    skip: Annotated[str | None, typer.Option("--skip", help="Never try these fixes (kinds or ids).")] = None,
+    allow_batch: Annotated[bool, typer.Option("--allow-batch", help="Also try twice the batch (timed per sample).")] = False,
+    compile_mode: Annotated[str | None, typer.Option("--compile-mode", help=f"torch.compile mode: {', '.join(MODES)}.")] = None,
+    diagnose: Annotated[bool, typer.Option("--diagnose/--no-diagnose", help="Profile the script first (gpudoctor run).")] = True,
+    child_timeout: Annotated[int, typer.Option("--child-timeout", min=10, help="Seconds one process may run.")] = 600,
+    debug: DebugOption = False,
+) -> None:  # fmt: skip
+    """Apply each fix the diagnosis points to, prove it by a timed A/B in fresh processes, keep or revert.
+
+    Every fix is applied at runtime, the script is never edited: the permanent change is printed as a
+    diff. Options after the script name are the script's.
+    """
+    set_debug(ctx, debug)
+    if compile_mode is not None and compile_mode not in MODES:
+        raise UsageError(f"--compile-mode must be one of {', '.join(MODES)}")
+    inputs = None
+    if from_run is not None:
+        script, inputs = load_from_run(from_run)
+        if command:
+            script = FixTarget(command[0], tuple(command[1:]), module)
+    elif command:
+        script = FixTarget(command[0], tuple(command[1:]), module)
+    else:
+        raise UsageError("give a script (gpudoctor fix train.py ...) or a run directory (--from RUN_DIR)")
+    if not script.module and not Path(script.target).is_file():
+        raise UsageError(f"no such script: {script.target}")
+    options = FixOptions(
+        rounds=rounds, warmup=warmup, steps=steps, record=record, seed=seed,
+        budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
+        allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
+        skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()),
+    )  # fmt: skip
+    out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    console = stdout_console()
+    report = _run(script, out, options, inputs, diagnose, console)
+    _write_all(out, report)
+    render_fix_terminal(report, console)
+    console.print(f"\nfix directory: {out}")
+    if report.interrupted:
+        raise typer.Exit(130)
+
+
+def _run(
+    script: FixTarget,
+    out: Path,
+    options: FixOptions,
+    inputs: RunInputs | None,
+    diagnose: bool,
+    console: Console,
+) -> FixReport:
+    bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                    console=console, transient=True)  # fmt: skip
+    task = bars.add_task("starting", total=None)
+
+    def progress(p: Step) -> None:
+        what = "baseline" if p.stage == "baseline" else f"{p.stage} {p.index}/{p.count} — {_titles(p.fix)}"
+        rounds = "" if p.stage == "baseline" else f" — round {p.round}/{p.rounds} ({p.side})"
+        done = 0 if p.stage == "baseline" else 2 * (p.round - 1) + (p.side == "candidate")
+        bars.update(
+            task,
+            description=what + rounds,
+            total=None if p.stage == "baseline" else 2 * p.rounds,
+            completed=done,
+        )
+
+    with bars:
+        return run_fix(script, out, options, inputs=inputs, diagnose=diagnose, on_progress=progress,
+                       on_update=lambda r: _write(out / "fix.json", json.dumps(r.to_json(), indent=1, allow_nan=False)),
+                       on_stage=lambda s: bars.update(task, description=s))  # fmt: skip
+
+
+def _titles(fix: str | None) -> str:
+    return " + ".join(title_of(f) for f in (fix or "").split("+") if f)
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _write_all(out: Path, report: FixReport) -> None:
+    _write(out / "fix.json", json.dumps(report.to_json(), indent=1, allow_nan=False))
+    _write(out / "fix.md", render_fix_markdown(report))
+    _write(out / "fix.html", render_fix_html(report))
+    _write(out / "calibration.json", json.dumps(report.calibration_json(), indent=1, allow_nan=False))
+    if report.diff:
+        _write(out / "fix.diff", report.diff)
+
+
+def _name(target: str) -> str:
+    return Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "fix",
+        context_settings={
+            "allow_extra_args": True,
+            "ignore_unknown_options": True,
+            "allow_interspersed_args": False,
+        },
+    )(fix_command)

@@ -1,0 +1,72 @@
+"""`run_fix`: the whole of `gpudoctor fix` below the command line — the diagnosis (a fresh `gpudoctor
+run`, a run directory, or none), then the A/B session in child processes — returning the `FixReport`.
+Writes only under `out` (the diagnosis run, the rounds' results and logs)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from gpudoctor.fixes.diagnose import RunInputs, diagnose_script, load_run
+from gpudoctor.fixes.launch import SubprocessLauncher
+from gpudoctor.fixes.result import FixReport
+from gpudoctor.fixes.session import FixOptions, FixSession, Progress
+
+DIAGNOSE_STEPS = (3, 10, 3)  # warm-up, light and traced steps of the diagnosis run
+
+
+@dataclass(frozen=True)
+class FixTarget:
+    target: str
+    args: tuple[str, ...]
+    module: bool = False
+
+
+def run_fix(
+    script: FixTarget,
+    out: Path,
+    options: FixOptions,
+    *,
+    inputs: RunInputs | None = None,
+    diagnose: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_update: Callable[[FixReport], None] | None = None,
+    on_stage: Callable[[str], None] | None = None,
+    child_extra: tuple[str, ...] = (),
+) -> FixReport:
+    """Diagnose (unless `inputs` are given or `diagnose` is off), then verify the fixes."""
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    notes: list[str] = []
+    if inputs is None and diagnose:
+        if on_stage:
+            on_stage("diagnosing: gpudoctor run --with-stack")
+        w, light, traced = DIAGNOSE_STEPS
+        inputs = diagnose_script(script.target, list(script.args), module=script.module, out=out / "run",
+                                 warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
+    if inputs is not None and inputs.note:
+        notes.append(f"no diagnosis: {inputs.note}; fixes chosen from what the script does")
+    launcher = SubprocessLauncher(script.target, list(script.args), module=script.module, options=options,
+                                  rounds_dir=out / "rounds", extra=child_extra)  # fmt: skip
+    session = FixSession(launcher, options, inputs.diagnosis if inputs else None,
+                         argv=(script.target, *script.args), started_at=started,
+                         on_progress=on_progress, on_update=on_update)  # fmt: skip
+    session.notes.extend(notes)
+    return session.run()
+
+
+def load_from_run(run_dir: Path) -> tuple[FixTarget, RunInputs]:
+    """The script and diagnosis of a `gpudoctor run` directory (`gpudoctor fix --from RUN_DIR`)."""
+    from gpudoctor.util.errors import UsageError
+
+    inputs = load_run(run_dir)
+    if not inputs.argv:
+        raise UsageError(f"{run_dir}/record.json names no script")
+    target, *args = inputs.argv
+    module = not target.endswith(".py") and not Path(target).is_file()
+    if not module and not Path(target).is_file():
+        raise UsageError(
+            f"the run's script {target} is not here: run gpudoctor fix from the folder the run was made in"
+        )
+    return FixTarget(target, tuple(args), module), inputs

@@ -1,0 +1,188 @@
+"""Which fixes to try, from the doctor's findings and what the baseline round saw the script do: each
+finding points to the fixes that answer it; a few cheap fixes are tried wherever their condition shows
+(float32 matmuls on a GPU → TF32 and bfloat16; convolutions → channels_last and cudnn.benchmark; an
+optimizer that is not fused; a loader without workers in a loader-bound loop). Findings no fix here can
+apply safely become `ManualFix`es: the source line and the change to make, never silently dropped."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpudoctor.fixes.catalog import SPECS, validate
+from gpudoctor.fixes.observe import Observations
+from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.runner.hooks import CallSite
+
+ITEM_CHANGE = (
+    "keep the value on the GPU (e.g. running_loss += loss.detach()) and read it with .item() every N "
+    "steps: each .item() waits for the GPU to finish the step"
+)
+INNER_ITEM_CHANGE = (
+    "a call made from this line reads a GPU value with .item() every step (per-step logging or metrics "
+    "inside it?): read such values every N steps"
+)
+# Findings that no automatic fix answers, and the change to make by hand.
+MANUAL = {
+    "host_sync": ITEM_CHANGE,
+    "attention_materialized": "compute attention with torch.nn.functional.scaled_dot_product_attention(q, k, v)",
+    "small_batch": "a larger batch (gpudoctor fix --allow-batch tries doubling it), or batched inference",
+    "memory_pressure": "activation checkpointing, bfloat16, or PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+    "data_parallel": "DistributedDataParallel, one process per GPU (torchrun)",
+    "communication_exposed": "even out the slowest rank's work; larger DDP buckets; no_sync() gradient accumulation",
+    "host_python": "move per-step Python (logging, metrics, data preparation) off the training thread",
+    "allocator_thrash": "keep shapes stable; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+}
+WORKER_STEPS = (2, 4, 8, 16, 32)
+MAX_WORKER_VALUES = 3
+
+
+@dataclass(frozen=True)
+class Candidate:
+    fix: str
+    predicted_saving_pct: float | None  # the largest saving the findings it answers promised
+    rules: tuple[str, ...]  # those findings
+    why: str
+
+
+@dataclass(frozen=True)
+class ManualFix:
+    rule: str
+    title: str
+    where: str | None  # file:line
+    source_line: str | None  # the line as it is in the file
+    change: str
+
+
+def choose(
+    diagnosis: Diagnosis | None,
+    obs: Observations,
+    *,
+    allow_batch: bool = False,
+    compile_mode: str | None = None,
+    only: tuple[str, ...] = (),
+    skip: tuple[str, ...] = (),
+    steps: int = 0,
+) -> tuple[list[Candidate], list[ManualFix]]:
+    """The fixes to try, highest predicted saving first, and the changes left to the user. `steps`: how
+    many steps the observing run made (a call seen in half of them or more happens every step)."""
+    found = {f.id: f for f in diagnosis.findings} if diagnosis else {}
+    proposals: dict[str, str] = {}
+    for fix, why in _proposals(found, obs, allow_batch, compile_mode):
+        proposals.setdefault(fix, why)
+    if only:
+        proposals = {validate(f): proposals.get(f, "asked for (--only)") for f in only}
+    proposals = {f: w for f, w in proposals.items() if f.split(":")[0] not in skip and f not in skip}
+    candidates = []
+    for fix, why in proposals.items():
+        rules = tuple(r for r in SPECS[fix.split(":")[0]].rules if r in found)
+        predicted = max((found[r].est_saving_pct for r in rules), default=None)
+        candidates.append(Candidate(fix, predicted, rules, why))
+    candidates.sort(key=lambda c: -(c.predicted_saving_pct or 0.0))
+    answered = {r for c in candidates for r in c.rules}
+    return candidates, manual_fixes(diagnosis, obs, answered, allow_batch, steps)
+
+
+def _proposals(
+    found: dict, obs: Observations, allow_batch: bool, compile_mode: str | None
+) -> list[tuple[str, str]]:
+    root, cuda = obs.root, obs.cuda
+    out: list[tuple[str, str]] = []
+    fp32 = root is not None and root.dtype == "float32"
+    if root is not None and (cuda or found):
+        mode = f":{compile_mode}" if compile_mode and compile_mode != "default" else ""
+        out.append((f"compile{mode}", "the root module can be compiled"))
+        if not mode and cuda and obs.static_shapes and ("launch_overhead" in found or not found):
+            out.append(("compile:reduce-overhead", "launch-bound with static input shapes: CUDA graphs"))
+    if fp32 and (cuda or "tensor_cores_unused" in found):
+        out.append(("autocast", "float32 model: bfloat16 tensor cores"))
+        if obs.float32_matmul_precision == "highest":
+            out.append(("tf32", "float32 matmuls at full precision"))
+    if root is not None and root.conv2d and (cuda or "conv_layout" in found):
+        out.append(("channels_last", "convolutions in NCHW"))
+        if not obs.cudnn_benchmark:
+            out.append(("cudnn_benchmark", "convolutions without cuDNN's autotuner"))
+    if root is not None and root.hf_attention == "eager":
+        out.append(("sdpa", "a Hugging Face model with eager attention"))
+    if any(not o.fused for o in obs.optimizers):
+        out.append(("fused_optimizer", "an optimizer that is not fused"))
+    if obs.zero_grad_keep:
+        out.append(("zero_grad_none", "zero_grad(set_to_none=False)"))
+    if obs.empty_cache:
+        out.append(("no_empty_cache", "torch.cuda.empty_cache() inside the loop"))
+    loaders = [lo for lo in obs.loaders if lo.iterated and not lo.iterable]
+    if loaders and ("input_pipeline" in found or not found):
+        have = max(lo.num_workers for lo in loaders)
+        out += [
+            (f"workers:{n}", "the GPU waits for the DataLoader") for n in worker_values(obs.free_cores, have)
+        ]
+    if (
+        loaders
+        and cuda
+        and not all(lo.pin_memory for lo in loaders)
+        and ({"input_pipeline", "pageable_copy"} & set(found) or not found)
+    ):
+        out.append(("pin_memory", "batches copied from pageable memory"))
+    if allow_batch and any(lo.batch_size for lo in loaders):
+        out.append(("batch:x2", "--allow-batch: twice the batch, timed per sample"))
+    return out
+
+
+def worker_values(free: int, have: int) -> list[int]:
+    """A few worker counts up to the free cores, more than the loader has now."""
+    values = sorted({v for v in WORKER_STEPS if v < free} | ({free} if free > 0 else set()))
+    return [v for v in values if v > have][-MAX_WORKER_VALUES:]
+
+
+_FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): ")
+
+
+def manual_fixes(
+    diagnosis: Diagnosis | None, obs: Observations, answered: set[str], allow_batch: bool, steps: int = 0
+) -> list[ManualFix]:
+    out: list[ManualFix] = []
+    per_step = [s for s in obs.item_syncs if s.count >= max(2, steps // 2)]
+    for s in per_step:
+        m = _manual(
+            "host_sync", f".item() on a GPU tensor: {s.count} calls in {steps} steps", s.site, ITEM_CHANGE
+        )
+        if m.source_line is not None and ".item(" not in m.source_line:
+            m = replace(m, change=INNER_ITEM_CHANGE)
+        out.append(m)
+    for lo in obs.loaders:
+        if lo.iterated and lo.iterable and lo.num_workers == 0:
+            out.append(
+                _manual(
+                    "input_pipeline",
+                    "an IterableDataset loaded on the training thread",
+                    lo.site,
+                    "split the dataset by torch.utils.data.get_worker_info() in __iter__, "
+                    "then set num_workers",
+                )
+            )
+    for f in diagnosis.findings if diagnosis else ():
+        if f.id in answered or (f.id == "small_batch" and allow_batch):
+            continue
+        if f.id == "host_sync" and per_step:
+            continue
+        change = MANUAL.get(f.id, f.fix.summary)
+        sites = [_site_of(s) for s in f.sources] or [None]
+        out += [_manual(f.id, f.title, s, change) for s in sites]
+    return out
+
+
+def _site_of(frame: str) -> CallSite | None:
+    m = _FRAME.match(frame)
+    return CallSite(m["file"], int(m["line"]), frame[m.end() :]) if m else None
+
+
+def _manual(rule: str, title: str, site: CallSite | None, change: str) -> ManualFix:
+    where = source = None
+    if site is not None:
+        where = f"{site.file}:{site.line}"
+        try:
+            source = Path(site.file).read_text(encoding="utf-8").splitlines()[site.line - 1].strip()
+        except (OSError, UnicodeDecodeError, IndexError):
+            source = None
+    return ManualFix(rule, title, where, source, change)

@@ -1,0 +1,330 @@
+"""The permanent change: `Edit`s applied to the user's source text (not to the files), and the unified
+diff of each file. Keyword edits on a call come first (they change no line count); then the line edits
+(delete, insert, wrap under `with`) from the bottom up. An edit that cannot be placed (the source changed,
+the statement shares its line, two edits overlap) is returned with the reason, never dropped silently."""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from gpudoctor.fixes.edits import Edit
+
+INDENT = "    "
+
+
+@dataclass(frozen=True)
+class DiffResult:
+    diff: str  # unified diff of every file changed; empty when nothing could be placed
+    unplaced: tuple[tuple[Edit, str], ...]  # edits left out, with why
+
+
+# -- finding calls and statements ----------------------------------------------------------------------
+@lru_cache(maxsize=32)
+def _parse_text(text: str) -> ast.Module | None:
+    try:
+        return ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _func_name(call: ast.Call) -> str:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else ""
+
+
+def calls_named(path: str, name: str) -> list[ast.Call]:
+    """Every call in the file to something whose last name is `name`."""
+    tree = _parse_text(_read(path) or "")
+    if tree is None:
+        return []
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _func_name(n) == name]
+
+
+def call_on_line(path: str, line: int, name: str | None) -> ast.Call | None:
+    tree = _parse_text(_read(path) or "")
+    return None if tree is None else _call_at(tree, line, name)
+
+
+def _call_at(tree: ast.AST, line: int, name: str | None) -> ast.Call | None:
+    """The innermost call to `name` (any call if None) whose source spans `line`."""
+    found = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Call)
+        and n.lineno <= line <= (n.end_lineno or n.lineno)
+        and (name is None or _func_name(n) == name)
+    ]
+    return max(found, key=lambda n: (n.lineno, -(n.end_lineno or n.lineno)), default=None)
+
+
+def _statements(tree: ast.AST) -> Iterable[tuple[ast.stmt, list[ast.AST]]]:
+    """Every statement with its enclosing scopes (module, functions), outermost first."""
+
+    def walk(node: ast.AST, scopes: list[ast.AST]) -> Iterable[tuple[ast.stmt, list[ast.AST]]]:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.stmt):
+                yield child, scopes
+            inner = [*scopes, child] if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else scopes
+            yield from walk(child, inner)
+
+    yield from walk(tree, [tree])
+
+
+def _simple_statement_at(tree: ast.AST, line: int) -> tuple[ast.stmt, list[ast.AST]] | None:
+    """The innermost statement that holds `line` and is not compound (no body of its own)."""
+    best = None
+    for stmt, scopes in _statements(tree):
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno) and not hasattr(stmt, "body"):
+            best = (stmt, scopes)
+    return best
+
+
+# -- keyword edits -------------------------------------------------------------------------------------
+def _offsets(text: str) -> list[int]:
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+    return starts
+
+
+def _pos(text: str, starts: list[int], line: int, col_bytes: int) -> int:
+    """Character offset of an AST position (its column counts UTF-8 bytes)."""
+    begin = starts[line - 1]
+    line_text = text[begin : starts[line]] if line < len(starts) else text[begin:]
+    return begin + len(line_text.encode("utf-8")[:col_bytes].decode("utf-8", errors="ignore"))
+
+
+def _keyword_changes(
+    text: str, call: ast.Call, kwargs: dict[str, str], drop: Sequence[str]
+) -> list[tuple[int, int, str]]:
+    starts = _offsets(text)
+    changes: list[tuple[int, int, str]] = []
+    present = {k.arg: k for k in call.keywords if k.arg}
+    items: list[ast.AST] = [*call.args, *call.keywords]
+    for name, value in kwargs.items():
+        kw = present.get(name)
+        if kw is not None:
+            v = kw.value
+            changes.append(
+                (
+                    _pos(text, starts, v.lineno, v.col_offset),
+                    _pos(text, starts, v.end_lineno or v.lineno, v.end_col_offset or 0),
+                    value,
+                )
+            )
+    for name in drop:
+        kw = present.get(name)
+        if kw is None or name in kwargs:
+            continue
+        i = items.index(kw)
+        start = (
+            _pos(text, starts, items[i - 1].end_lineno or 0, items[i - 1].end_col_offset or 0)
+            if i > 0
+            else _pos(text, starts, kw.lineno, kw.col_offset)
+        )
+        end = _pos(text, starts, kw.value.end_lineno or 0, kw.value.end_col_offset or 0)
+        if i == 0 and len(items) > 1:  # first of several: take the comma after it instead
+            end = _pos(text, starts, items[1].lineno, items[1].col_offset)
+        changes.append((start, end, ""))
+    added = [f"{k}={v}" for k, v in kwargs.items() if k not in present]
+    if added:
+        kept = [
+            a for a in items if not (isinstance(a, ast.keyword) and a.arg in drop and a.arg not in kwargs)
+        ]
+        if kept:
+            last = kept[-1]
+            end_node = last.value if isinstance(last, ast.keyword) else last
+            at = _pos(text, starts, end_node.end_lineno or 0, end_node.end_col_offset or 0)
+            changes.append((at, at, ", " + ", ".join(added)))
+        else:
+            close = _pos(text, starts, call.end_lineno or 0, call.end_col_offset or 0) - 1
+            changes.append((close, close, ", ".join(added)))
+    return changes
+
+
+def _apply_keyword_edits(text: str, edits: list[Edit], unplaced: list[tuple[Edit, str]]) -> str:
+    tree = _parse_text(text)
+    changes: list[tuple[int, int, str]] = []
+    merged: dict[tuple[int, str], tuple[dict[str, str], list[str], list[Edit]]] = {}
+    for e in edits:
+        kwargs, drop, members = merged.setdefault((e.line, e.call), ({}, [], []))
+        kwargs.update(e.kwargs)
+        drop.extend(d for d in e.drop if d not in drop)
+        members.append(e)
+    for (line, name), (kwargs, drop, members) in merged.items():
+        call = _call_at(tree, line, name) if tree is not None else None
+        if call is None:
+            unplaced.extend((e, f"no call to {name} on line {line}") for e in members)
+            continue
+        changes.extend(_keyword_changes(text, call, kwargs, drop))
+    for start, end, new in sorted(changes, key=lambda c: (c[0], c[1]), reverse=True):
+        text = text[:start] + new + text[end:]
+    return text
+
+
+# -- line edits ----------------------------------------------------------------------------------------
+def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int, list[str]] | str:
+    """(first line, last line + 1, replacement lines) in 0-based line numbers, or why it cannot be placed."""
+    if e.op == "insert_after_imports":
+        body = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+        imports_torch = any(
+            isinstance(s, ast.Import) and any(a.name == "torch" for a in s.names) for s in body
+        )
+        code = list(e.code) if imports_torch else ["import torch", *e.code]
+        at = body[-1].end_lineno or 0 if body else _after_docstring(tree)
+        return at, at, [c + "\n" for c in code]
+    found = _simple_statement_at(tree, e.line)
+    if found is None:
+        return f"no statement on line {e.line}"
+    stmt, scopes = found
+    first, last = stmt.lineno - 1, stmt.end_lineno or stmt.lineno
+    indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+    alone = len(indent) == stmt.col_offset and all(
+        s is stmt or not (s.lineno <= last and (s.end_lineno or s.lineno) >= first + 1)
+        for s, _ in _statements(tree)
+        if not hasattr(s, "body")
+    )
+    if e.op in ("delete_statement", "wrap_statement", "before_statement") and not alone:
+        return f"line {e.line} holds more than one statement"
+    if e.op == "delete_statement":
+        return first, last, [f"{indent}pass\n"] if _only_statement(tree, stmt) else []
+    if e.op == "wrap_statement":
+        body = [INDENT + ln if ln.strip() else ln for ln in lines[first:last]]
+        return first, last, [f"{indent}with {e.wrap}:\n", *body]
+    if e.op == "before_statement":
+        return first, first, [f"{indent}{c}\n" for c in e.code]
+    if e.op == "after_assignment":
+        target = _last_assignment(scopes[-1], e.name, e.line)
+        if target is None:
+            return f"no assignment to {e.name} before line {e.line}"
+        t_first = target.lineno - 1
+        t_indent = lines[t_first][: len(lines[t_first]) - len(lines[t_first].lstrip())]
+        at = target.end_lineno or target.lineno
+        return at, at, [t_indent + c.replace("{name}", e.name) + "\n" for c in e.code]
+    return f"unknown edit {e.op!r}"
+
+
+def _only_statement(tree: ast.AST, stmt: ast.stmt) -> bool:
+    """`stmt` is all of a block: deleting it would leave the block empty."""
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list) and block == [stmt]:
+                return True
+    return False
+
+
+def _after_docstring(tree: ast.Module) -> int:
+    first = tree.body[0] if tree.body else None
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
+        return first.end_lineno or 0
+    return 0
+
+
+def _last_assignment(scope: ast.AST, name: str, before: int) -> ast.stmt | None:
+    found = None
+    for stmt, scopes in _statements(scope):
+        if scopes[-1] is not scope or stmt.lineno >= before:
+            continue
+        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+        if (
+            isinstance(stmt, (ast.Assign, ast.AnnAssign))
+            and any(isinstance(t, ast.Name) and t.id == name for t in targets)
+            and (found is None or stmt.lineno > found.lineno)
+        ):
+            found = stmt
+    return found
+
+
+def _apply_line_edits(text: str, edits: list[Edit], unplaced: list[tuple[Edit, str]]) -> str:
+    tree = _parse_text(text)
+    if tree is None:
+        unplaced.extend((e, "the file does not parse") for e in edits)
+        return text
+    lines = text.splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    planned: list[tuple[int, int, list[str], Edit]] = []
+    for e in edits:
+        change = _line_change(tree, lines, e)
+        if isinstance(change, str):
+            unplaced.append((e, change))
+            continue
+        start, end, new = change
+        if any(start < p_end and p_start < end for p_start, p_end, _, _ in planned):
+            unplaced.append((e, "it overlaps another change to the same lines"))
+            continue
+        if any((p_start, p_end, p_new) == (start, end, new) for p_start, p_end, p_new, _ in planned):
+            continue  # the same change twice (two fixes insert the same line)
+        planned.append((start, end, new, e))
+    # bottom up; at one position a replacement goes before the insertions, insertions in reverse order
+    order = sorted(
+        range(len(planned)), key=lambda i: (planned[i][0], planned[i][1] > planned[i][0], i), reverse=True
+    )
+    for i in order:
+        start, end, new, _ = planned[i]
+        lines[start:end] = new
+    return "".join(lines)
+
+
+def apply_edits(text: str, edits: Sequence[Edit]) -> tuple[str, list[tuple[Edit, str]]]:
+    """The text with every edit placed, and those that could not be, with why."""
+    unplaced: list[tuple[Edit, str]] = []
+    keyword = [e for e in edits if e.op == "set_kwargs"]
+    other = [e for e in edits if e.op != "set_kwargs"]
+    text = _apply_keyword_edits(text, keyword, unplaced)
+    if _parse_text(text) is None and keyword:
+        unplaced.extend((e, "the keyword change would not parse") for e in keyword)
+        return text, unplaced
+    return _apply_line_edits(text, other, unplaced), unplaced
+
+
+def unified_diff(edits: Sequence[Edit]) -> DiffResult:
+    """The unified diff of every file the edits touch, against the files as they are now."""
+    parts: list[str] = []
+    unplaced: list[tuple[Edit, str]] = []
+    for path in dict.fromkeys(e.file for e in edits):
+        original = _read(path)
+        mine = [e for e in edits if e.file == path]
+        if original is None:
+            unplaced.extend((e, f"{path} cannot be read") for e in mine)
+            continue
+        new, left = apply_edits(original, mine)
+        unplaced.extend(left)
+        name = _display(path)
+        parts.extend(
+            difflib.unified_diff(
+                original.splitlines(keepends=True),
+                new.splitlines(keepends=True),
+                f"a/{name.lstrip('/')}",
+                f"b/{name.lstrip('/')}",
+            )
+        )
+    return DiffResult("".join(p if p.endswith("\n") else p + "\n" for p in parts), tuple(unplaced))
+
+
+def _display(path: str) -> str:
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel

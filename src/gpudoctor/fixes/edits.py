@@ -1,0 +1,74 @@
+"""`Edit`: one change to a line of the user's source that makes a fix permanent — set keywords of a call
+(`DataLoader(..., num_workers=8)`), delete a statement (`torch.cuda.empty_cache()`), insert lines after the
+imports or after the assignment of a name (`model = torch.compile(model)`), put a statement under a `with`
+(`torch.autocast`), insert lines before a statement. Patches record edits where the call site is known;
+`fixes.diff` applies them. Plain data, serializable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+OPS = (
+    "set_kwargs",  # the call to `call` on `line`: set `kwargs`, remove `drop`
+    "delete_statement",  # the statement on `line` (a call to `call`)
+    "insert_after_imports",  # `code` after the last top-level import of `file`
+    "after_assignment",  # `code` after the last assignment to `name` before `line`, in its scope
+    "wrap_statement",  # the statement on `line` under `with <wrap>:`
+    "before_statement",  # `code` before the statement on `line`
+)
+
+
+@dataclass(frozen=True)
+class Edit:
+    op: str
+    file: str
+    line: int = 0
+    call: str = ""
+    kwargs: dict[str, str] = field(default_factory=dict)  # keyword -> source text of its value
+    drop: tuple[str, ...] = ()
+    code: tuple[str, ...] = ()  # lines, unindented; "{name}" stands for `name`
+    name: str = ""
+    wrap: str = ""
+
+    def __hash__(self) -> int:
+        return hash(
+            (
+                self.op,
+                self.file,
+                self.line,
+                self.call,
+                tuple(sorted(self.kwargs.items())),
+                self.drop,
+                self.code,
+                self.name,
+                self.wrap,
+            )
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "op": self.op,
+            "file": self.file,
+            "line": self.line,
+            "call": self.call,
+            "kwargs": dict(self.kwargs),
+            "drop": list(self.drop),
+            "code": list(self.code),
+            "name": self.name,
+            "wrap": self.wrap,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Edit:
+        return cls(
+            op=str(data["op"]),
+            file=str(data["file"]),
+            line=int(data.get("line") or 0),
+            call=str(data.get("call") or ""),
+            kwargs={str(k): str(v) for k, v in (data.get("kwargs") or {}).items()},
+            drop=tuple(data.get("drop") or ()),
+            code=tuple(data.get("code") or ()),
+            name=str(data.get("name") or ""),
+            wrap=str(data.get("wrap") or ""),
+        )

@@ -1,0 +1,85 @@
+"""`SubprocessLauncher`: each round of `gpudoctor fix` as `python -m gpudoctor.fixes.child` in a fresh
+process, in the current folder, its output in `<rounds>/<label>.log`, its result read back from
+`<rounds>/<label>.json`. A child that runs past the time limit, dies, or writes nothing is a
+`RoundResult` saying so, never an exception."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from gpudoctor.fixes.diagnose import child_env
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.session import FixOptions
+from gpudoctor.util.errors import GpudoctorError
+
+LOG_TAIL = 2000  # characters of a child's output kept in its result
+
+
+class SubprocessLauncher:
+    def __init__(
+        self,
+        target: str,
+        args: list[str],
+        *,
+        module: bool,
+        options: FixOptions,
+        rounds_dir: Path,
+        extra: tuple[str, ...] = (),  # more child options (tests: --compile-backend eager)
+    ) -> None:
+        self.target, self.args, self.module = target, args, module
+        self.options, self.rounds_dir, self.extra = options, rounds_dir, extra
+
+    def command(self, out: Path, fixes: tuple[str, ...], exact_random: bool) -> list[str]:
+        o = self.options
+        return [
+            sys.executable, "-m", "gpudoctor.fixes.child", "--fixes", ",".join(fixes), "--out", str(out),
+            "--warmup", str(o.warmup), "--steps", str(o.steps), "--record", str(o.record), "--seed", str(o.seed),
+            *(["-m"] if self.module else []), *(["--exact-random"] if exact_random else []), *self.extra,
+            "--", self.target, *self.args,
+        ]  # fmt: skip
+
+    def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+        self.rounds_dir.mkdir(parents=True, exist_ok=True)
+        out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
+        out.unlink(missing_ok=True)
+        cmd = self.command(out, fixes, exact_random)
+        try:
+            with log.open("w") as f:
+                proc = subprocess.run(
+                    cmd,
+                    stdout=f,
+                    stderr=subprocess.STDOUT,
+                    env=child_env(),
+                    timeout=self.options.child_timeout_s,
+                )
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
+                               log_tail=_tail(log), exact_random=exact_random)  # fmt: skip
+        except OSError as err:
+            raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
+        tail = _tail(log)
+        if not out.exists():
+            return RoundResult(fixes, "crashed", code, error=f"exit status {code}, no result written",
+                               log_tail=tail, exact_random=exact_random)  # fmt: skip
+        try:
+            result = RoundResult.from_json(json.loads(out.read_text()))
+        except (ValueError, TypeError, KeyError, GpudoctorError) as err:
+            return RoundResult(fixes, "crashed", code, error=f"unreadable result: {err}", log_tail=tail)
+        return _with_tail(result, tail)
+
+
+def _tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-LOG_TAIL:]
+    except OSError:
+        return ""
+
+
+def _with_tail(result: RoundResult, tail: str) -> RoundResult:
+    from dataclasses import replace
+
+    return replace(result, log_tail=tail)

@@ -1,0 +1,268 @@
+"""What the script does that decides which fixes apply, seen from inside the child process without
+changing what it computes: the root module (class, parameters, convolutions, dropout, Hugging Face
+attention, input shapes of its first calls), the DataLoaders and optimizers it builds (with their call
+sites), per-step `empty_cache()`, `zero_grad(set_to_none=False)` and `.item()` on GPU tensors, and the
+backend flags. The `Observer` is installed in every child (baseline and candidates alike), after the
+fixes' patches, so it sees the arguments they leave."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
+from gpudoctor.util.serial import from_jsonable, to_jsonable
+
+INPUT_CALLS = 5  # root calls whose input shapes are recorded
+
+
+@dataclass(frozen=True)
+class RootInfo:
+    cls: str
+    params: int
+    dtype: str  # of the first parameter
+    device: str  # cuda, cpu
+    training: bool
+    conv2d: bool
+    dropout: bool  # a dropout module with p > 0 in training mode: compiled random numbers differ
+    hf_attention: str | None  # config._attn_implementation of a Hugging Face model
+    names: tuple[str, ...]  # the names the calling frame binds to it
+    site: CallSite | None
+    input_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # tensor shapes of its first calls
+
+
+@dataclass(frozen=True)
+class LoaderInfo:
+    site: CallSite | None
+    batch_size: int | None
+    num_workers: int
+    pin_memory: bool
+    persistent_workers: bool
+    prefetch_factor: int | None
+    iterable: bool  # an IterableDataset: workers would each yield all of it
+    iterated: bool
+
+
+@dataclass(frozen=True)
+class OptimizerInfo:
+    site: CallSite | None
+    cls: str
+    foreach: bool | None
+    fused: bool | None
+    params: int
+
+
+@dataclass(frozen=True)
+class SiteCount:
+    site: CallSite | None
+    count: int
+
+
+@dataclass(frozen=True)
+class Observations:
+    root: RootInfo | None
+    loaders: tuple[LoaderInfo, ...]
+    optimizers: tuple[OptimizerInfo, ...]
+    empty_cache: tuple[SiteCount, ...]
+    zero_grad_keep: tuple[SiteCount, ...]  # zero_grad(set_to_none=False)
+    item_syncs: tuple[SiteCount, ...]  # .item() on a GPU tensor
+    float32_matmul_precision: str
+    cudnn_benchmark: bool
+    cuda: bool
+    bf16_supported: bool
+    free_cores: int
+
+    @property
+    def static_shapes(self) -> bool:
+        """The root's inputs kept their shapes over its first calls (CUDA graphs need that)."""
+        shapes = self.root.input_shapes if self.root else ()
+        return len(shapes) >= 2 and all(s == shapes[0] for s in shapes)
+
+    @property
+    def samples_per_step(self) -> int | None:
+        """The batch size of the first DataLoader the loop iterated."""
+        return next((lo.batch_size for lo in self.loaders if lo.iterated), None)
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Observations:
+        return from_jsonable(cls, data)
+
+
+def free_cores() -> int:
+    """CPU cores this process may use, less one for the training loop itself."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(n - 1, 0)
+
+
+class Observer:
+    name = "observer"
+
+    def __init__(self, finder: RootFinder, *, all_devices: bool = False) -> None:
+        self.finder = finder
+        self.all_devices = all_devices  # count .item() on CPU tensors too (tests)
+        self._restorer = Restorer()
+        self._root: dict[str, Any] | None = None
+        self._shapes: list[tuple[tuple[int, ...], ...]] = []
+        self._loaders: list[tuple[Any, CallSite | None]] = []
+        self._iterated: list[int] = []
+        self._optimizers: list[OptimizerInfo] = []
+        self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
+        self._hook: Any = None
+
+    def apply(self) -> None:
+        try:
+            self._install()
+        except BaseException:
+            self._restorer.restore()
+            raise
+
+    def undo(self) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        self._restorer.restore()
+
+    def _install(self) -> None:
+        import torch
+        from torch.utils.data import DataLoader
+
+        r, observer = self._restorer, self
+        init, iterate = DataLoader.__init__, DataLoader.__iter__
+
+        def loader_init(loader: Any, *args: Any, **kwargs: Any) -> None:
+            site = call_site()
+            init(loader, *args, **kwargs)
+            observer._loaders.append((loader, site))
+
+        def loader_iter(loader: Any) -> Any:
+            if id(loader) not in observer._iterated:
+                observer._iterated.append(id(loader))
+            return iterate(loader)
+
+        r.replace(DataLoader, "__init__", loader_init)
+        r.replace(DataLoader, "__iter__", loader_iter)
+        optimizer_init = torch.optim.Optimizer.__init__
+
+        def opt_init(opt: Any, params: Any, defaults: dict[str, Any], *args: Any, **kwargs: Any) -> None:
+            optimizer_init(opt, params, defaults, *args, **kwargs)
+            count = sum(len(g["params"]) for g in opt.param_groups)
+            observer._optimizers.append(
+                OptimizerInfo(
+                    call_site(), type(opt).__name__, defaults.get("foreach"), defaults.get("fused"), count
+                )
+            )
+
+        r.replace(torch.optim.Optimizer, "__init__", opt_init)
+        self._count_calls(torch)
+        self.finder.on_root(self._on_root)
+
+    def _count_calls(self, torch: Any) -> None:
+        r, counts, observer = self._restorer, self._counts, self
+        empty_cache = torch.cuda.empty_cache
+
+        def empty(*args: Any, **kwargs: Any) -> Any:
+            counts["empty"][call_site()] += 1
+            return empty_cache(*args, **kwargs)
+
+        r.replace(torch.cuda, "empty_cache", empty)
+        for owner in (torch.optim.Optimizer, torch.nn.Module):
+            r.replace(owner, "zero_grad", self._zero_grad(owner.zero_grad))
+        item = torch.Tensor.item
+
+        def item_call(tensor: Any) -> Any:
+            if not torch.compiler.is_compiling() and (tensor.is_cuda or observer.all_devices):
+                counts["item"][call_site()] += 1
+            return item(tensor)
+
+        r.replace(torch.Tensor, "item", item_call)
+
+    def _zero_grad(self, original: Any) -> Any:
+        counts = self._counts
+
+        def zero_grad(obj: Any, set_to_none: bool = True) -> None:
+            if not set_to_none:
+                counts["zero"][call_site()] += 1
+            original(obj, set_to_none=set_to_none)
+
+        return zero_grad
+
+    def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        import torch
+
+        first = next(module.parameters())
+        config = getattr(module, "config", None)
+        self._root = {
+            "cls": type(module).__name__,
+            "params": sum(p.numel() for p in module.parameters()),
+            "dtype": str(first.dtype).removeprefix("torch."),
+            "device": first.device.type,
+            "training": bool(module.training),
+            "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
+            "dropout": any(
+                isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
+                for m in module.modules()
+            ),
+            "hf_attention": getattr(config, "_attn_implementation", None),
+            "names": self.finder.names,
+            "site": self.finder.site,
+        }
+        self._shapes.append(_shapes(args, {}))
+        self._hook = module.register_forward_pre_hook(self._on_call, with_kwargs=True)
+
+    def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self._shapes.append(_shapes(args, kwargs))
+        if len(self._shapes) >= INPUT_CALLS and self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def observations(self) -> Observations:
+        import torch
+
+        root = RootInfo(**self._root, input_shapes=tuple(self._shapes)) if self._root else None
+        return Observations(
+            root=root,
+            loaders=tuple(_loader_info(lo, site, id(lo) in self._iterated) for lo, site in self._loaders),
+            optimizers=tuple(self._optimizers),
+            empty_cache=_site_counts(self._counts["empty"]),
+            zero_grad_keep=_site_counts(self._counts["zero"]),
+            item_syncs=_site_counts(self._counts["item"]),
+            float32_matmul_precision=torch.get_float32_matmul_precision(),
+            cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
+            cuda=torch.cuda.is_available() and torch.cuda.is_initialized(),
+            bf16_supported=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
+            free_cores=free_cores(),
+        )
+
+
+def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:
+    import torch
+
+    values = [*args, *kwargs.values()]
+    return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
+
+
+def _loader_info(loader: Any, site: CallSite | None, iterated: bool) -> LoaderInfo:
+    from torch.utils.data import IterableDataset
+
+    return LoaderInfo(
+        site=site,
+        batch_size=loader.batch_size,
+        num_workers=int(loader.num_workers),
+        pin_memory=bool(loader.pin_memory),
+        persistent_workers=bool(loader.persistent_workers),
+        prefetch_factor=loader.prefetch_factor,
+        iterable=isinstance(loader.dataset, IterableDataset),
+        iterated=iterated,
+    )
+
+
+def _site_counts(counter: Counter[CallSite | None]) -> tuple[SiteCount, ...]:
+    return tuple(SiteCount(site, n) for site, n in counter.most_common())

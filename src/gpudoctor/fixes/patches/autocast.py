@@ -1,0 +1,96 @@
+"""Mixed precision around the root module's forward: bfloat16 autocast, or float16 with loss scaling
+where the GPU has no bfloat16. The root's `forward` is wrapped (an instance attribute, deleted on undo);
+loss scaling hooks `Tensor.backward` (the scalar loss is scaled) and the optimizers' steps (gradients
+unscaled before, the step skipped by dropping the gradients when they overflowed, the scale updated after)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.patches.base import FixPatch
+
+
+class Autocast(FixPatch):
+    fix_id = "autocast"
+    order = 40
+
+    def __init__(self, ctx: Any, dtype: str = "auto") -> None:
+        super().__init__(ctx)
+        self.dtype = dtype  # auto | bfloat16 | float16
+        self.scaler: Any = None
+
+    def _apply(self) -> None:
+        self.ctx.finder.on_root(self._on_root)
+        self.not_applicable = "no nn.Module with parameters was called"
+
+    def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        import torch
+
+        param = next(module.parameters())
+        device = param.device.type
+        if not param.is_floating_point() or param.dtype != torch.float32:
+            self.not_applicable = f"the root module's parameters are {param.dtype}, not float32"
+            return
+        dtype = self._resolve(device)
+        if dtype == torch.float16 and module.training:
+            self._install_scaler(device)
+        forward = module.forward
+
+        @functools.wraps(forward)
+        def autocast_forward(*a: Any, **k: Any) -> Any:
+            with torch.autocast(device_type=device, dtype=dtype):
+                return forward(*a, **k)
+
+        self.restorer.replace(module, "forward", autocast_forward)
+        name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+        wrap = f'torch.autocast("{device}", dtype=torch.{name})'
+        site = self.ctx.finder.site
+        edit = Edit("wrap_statement", site.file, site.line, wrap=wrap) if site else None
+        self.snippet = f"with {wrap}:\n    output = model(inputs)"
+        what = f"{type(module).__name__}.forward under {wrap}"
+        self.changed(what + (" with loss scaling" if self.scaler is not None else ""), edit)
+
+    def _resolve(self, device: str) -> Any:
+        import torch
+
+        if self.dtype != "auto":
+            return getattr(torch, self.dtype)
+        if device == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+
+    def _install_scaler(self, device: str) -> None:
+        """torch.amp.GradScaler driven from hooks: the script's own backward/step calls stay as written."""
+        import torch
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        scaler = torch.amp.GradScaler(device)
+        self.scaler = scaler
+        original = torch.Tensor.backward
+
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            if tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point():
+                tensor = scaler.scale(tensor)
+            return original(tensor, *args, **kwargs)
+
+        def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            scaler.unscale_(optimizer)
+            state = scaler._per_optimizer_states[id(optimizer)]
+            if sum(float(v.item()) for v in state["found_inf_per_device"].values()):
+                for group in optimizer.param_groups:  # overflow: no update this step
+                    for p in group["params"]:
+                        p.grad = None
+
+        def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+            scaler.update()
+
+        self.restorer.replace(torch.Tensor, "backward", backward)
+        pre = register_optimizer_step_pre_hook(before_step)
+        self.restorer.on_restore(pre.remove)
+        post = register_optimizer_step_post_hook(after_step)
+        self.restorer.on_restore(post.remove)

@@ -1,0 +1,85 @@
+"""What every fix's patch shares: `FixPatch` (apply/undo through a `Restorer`, so that a failure half-way
+leaves nothing behind), the outcome it reports after the run (applied or why not, what it changed, the
+edits that make it permanent), and the context patches share in a child process (the root finder)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
+
+
+@dataclass
+class PatchContext:
+    finder: RootFinder
+    script: str | None = None  # the user's script file (None with -m): where global settings go
+
+
+@dataclass(frozen=True)
+class PatchOutcome:
+    """What a patch did in one run: `applied` (it changed something the script used) or `reason` why
+    not; `changes` in words; `edits` that make it permanent in the user's files."""
+
+    applied: bool
+    reason: str | None = None
+    changes: tuple[str, ...] = ()
+    edits: tuple[Edit, ...] = ()
+    snippet: str | None = None  # the change as code, where no call site is known
+
+
+class FixPatch:
+    """One fix, applied to the child's process before the script runs and undone after it. Subclasses
+    implement `_apply` (changes go through `self.restorer`) and may override `outcome`."""
+
+    fix_id = "fix"
+    order = 50  # patches apply in this order: flags first, then what wraps the root's forward
+
+    def __init__(self, ctx: PatchContext) -> None:
+        self.ctx = ctx
+        self.name = self.fix_id
+        self.restorer = Restorer()
+        self.changes: list[str] = []
+        self.edits: list[Edit] = []
+        self.snippet: str | None = None
+        self.not_applicable: str | None = None
+        self._sites_seen: set[tuple[str, int]] = set()
+
+    def apply(self) -> None:
+        try:
+            self._apply()
+        except BaseException:
+            self.restorer.restore()
+            raise
+
+    def undo(self) -> None:
+        self.restorer.restore()
+
+    def _apply(self) -> None:
+        raise NotImplementedError
+
+    # -- bookkeeping for the outcome ----------------------------------------------------------------------
+    def changed(self, what: str, edit: Edit | None = None) -> None:
+        if what not in self.changes:
+            self.changes.append(what)
+        if edit is not None and edit not in self.edits:
+            self.edits.append(edit)
+
+    def first_time_at(self, site: CallSite | None) -> bool:
+        """True the first time a call site is seen (a loop calls the same line every step)."""
+        key = (site.file, site.line) if site else ("", 0)
+        if key in self._sites_seen:
+            return False
+        self._sites_seen.add(key)
+        return True
+
+    def outcome(self) -> PatchOutcome:
+        if self.changes:
+            return PatchOutcome(True, None, tuple(self.changes), tuple(self.edits), self.snippet)
+        return PatchOutcome(False, self.not_applicable or "the script never reached what this fix changes")
+
+
+def site_here() -> CallSite | None:
+    """The user's line that called into the function calling this."""
+    return call_site(sys._getframe(2))

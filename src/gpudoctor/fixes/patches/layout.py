@@ -1,0 +1,93 @@
+"""channels_last for convolution models: the root module's 4-D parameters converted (their layout put
+back on undo, values kept), and its 4-D tensor inputs converted by a forward pre-hook."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.patches.base import FixPatch
+
+CONVERT = "{name} = {name}.to(memory_format=torch.channels_last)"
+
+
+class ChannelsLast(FixPatch):
+    fix_id = "channels_last"
+    order = 30
+
+    def _apply(self) -> None:
+        self.ctx.finder.on_root(self._on_root)
+        self.not_applicable = "no nn.Module with parameters was called"
+
+    def _on_root(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        import torch
+
+        if not any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
+            self.not_applicable = f"{type(module).__name__} has no Conv2d"
+            return None
+        cl = torch.channels_last
+        changed = [
+            t
+            for t in (*module.parameters(), *module.buffers())
+            if t.dim() == 4 and not t.is_contiguous(memory_format=cl)
+        ]
+
+        def back() -> None:
+            for t in changed:
+                t.data = t.data.contiguous()
+
+        self.restorer.on_restore(back)
+        module.to(memory_format=cl)
+        hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
+        self.restorer.on_restore(hook.remove)
+        self.snippet = (
+            CONVERT.format(name="model") + "\n" + CONVERT.format(name="inputs") + "  # each 4-D input batch"
+        )
+        finder = self.ctx.finder
+        name = next((n for n in finder.names if n != "self"), "")
+        edits = []
+        if finder.site is not None and name:
+            edits.append(
+                Edit("after_assignment", finder.site.file, finder.site.line, name=name, code=(CONVERT,))
+            )
+        new_args, converted = _convert(args)
+        if finder.site is not None and name:
+            names = _arg_names(finder.site, name, converted)
+            if names:
+                code = tuple(CONVERT.format(name=n) for n in names)
+                edits.append(Edit("before_statement", finder.site.file, finder.site.line, code=code))
+        self.changed(f"{type(module).__name__} and its 4-D inputs in channels_last", None)
+        self.edits.extend(edits)
+        return new_args
+
+    def _inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        import torch
+
+        new_args, _ = _convert(args)
+        new_kwargs = {k: _one(v, torch) for k, v in kwargs.items()}
+        return new_args, new_kwargs
+
+
+def _one(value: Any, torch: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.dim() == 4:
+        return value.contiguous(memory_format=torch.channels_last)
+    return value
+
+
+def _convert(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]]:
+    import torch
+
+    converted = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dim() == 4]
+    return tuple(_one(a, torch) for a in args), converted
+
+
+def _arg_names(site: Any, root_name: str, positions: list[int]) -> list[str]:
+    """The names passed at `positions` in the root call on the site's line, where they are plain names."""
+    import ast
+
+    from gpudoctor.fixes.diff import call_on_line
+
+    call = call_on_line(site.file, site.line, root_name)
+    if call is None:
+        return []
+    return [call.args[i].id for i in positions if i < len(call.args) and isinstance(call.args[i], ast.Name)]

@@ -1,0 +1,98 @@
+"""What `gpudoctor fix` found (schema `gpudoctor.fix/1`): per fix tried, the predicted and measured saving
+with its interval, the numerics check, compile time and its payback, kept or reverted and why; the kept
+fixes combined and verified; the permanent change as a unified diff (or snippets); the changes left to the
+user; predicted against measured per rule (the calibration). Written after every round, so an
+interrupted run leaves what it had."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gpudoctor.fixes.candidates import ManualFix
+from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.verify import NumericsCheck
+from gpudoctor.util.errors import UsageError
+from gpudoctor.util.serial import from_jsonable, to_jsonable
+
+SCHEMA = "gpudoctor.fix/1"
+CALIBRATION_SCHEMA = "gpudoctor.calibration/1"
+
+
+@dataclass(frozen=True)
+class FixVerdict:
+    fix: str  # id, e.g. "workers:8", or "+".join of the combination's
+    title: str
+    rules: tuple[str, ...]
+    predicted_saving_pct: float | None
+    measured_saving_pct: float | None  # share of the baseline step (or sample) time saved
+    ci_low_pct: float | None
+    ci_high_pct: float | None
+    p_value: float | None
+    verdict: str | None  # faster, slower, same, ambiguous; None when not timed
+    baseline_us: float | None  # median step time (per sample for a batch change)
+    candidate_us: float | None
+    per_sample: bool
+    numerics: NumericsCheck | None
+    compile_s: float | None
+    payback_steps: float | None  # steps at the new speed that win the compile time back
+    kept: bool
+    reason: str
+    changes: tuple[str, ...]
+    rounds: int  # timed candidate rounds
+    why_tried: str = ""
+
+
+@dataclass(frozen=True)
+class CalibrationEntry:
+    rule: str
+    fix: str
+    predicted_pct: float
+    measured_pct: float | None
+    ci_low_pct: float | None
+    ci_high_pct: float | None
+    kept: bool
+
+
+@dataclass(frozen=True)
+class FixReport:
+    argv: tuple[str, ...]
+    started_at: str
+    device: str  # the GPU's name, or "cpu"
+    torch: str | None
+    options: dict[str, Any]
+    baseline_us: float | None  # median step time over the baseline's rounds
+    baseline_rounds: int
+    observations: Observations | None
+    verdicts: tuple[FixVerdict, ...]
+    combination: FixVerdict | None
+    final: tuple[str, ...]  # the fixes of the configuration gpudoctor recommends
+    final_saving_pct: float | None
+    diff: str  # unified diff against the user's files
+    snippets: tuple[str, ...]  # kept changes with no known call site
+    unplaced: tuple[str, ...]  # edits that could not be placed, with why
+    manual: tuple[ManualFix, ...]
+    calibration: tuple[CalibrationEntry, ...]
+    notes: tuple[str, ...]
+    complete: bool
+    interrupted: bool
+    elapsed_s: float
+    schema: str = SCHEMA
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> FixReport:
+        if data.get("schema") != SCHEMA:
+            raise UsageError(f"not a gpudoctor fix report of schema {SCHEMA} (got {data.get('schema')!r})")
+        return from_jsonable(cls, data)
+
+    def calibration_json(self) -> dict[str, Any]:
+        """Predicted against measured per rule, for fixing the rules' estimates."""
+        return {
+            "schema": CALIBRATION_SCHEMA,
+            "argv": list(self.argv),
+            "device": self.device,
+            "entries": [to_jsonable(e) for e in self.calibration],
+        }

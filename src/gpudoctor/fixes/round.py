@@ -1,0 +1,66 @@
+"""`RoundResult`: what one child process reports to `gpudoctor fix` (schema `gpudoctor.fix-round/1`) —
+the fixes it ran with and what each changed, the step times of its light phase, its first steps' losses or
+outputs, compile time, what the script does (observations), and how it ended (a failure, an OOM, a
+timeout are values here, not exceptions)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.patches.base import PatchOutcome
+from gpudoctor.util.errors import UsageError
+from gpudoctor.util.serial import from_jsonable, to_jsonable
+
+SCHEMA = "gpudoctor.fix-round/1"
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    fixes: tuple[str, ...]
+    outcome: str  # completed, stopped, exit, exception, interrupted, timeout, crashed, patch_failed
+    exit_code: int
+    clock: str | None = None  # cuda_events or perf_counter
+    step_times_us: tuple[float, ...] = ()
+    steps_seen: int = 0
+    outputs_kind: str = "none"  # loss, output, none
+    outputs: tuple[tuple[float, ...], ...] = ()
+    compile_s: float = 0.0
+    compile_timed_s: float = 0.0  # of it, during the timed steps (a recompilation)
+    patches: dict[str, PatchOutcome] = field(default_factory=dict)
+    observations: Observations | None = None
+    error: str | None = None  # one line
+    oom: bool = False
+    exact_random: bool = False  # Inductor drew random numbers as eager does (a numerics-only round)
+    wall_s: float = 0.0
+    device: str = "unknown"  # the GPU's name, or cpu
+    torch: str | None = None
+    log_tail: str = ""
+    schema: str = SCHEMA
+
+    @property
+    def failure(self) -> str | None:
+        """Why this round cannot count, in one line; None when it ran its steps."""
+        if self.oom:
+            return f"out of memory: {self.error}"
+        if self.outcome == "patch_failed":
+            return f"the fix could not be applied: {self.error}"
+        if self.outcome in ("exception", "timeout", "crashed", "interrupted"):
+            last = (self.log_tail.strip().splitlines() or ["no output"])[-1]
+            return f"{self.outcome}: {self.error or last}"
+        if not self.step_times_us:
+            return (
+                f"no timed steps: the script ended ({self.outcome}, exit {self.exit_code}) after "
+                f"{self.steps_seen} step boundaries"
+            )
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RoundResult:
+        if data.get("schema") != SCHEMA:
+            raise UsageError(f"not a gpudoctor fix round of schema {SCHEMA} (got {data.get('schema')!r})")
+        return from_jsonable(cls, data)

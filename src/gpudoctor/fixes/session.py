@@ -1,0 +1,402 @@
+"""`gpudoctor fix`'s A/B: a baseline round that also observes the script, the candidate fixes chosen from
+the findings and what it saw, then per fix baseline and candidate rounds in turn (A B A B …, each a fresh
+process from a `Launcher`), the verdict from `verify`, the kept fixes combined and verified the same way,
+and the permanent change. Within a time budget; a Ctrl-C ends it with the results so far. Progress and
+the report so far go to callbacks after every round (the CLI draws bars and writes files)."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
+from gpudoctor.fixes.catalog import spec_of, title_of
+from gpudoctor.fixes.diff import unified_diff
+from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.result import CalibrationEntry, FixReport, FixVerdict
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.verify import NumericsCheck, check_numerics, compare_rounds, decision, noise_floor
+from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.timing.compare import SAME_WITHIN
+
+FALLBACK_RANDOM_NOTE = (
+    "timed with Inductor's fallback_random=True, so that dropout draws as in eager mode and the losses "
+    "compare; plain torch.compile may be a little faster"
+)
+
+
+@dataclass(frozen=True)
+class FixOptions:
+    rounds: int = 3  # timed rounds per side and fix
+    warmup: int = 5  # steps skipped in each round (compilation included)
+    steps: int = 20  # steps timed in each round
+    record: int = 5  # steps whose losses or outputs are compared
+    seed: int = 0
+    budget_s: float | None = None
+    child_timeout_s: float = 600.0
+    allow_batch: bool = False
+    compile_mode: str | None = None
+    only: tuple[str, ...] = ()
+    skip: tuple[str, ...] = ()
+    same_within: float = SAME_WITHIN
+
+
+@dataclass(frozen=True)
+class Progress:
+    stage: str  # baseline, fix, combination
+    fix: str | None
+    index: int  # of the fix, from 1
+    count: int
+    round: int  # from 1
+    rounds: int
+    side: str  # baseline, candidate
+
+
+class Launcher(Protocol):
+    """Runs one round in a fresh process: the script with `fixes` applied (none: the baseline)."""
+
+    def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult: ...
+
+
+@dataclass
+class _Attempt:
+    """A configuration being tried: its rounds so far (kept when a Ctrl-C ends it half-way)."""
+
+    fixes: tuple[str, ...]
+    cand: Candidate | None
+    base: list[RoundResult] = field(default_factory=list)
+    runs: list[RoundResult] = field(default_factory=list)
+    numerics: NumericsCheck | None = None
+    failure: str | None = None
+
+
+@dataclass
+class _Tried:
+    fixes: tuple[str, ...]
+    baseline: list[RoundResult]
+    candidate: list[RoundResult]
+    verdict: FixVerdict
+
+
+class FixSession:
+    def __init__(
+        self,
+        launcher: Launcher,
+        options: FixOptions,
+        diagnosis: Diagnosis | None,
+        *,
+        argv: tuple[str, ...],
+        started_at: str,
+        clock: Callable[[], float] = time.monotonic,
+        on_progress: Callable[[Progress], None] | None = None,
+        on_update: Callable[[FixReport], None] | None = None,
+    ) -> None:
+        self.launch, self.options, self.diagnosis = launcher, options, diagnosis
+        self.argv, self.started_at, self.clock = argv, started_at, clock
+        self.on_progress, self.on_update = on_progress, on_update
+        self.start = clock()
+        self.reference: RoundResult | None = None
+        self.baselines: list[RoundResult] = []
+        self.candidates: list[Candidate] = []
+        self.manual: list[ManualFix] = []
+        self.tried: list[_Tried] = []
+        self.combination: _Tried | None = None
+        self.final: tuple[str, ...] = ()
+        self.notes: list[str] = []
+        self.complete = self.interrupted = False
+        self._round_s: list[float] = []
+        self._current: _Attempt | None = None
+
+    # -- the run ---------------------------------------------------------------------------------------
+    def run(self) -> FixReport:
+        try:
+            self._run()
+            self.complete = True
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.notes.append("interrupted (Ctrl-C): the results so far")
+            at = self._current
+            if at is not None:
+                at.failure = at.failure or f"interrupted (Ctrl-C) after {len(at.runs)} rounds"
+                tried = self._tried(at)
+                if at.cand is None:
+                    self.combination = tried
+                else:
+                    self.tried.append(tried)
+        report = self.report()
+        self._update(report)
+        return report
+
+    def _run(self) -> None:
+        self._progress("baseline", None, 0, 1, "baseline")
+        ref = self._round("baseline-0", ())
+        self.reference = ref
+        if ref.failure is not None or ref.observations is None:
+            self.notes.append(f"the baseline did not run: {ref.failure}")
+            return
+        self.baselines.append(ref)
+        o = self.options
+        self.candidates, self.manual = choose(
+            self.diagnosis,
+            ref.observations,
+            allow_batch=o.allow_batch,
+            compile_mode=o.compile_mode,
+            only=o.only,
+            skip=o.skip,
+        )
+        for i, cand in enumerate(self.candidates, 1):
+            self.tried.append(self._try((cand.fix,), cand, i, len(self.candidates)))
+            self._update(self.report())
+        self._combine()
+
+    def _try(self, fixes: tuple[str, ...], cand: Candidate | None, index: int, count: int) -> _Tried:
+        """A B A B … for one configuration; stops early on a failure or results out of tolerance."""
+        label, stage = "+".join(fixes), "fix" if cand is not None else "combination"
+        obs = self.reference.observations if self.reference else None
+        at = self._current = _Attempt(fixes, cand)
+        exact = _random_differs(fixes, obs)
+        for k in range(1, self.options.rounds + 1):
+            if at.failure or (at.numerics is not None and not at.numerics.ok):
+                break
+            if not self._has_budget(2):
+                at.failure = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
+                break
+            self._progress(stage, label, index, count, "baseline", k)
+            a = self._round(f"{index:02d}-{label}-a{k}", ())
+            if a.failure:
+                at.failure = f"the baseline failed: {a.failure}"
+                break
+            at.base.append(a)
+            self.baselines.append(a)
+            self._progress(stage, label, index, count, "candidate", k)
+            b = self._round(f"{index:02d}-{label}-b{k}", fixes, exact_random=exact)
+            at.failure = b.failure or _not_applied(b, fixes)
+            if at.failure:
+                break
+            at.runs.append(b)
+            at.numerics = at.numerics or self._numerics(fixes, b)
+        self._current = None
+        return self._tried(at)
+
+    def _tried(self, at: _Attempt) -> _Tried:
+        return _Tried(at.fixes, at.base, at.runs, self._verdict(at))
+
+    def _combine(self) -> None:
+        kept = [t for t in self.tried if t.verdict.kept]
+        best_per_group: dict[str, _Tried] = {}
+        for t in kept:
+            group = spec_of(t.fixes[0]).group
+            if group not in best_per_group or _saving(t) > _saving(best_per_group[group]):
+                best_per_group[group] = t
+        members = sorted(best_per_group.values(), key=lambda t: -_saving(t))
+        if not members:
+            return
+        best = members[0]
+        self.final = best.fixes
+        if len(members) < 2:
+            return
+        fixes = tuple(f for t in members for f in t.fixes)
+        self.combination = self._try(fixes, None, len(self.candidates) + 1, len(self.candidates) + 1)
+        combo = self.combination.verdict
+        if not combo.kept:
+            self.notes.append(
+                f"the combination {'+'.join(fixes)} was not kept ({combo.reason}); "
+                f"the best single fix is recommended"
+            )
+            return
+        per_sample = _per_sample(fixes)
+        against = compare_rounds(
+            _times(best.candidate, per_sample),
+            _times(self.combination.candidate, per_sample),
+            same_within=self.options.same_within,
+        )
+        if against.verdict == "slower":
+            self.notes.append(
+                f"the combination is slower than {best.verdict.title} alone: it is recommended alone"
+            )
+            return
+        self.final = fixes
+
+    # -- one round ---------------------------------------------------------------------------------------
+    def _round(self, label: str, fixes: tuple[str, ...], exact_random: bool = False) -> RoundResult:
+        t0 = self.clock()
+        result = self.launch(label, fixes, exact_random)
+        self._round_s.append(self.clock() - t0)
+        return result
+
+    def _has_budget(self, rounds: int) -> bool:
+        if self.options.budget_s is None:
+            return True
+        typical = statistics.median(self._round_s) if self._round_s else 0.0
+        return self.clock() - self.start + rounds * typical <= self.options.budget_s
+
+    def _numerics(self, fixes: tuple[str, ...], run: RoundResult) -> NumericsCheck:
+        ref = self.reference
+        assert ref is not None
+        specs = [spec_of(f) for f in fixes]
+        tolerance = None if any(s.tolerance is None for s in specs) else max(s.tolerance or 0 for s in specs)
+        note = "; ".join(dict.fromkeys(s.tolerance_note for s in specs))
+        others = [list(b.outputs) for b in self.baselines[1:]]
+        floor = noise_floor(list(ref.outputs), others)
+        return check_numerics(
+            ref.outputs_kind, list(ref.outputs), run.outputs_kind, list(run.outputs), tolerance, floor, note
+        )
+
+    def _verdict(self, at: _Attempt) -> FixVerdict:
+        fixes, cand, runs, numerics = at.fixes, at.cand, at.runs, at.numerics
+        per_sample = _per_sample(fixes)
+        timing = None
+        if at.base and runs:
+            timing = compare_rounds(
+                _times(at.base, per_sample), _times(runs, per_sample), same_within=self.options.same_within
+            )
+        kept, reason = decision(timing, numerics, at.failure)
+        compile_s = (
+            statistics.mean(r.compile_s for r in runs) if runs and any(r.compile_s for r in runs) else None
+        )
+        payback = None
+        if compile_s and timing and timing.baseline_us > timing.candidate_us:
+            payback = compile_s * 1e6 / (timing.baseline_us - timing.candidate_us)
+        changes = tuple(c for r in runs[-1:] for f in fixes for c in r.patches[f].changes)
+        if any(r.exact_random for r in runs):
+            changes += (FALLBACK_RANDOM_NOTE,)
+        recompiled = max((r.compile_timed_s for r in runs), default=0.0)
+        if recompiled:
+            changes += (
+                f"recompiled during the timed steps ({recompiled:.1f} s, counted in them): raise --warmup",
+            )
+        lo, hi = timing.saving_ci if timing else (None, None)
+        return FixVerdict(
+            fix="+".join(fixes),
+            title=" + ".join(title_of(f) for f in fixes),
+            rules=cand.rules if cand else (),
+            predicted_saving_pct=cand.predicted_saving_pct if cand else None,
+            measured_saving_pct=100 * timing.saving if timing else None,
+            ci_low_pct=100 * lo if lo is not None else None,
+            ci_high_pct=100 * hi if hi is not None else None,
+            p_value=timing.p_value if timing else None,
+            verdict=timing.verdict if timing else None,
+            baseline_us=timing.baseline_us if timing else None,
+            candidate_us=timing.candidate_us if timing else None,
+            per_sample=per_sample,
+            numerics=numerics,
+            compile_s=compile_s,
+            payback_steps=payback,
+            kept=kept,
+            reason=reason,
+            changes=changes,
+            rounds=len(runs),
+            why_tried=cand.why if cand else "the kept fixes together",
+        )
+
+    # -- reporting ---------------------------------------------------------------------------------------
+    def _progress(
+        self,
+        stage: str,
+        fix: str | None,
+        index: int,
+        count: int,
+        side: str,
+        k: int = 1,
+        rounds: int | None = None,
+    ) -> None:
+        if self.on_progress is not None:
+            self.on_progress(Progress(stage, fix, index, count, k, rounds or self.options.rounds, side))
+
+    def _update(self, report: FixReport) -> None:
+        if self.on_update is not None:
+            self.on_update(report)
+
+    def report(self) -> FixReport:
+        ref = self.reference
+        obs = ref.observations if ref else None
+        final_tried = (
+            self.combination
+            if self.combination and self.final == self.combination.fixes
+            else next((t for t in self.tried if t.fixes == self.final), None)
+        )
+        edits, snippets = [], []
+        for f in self.final:
+            outcome = (
+                final_tried.candidate[-1].patches.get(f) if final_tried and final_tried.candidate else None
+            )
+            if outcome is None:
+                continue
+            edits.extend(outcome.edits)
+            if not outcome.edits and outcome.snippet:
+                snippets.append(outcome.snippet)
+        diff = unified_diff(list(dict.fromkeys(edits)))
+        timed = [r for r in self.baselines if r.step_times_us]
+        return FixReport(
+            argv=self.argv,
+            started_at=self.started_at,
+            device=ref.device if ref else "unknown",
+            torch=ref.torch if ref else None,
+            options={k: list(v) if isinstance(v, tuple) else v for k, v in vars(self.options).items()},
+            baseline_us=statistics.median([t for r in timed for t in r.step_times_us]) if timed else None,
+            baseline_rounds=len(timed),
+            observations=obs,
+            verdicts=tuple(t.verdict for t in self.tried),
+            combination=self.combination.verdict if self.combination else None,
+            final=self.final,
+            final_saving_pct=final_tried.verdict.measured_saving_pct if final_tried else None,
+            diff=diff.diff,
+            snippets=tuple(dict.fromkeys(snippets)),
+            unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
+            manual=tuple(self.manual),
+            calibration=_calibration(self.tried),
+            notes=tuple(self.notes),
+            complete=self.complete,
+            interrupted=self.interrupted,
+            elapsed_s=self.clock() - self.start,
+        )
+
+
+def _not_applied(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
+    missing = [f for f in fixes if f in r.patches and not r.patches[f].applied]
+    if not missing:
+        return None
+    return "; ".join(f"not applicable: {r.patches[f].reason}" for f in missing)
+
+
+def _random_differs(fixes: tuple[str, ...], obs: Observations | None) -> bool:
+    """Compiled code draws other random numbers than eager: with dropout the losses differ unless
+    Inductor is told to draw them as eager does (`fallback_random`), which every round of such a
+    configuration then does — a little slower than plain compile, so its saving is understated."""
+    return any(f.startswith("compile") for f in fixes) and bool(obs and obs.root and obs.root.dropout)
+
+
+def _per_sample(fixes: tuple[str, ...]) -> bool:
+    return any(f.startswith("batch") for f in fixes)
+
+
+def _times(rounds: list[RoundResult], per_sample: bool) -> list[list[float]]:
+    """Step times per round, or per-sample times where a fix changes the batch."""
+    out = []
+    for r in rounds:
+        n = (r.observations.samples_per_step if r.observations and per_sample else None) or 1
+        out.append([t / n for t in r.step_times_us])
+    return out
+
+
+def _saving(t: _Tried) -> float:
+    return t.verdict.measured_saving_pct or 0.0
+
+
+def _calibration(tried: list[_Tried]) -> tuple[CalibrationEntry, ...]:
+    return tuple(
+        CalibrationEntry(
+            rule,
+            t.verdict.fix,
+            t.verdict.predicted_saving_pct or 0.0,
+            t.verdict.measured_saving_pct,
+            t.verdict.ci_low_pct,
+            t.verdict.ci_high_pct,
+            t.verdict.kept,
+        )
+        for t in tried
+        for rule in t.verdict.rules
+    )

@@ -1,0 +1,178 @@
+"""The verdict on one fix, from numbers only (no processes, no clock): its step times against the
+baseline's over several fresh processes (rounds) — the timing core's significance test, with an interval
+that resamples rounds as well as steps — and its first steps' losses or outputs against the baseline's,
+within the fix's tolerance or the baseline's own run-to-run spread, whichever is larger."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpudoctor.timing.compare import ALPHA, SAME_WITHIN, Verdict, decide
+from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped, mann_whitney
+
+NOISE_FACTOR = 3.0  # a fix may differ from the baseline by this many times the baseline's own spread
+
+
+@dataclass(frozen=True)
+class TimingComparison:
+    """Candidate against baseline, per step (or per sample). `ratio` is candidate over baseline median
+    time (below 1: faster); `ci_low`/`ci_high` its 95% interval; `p_value` Mann–Whitney's on all steps."""
+
+    ratio: float
+    ci_low: float
+    ci_high: float
+    p_value: float
+    verdict: str  # faster, slower, same, ambiguous
+    same_within: float
+    baseline_us: float  # median step (or sample) time
+    candidate_us: float
+    rounds_baseline: int
+    rounds_candidate: int
+
+    @property
+    def saving(self) -> float:
+        """Share of the baseline's time saved (negative: slower)."""
+        return 1 - self.ratio
+
+    @property
+    def saving_ci(self) -> tuple[float, float]:
+        return 1 - self.ci_high, 1 - self.ci_low
+
+
+def compare_rounds(
+    baseline: Sequence[Sequence[float]],
+    candidate: Sequence[Sequence[float]],
+    *,
+    same_within: float = SAME_WITHIN,
+    alpha: float = ALPHA,
+    seed: int = 0,
+) -> TimingComparison:
+    """Each side is a list of rounds, each a list of step times (µs) from one fresh process."""
+    a = [t for r in baseline for t in r]
+    b = [t for r in candidate for t in r]
+    if not a or not b:
+        raise ValueError("both sides need step times")
+    base_median, cand_median = statistics.median(a), statistics.median(b)
+    ratio = cand_median / base_median
+    lo, hi = bootstrap_ratio_ci_grouped(baseline, candidate, seed=seed)
+    _, p = mann_whitney(a, b)
+    verdict = decide(ratio, lo, hi, p, same_within, alpha)
+    return TimingComparison(
+        ratio,
+        lo,
+        hi,
+        p,
+        verdict.value,
+        same_within,
+        base_median,
+        cand_median,
+        sum(1 for r in baseline if r),
+        sum(1 for r in candidate if r),
+    )
+
+
+@dataclass(frozen=True)
+class NumericsCheck:
+    """The candidate's first steps against the baseline's: the largest relative difference of a loss
+    (or of an output's sum and absolute sum, relative to the absolute sum) over the steps compared."""
+
+    kind: str  # loss, output, none
+    steps: int  # steps compared
+    max_rel_diff: float | None
+    tolerance: float | None  # the fix's own tolerance; None: only finiteness is checked
+    noise_floor: float | None  # the baseline against itself in other processes
+    ok: bool
+    note: str
+
+    @property
+    def allowed(self) -> float | None:
+        if self.tolerance is None:
+            return None
+        return max(self.tolerance, NOISE_FACTOR * (self.noise_floor or 0.0))
+
+
+def rel_diff(reference: Sequence[Sequence[float]], candidate: Sequence[Sequence[float]]) -> float:
+    """Largest |candidate − reference| over the reference step's scale (its largest magnitude), over
+    the steps both have; inf where one is finite and the other not."""
+    worst = 0.0
+    for ref, cand in zip(reference, candidate, strict=False):
+        scale = max((abs(v) for v in ref if math.isfinite(v)), default=0.0) or 1e-12
+        for r, c in zip(ref, cand, strict=False):
+            if math.isfinite(r) != math.isfinite(c):
+                return math.inf
+            if math.isfinite(r):
+                worst = max(worst, abs(c - r) / scale)
+    return worst
+
+
+def noise_floor(
+    reference: Sequence[Sequence[float]], others: Sequence[Sequence[Sequence[float]]]
+) -> float | None:
+    """How far the baseline's own reruns land from its reference run (nondeterministic kernels)."""
+    diffs = [rel_diff(reference, o) for o in others if o]
+    return max(diffs) if diffs else None
+
+
+def check_numerics(
+    kind: str,
+    reference: Sequence[Sequence[float]],
+    candidate_kind: str,
+    candidate: Sequence[Sequence[float]],
+    tolerance: float | None,
+    floor: float | None,
+    tolerance_note: str = "",
+) -> NumericsCheck:
+    steps = min(len(reference), len(candidate))
+    if kind == "none" or not reference:
+        return NumericsCheck(
+            "none",
+            0,
+            None,
+            tolerance,
+            floor,
+            True,
+            "no loss or root-module output was recorded: numerics not checked",
+        )
+    if candidate_kind != kind or not candidate:
+        return NumericsCheck(
+            kind, 0, None, tolerance, floor, False, f"the baseline recorded {kind} values and this run none"
+        )
+    finite = all(math.isfinite(v) for step in candidate[:steps] for v in step)
+    if tolerance is None:
+        note = tolerance_note or "results not comparable"
+        if finite:
+            return NumericsCheck(kind, steps, None, None, floor, True, f"{note}; finite")
+        return NumericsCheck(kind, steps, None, None, floor, False, f"{note}; it produced NaN or inf")
+    diff = rel_diff(reference[:steps], candidate[:steps])
+    check = NumericsCheck(kind, steps, diff, tolerance, floor, True, "")
+    allowed = check.allowed or 0.0
+    ok = diff <= allowed
+    why = f"{kind} differs by {_fmt(diff)} of its value at most over {steps} steps (allowed {_fmt(allowed)}"
+    why += f": {tolerance_note})" if tolerance_note else ")"
+    return NumericsCheck(kind, steps, diff, tolerance, floor, ok, why)
+
+
+def _fmt(x: float) -> str:
+    return "inf" if math.isinf(x) else f"{100 * x:.2g}%"
+
+
+def decision(
+    timing: TimingComparison | None, numerics: NumericsCheck | None, failure: str | None
+) -> tuple[bool, str]:
+    """(kept, why): kept only when nothing failed, the numerics hold and it is faster beyond noise."""
+    if failure is not None:
+        return False, failure
+    if numerics is not None and not numerics.ok:
+        return False, f"changes results: {numerics.note}"
+    if timing is None:
+        return False, "not timed"
+    if timing.verdict == Verdict.FASTER.value:
+        return True, "faster beyond noise"
+    if timing.verdict == Verdict.SLOWER.value:
+        return False, "slower beyond noise"
+    if timing.verdict == Verdict.SAME.value:
+        return False, f"no significant difference (within ±{100 * timing.same_within:g}%)"
+    return False, f"no significant difference (too noisy to tell, p={timing.p_value:.2g})"

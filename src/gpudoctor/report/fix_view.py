@@ -1,0 +1,170 @@
+"""`gpudoctor fix`'s report in the terminal (rich), Markdown and HTML: the table of fixes tried (fix,
+predicted saving, measured saving with its 95% interval, numerics, kept or reverted and why), the kept
+fixes together, compile time and its payback, the permanent change as a diff (or snippets), and the
+changes left to the user with their source lines. Renders only; every string from the user's script is
+escaped (HTML, Markdown) or printed as plain text (terminal)."""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+from rich.console import Console
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from gpudoctor.fixes.result import FixReport, FixVerdict
+from gpudoctor.fixes.verify import NumericsCheck
+from gpudoctor.report.html_style import CSS
+from gpudoctor.report.markdown import md_text
+from gpudoctor.report.style import dim_line, section
+from gpudoctor.util.units import fmt_us
+
+HEAD = ("fix", "predicted saving", "measured saving (95% CI)", "numerics", "", "why")
+
+
+def saving_cell(v: FixVerdict) -> str:
+    if v.measured_saving_pct is None:
+        return "-"
+    lo, hi = v.ci_low_pct, v.ci_high_pct
+    ci = f" ({lo:.1f} to {hi:.1f})" if lo is not None and hi is not None else ""
+    return f"{v.measured_saving_pct:.1f}%{ci}" + (" /sample" if v.per_sample else "")
+
+
+def predicted_cell(v: FixVerdict) -> str:
+    return "-" if v.predicted_saving_pct is None else f"≤{v.predicted_saving_pct:g}%"
+
+
+def numerics_cell(n: NumericsCheck | None) -> str:
+    if n is None:
+        return "-"
+    if n.max_rel_diff is None:
+        return "finite" if n.ok and n.kind != "none" else ("not checked" if n.kind == "none" else "broken")
+    diff = "inf" if math.isinf(n.max_rel_diff) else f"{100 * n.max_rel_diff:.2g}%"
+    allowed = n.allowed
+    return f"{diff} ≤ {100 * allowed:.2g}%" if n.ok and allowed is not None else f"{diff} (too far)"
+
+
+def status_cell(v: FixVerdict) -> str:
+    return "kept" if v.kept else "reverted"
+
+
+def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
+    verdicts = [*report.verdicts, *([report.combination] if report.combination else [])]
+    return [(v, [v.title, predicted_cell(v), saving_cell(v), numerics_cell(v.numerics), status_cell(v), v.reason])
+            for v in verdicts]  # fmt: skip
+
+
+def headline(report: FixReport) -> str:
+    base = f"baseline {fmt_us(report.baseline_us)} per step over {report.baseline_rounds} processes"
+    if not report.final:
+        return f"{base}; no fix was faster beyond noise with the same results."
+    saving = report.final_saving_pct
+    speedup = f", {100 / (100 - saving):.2f}× faster" if saving is not None and saving < 100 else ""
+    return f"{base}; recommended: {', '.join(report.final)} — saves {saving:.1f}% of the step{speedup}."
+
+
+def compile_lines(report: FixReport) -> list[str]:
+    out = []
+    for v in [*report.verdicts, *([report.combination] if report.combination else [])]:
+        if v.compile_s:
+            payback = f", paid back after {v.payback_steps:,.0f} steps" if v.payback_steps else ""
+            out.append(f"{v.title}: compiling took {v.compile_s:.1f} s (not in the step times){payback}")
+    return out
+
+
+# -- terminal ------------------------------------------------------------------------------------------
+def render_fix_terminal(report: FixReport, console: Console) -> None:
+    section(console, f"gpudoctor fix: {' '.join(report.argv)}")
+    console.print(Text(f"  {report.device} · torch {report.torch} · {headline(report)}"))
+    t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", show_edge=False)
+    for i, h in enumerate(HEAD):
+        t.add_column(h, justify="right" if i in (1, 2, 3) else "left", no_wrap=i != 5, overflow="fold")
+    for v, cells in rows(report):
+        t.add_row(
+            *[Text(c, style=("green" if v.kept else "dim") if i == 4 else "") for i, c in enumerate(cells)]
+        )
+    console.print(t)
+    for note in [*compile_lines(report), *report.notes]:
+        dim_line(console, note)
+    if report.diff:
+        section(console, "The change, as a diff")
+        console.print(Syntax(report.diff, "diff", theme="ansi_dark", background_color="default"))
+    for snippet in report.snippets:
+        section(console, "The change (no call site known: add it where it belongs)")
+        console.print(Syntax(snippet, "python", theme="ansi_dark", background_color="default"))
+    for why in report.unplaced:
+        dim_line(console, f"not in the diff: {why}")
+    if report.manual:
+        section(console, "Left to you (gpudoctor cannot change these safely)")
+        for m in report.manual:
+            where = f"{m.where}: " if m.where else ""
+            console.print(Text(f"  {m.title} [{m.rule}]", style="bold"))
+            if m.source_line:
+                console.print(Text(f"    {where}{m.source_line}"))
+            console.print(Text(f"    → {m.change}"))
+
+
+# -- Markdown ------------------------------------------------------------------------------------------
+def render_fix_markdown(report: FixReport) -> str:
+    out = [f"## gpudoctor fix: `{_code(' '.join(report.argv))}`", "",
+           f"{md_text(report.device)} · torch {md_text(str(report.torch))}", "", f"**{md_text(headline(report))}**", ""]  # fmt: skip
+    out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
+    out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for _, cells in rows(report)]
+    out += [""] + [f"- {md_text(line)}" for line in [*compile_lines(report), *report.notes]]
+    if report.diff:
+        out += ["", "### The change", "", "```diff", _fence(report.diff.rstrip("\n")), "```"]
+    for snippet in report.snippets:
+        out += ["", "```python", _fence(snippet), "```"]
+    out += [f"- not in the diff: {md_text(u)}" for u in report.unplaced]
+    if report.manual:
+        out += ["", "### Left to you", ""]
+        for m in report.manual:
+            where = f" at `{_code(m.where)}`" if m.where else ""
+            line = f": `{_code(m.source_line)}`" if m.source_line else ""
+            out.append(f"- **{md_text(m.title)}** (`{m.rule}`){where}{line} — {md_text(m.change)}")
+    return "\n".join(out) + "\n"
+
+
+def _code(text: str) -> str:
+    return " ".join(text.replace("`", "'").split())
+
+
+def _fence(text: str) -> str:
+    return text.replace("```", "`\u200b``")
+
+
+# -- HTML ----------------------------------------------------------------------------------------------
+def render_fix_html(report: FixReport) -> str:
+    head = "".join(f"<th>{escape(h or 'kept')}</th>" for h in HEAD)
+    body = "".join(
+        f'<tr class="{"ok" if v.kept else "dim"}">'
+        + "".join(f"<td>{escape(c)}</td>" for c in cells)
+        + "</tr>"
+        for v, cells in rows(report)
+    )
+    parts = [
+        f"<header><h1>gpudoctor fix: <code>{escape(' '.join(report.argv))}</code></h1>"
+        f'<p class="meta">{escape(report.device)} · torch {escape(str(report.torch))}</p></header>',
+        f'<p class="bound">{escape(headline(report))}</p>',
+        f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>',
+        "".join(f'<p class="meta">{escape(n)}</p>' for n in [*compile_lines(report), *report.notes]),
+    ]
+    if report.diff:
+        parts.append(f"<section><h2>The change</h2><pre>{escape(report.diff)}</pre></section>")
+    parts += [f"<section><h2>The change (no call site known)</h2><pre>{escape(s)}</pre></section>"
+              for s in report.snippets]  # fmt: skip
+    if report.manual:
+        items = "".join(
+            f"<li><b>{escape(m.title)}</b> ({escape(m.rule)})"
+            + (f" at <code>{escape(m.where)}</code>" if m.where else "")
+            + (f": <code>{escape(m.source_line)}</code>" if m.source_line else "")
+            + f" — {escape(m.change)}</li>"
+            for m in report.manual
+        )
+        parts.append(f"<section><h2>Left to you</h2><ul>{items}</ul></section>")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>gpudoctor fix</title>'
+        f"<style>{CSS}</style></head><body><main>{''.join(parts)}</main></body></html>\n"
+    )

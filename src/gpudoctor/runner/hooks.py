@@ -1,0 +1,215 @@
+"""The hook points where `gpudoctor fix` changes the user's process (in a child process of its own):
+patches applied in order before the script runs and undone in reverse order after it, also when it
+raises or is interrupted; `Restorer`, which puts back exactly what a patch found; the root module (the
+outermost `nn.Module` with parameters the script calls), found at its first call; the user's frame of a
+call; seeding. Nothing here runs at import or imports torch at import.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import re
+import sys
+import sysconfig
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+_MISSING = object()
+
+
+class Patch(Protocol):
+    """A reversible change: `apply()` makes it, `undo()` restores exactly what `apply()` found."""
+
+    name: str
+
+    def apply(self) -> None: ...
+
+    def undo(self) -> None: ...
+
+
+@contextlib.contextmanager
+def patched(patches: Sequence[Patch]) -> Iterator[list[Patch]]:
+    """Apply `patches` in order; on leaving, undo those applied in reverse order, whatever happened.
+    A patch whose `apply()` raises must leave nothing behind itself (`Restorer` does that)."""
+    applied: list[Patch] = []
+    try:
+        for patch in patches:
+            patch.apply()
+            applied.append(patch)
+        yield applied
+    finally:
+        failure: BaseException | None = None
+        for patch in reversed(applied):
+            try:
+                patch.undo()
+            except Exception as err:  # undo the others anyway; report the first failure
+                failure = failure or err
+        if failure is not None and sys.exc_info()[1] is None:
+            raise failure
+
+
+class Restorer:
+    """Records each change as it is made and reverts them all, newest first."""
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+
+    def replace(self, obj: Any, name: str, value: Any) -> Any:
+        """Set an attribute held in `obj.__dict__` (a class's method, an instance's attribute); on
+        restore it is put back, or deleted if `obj` did not hold it itself. Returns the value seen."""
+        held = vars(obj).get(name, _MISSING)
+        seen = getattr(obj, name, None)
+        setattr(obj, name, value)
+
+        def undo() -> None:
+            if held is _MISSING:
+                with contextlib.suppress(AttributeError):
+                    delattr(obj, name)
+            else:
+                setattr(obj, name, held)
+
+        self._undo.append(undo)
+        return seen
+
+    def set_flag(self, obj: Any, name: str, value: Any) -> Any:
+        """Set a property-like setting (torch.backends flags) through getattr/setattr."""
+        old = getattr(obj, name)
+        setattr(obj, name, value)
+        self._undo.append(lambda: setattr(obj, name, old))
+        return old
+
+    def on_restore(self, undo: Callable[[], None]) -> None:
+        self._undo.append(undo)
+
+    def restore(self) -> None:
+        failure: Exception | None = None
+        while self._undo:
+            try:
+                self._undo.pop()()
+            except Exception as err:
+                failure = failure or err
+        if failure is not None:
+            raise failure
+
+
+# -- the user's frames ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class CallSite:
+    """A line of the user's code: where a DataLoader was built, a module called, ..."""
+
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line} in {self.function}"
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
+    return tuple(sorted(str(Path(d).resolve()) + "/" for d in dirs))
+
+
+_OURS = str(Path(__file__).resolve().parent.parent) + "/"
+_WORKLOADS = _OURS + "workloads/"
+_LIBRARY = re.compile(r"/(site-packages|dist-packages)/")
+
+
+def is_user_file(path: str) -> bool:
+    """The user's own code: not Python's library, an installed package, or gpudoctor (its workloads
+    excepted, which stand for a user's script)."""
+    if not path or path.startswith("<"):
+        return False
+    if path.startswith(_WORKLOADS):
+        return True
+    if path.startswith(_OURS) or _LIBRARY.search(path):
+        return False
+    return not path.startswith(_library_dirs())
+
+
+def user_frame(frame: FrameType | None = None) -> FrameType | None:
+    """The innermost frame of the user's code at or above `frame` (default: the caller's)."""
+    f = frame if frame is not None else sys._getframe(1)
+    while f is not None and not is_user_file(f.f_code.co_filename):
+        f = f.f_back
+    return f
+
+
+def call_site(frame: FrameType | None = None) -> CallSite | None:
+    f = user_frame(frame if frame is not None else sys._getframe(1))
+    return None if f is None else CallSite(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
+
+
+# -- the root module --------------------------------------------------------------------------------------
+RootCallback = Callable[[Any, tuple[Any, ...]], "tuple[Any, ...] | None"]
+
+
+class RootFinder:
+    """Finds the module the script calls per step: the first module with parameters called while no
+    other module's forward runs. Global forward hooks watch until that first call ends, then leave
+    (they slow every module call). Callbacks get `(module, args)` in order at that call, before its
+    forward runs, and may return new positional args for it."""
+
+    def __init__(self) -> None:
+        self.root: Any = None
+        self.site: CallSite | None = None  # the user's line that called it
+        self.names: tuple[str, ...] = ()  # the names the caller's frame binds to it
+        self._callbacks: list[RootCallback] = []
+        self._handles: list[Any] = []
+        self._depth = 0
+
+    def on_root(self, callback: RootCallback) -> None:
+        self._callbacks.append(callback)
+
+    def install(self) -> RootFinder:
+        from torch.nn.modules import module
+
+        self._handles = [
+            module.register_module_forward_pre_hook(self._pre),
+            module.register_module_forward_hook(self._post, always_call=True),
+        ]
+        return self
+
+    def uninstall(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def _pre(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        self._depth += 1
+        if self._depth != 1 or self.root is not None or next(module.parameters(), None) is None:
+            return None
+        self.root = module
+        frame = user_frame(sys._getframe(1))
+        if frame is not None:
+            self.site = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+            self.names = tuple(k for k, v in frame.f_locals.items() if v is module)
+        new_args = None
+        for callback in self._callbacks:
+            result = callback(module, args if new_args is None else new_args)
+            if result is not None:
+                new_args = result
+        return new_args
+
+    def _post(self, module: Any, args: Any, output: Any) -> None:
+        self._depth -= 1
+        if self._depth == 0 and self.root is not None:
+            self.uninstall()
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, numpy's (if present) and torch's generators (every device), as the same seed in
+    every process makes the same batches, weights and dropout masks."""
+    import torch
+
+    random.seed(seed)
+    with contextlib.suppress(ImportError):
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)

@@ -1,0 +1,115 @@
+"""Which fixes `gpudoctor fix` tries: those the findings point to, ranked by the saving they promised,
+plus cheap ones where the script shows the condition; what no fix can change safely is reported with its
+source line and the change to make."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.fixes.candidates import choose, worker_values
+from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
+from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
+from gpudoctor.runner.hooks import CallSite
+from gpudoctor.util.errors import UsageError
+
+SITE = CallSite("train.py", 3, "<module>")
+
+
+def obs(
+    *, cuda: bool = True, conv: bool = False, free: int = 8, attention: str | None = None
+) -> Observations:
+    root = RootInfo("Net", 10, "float32", "cuda" if cuda else "cpu", True, conv, False, attention, ("model",),
+                    SITE, (((8, 3),),) * 3)  # fmt: skip
+    loader = LoaderInfo(SITE, 32, 0, False, False, None, False, True)
+    return Observations(root, (loader,), (OptimizerInfo(SITE, "AdamW", None, None, 4),), (), (), (),
+                        "highest", False, cuda, cuda, free)  # fmt: skip
+
+
+def finding(rule: str, saving: float, sources: tuple[str, ...] = ()) -> Finding:
+    return Finding(
+        rule, Severity.of_saving(saving), rule.replace("_", " "), saving, (), Fix("fix it", ""), {}, sources
+    )
+
+
+def diagnosis(*findings: Finding) -> Diagnosis:
+    return Diagnosis(SCHEMA, findings, "", {})
+
+
+def test_fixes_follow_the_findings_highest_promised_saving_first() -> None:
+    d = diagnosis(finding("input_pipeline", 30.0), finding("optimizer_unfused", 12.0))
+    cands, _ = choose(d, obs())
+    fixes = [c.fix for c in cands]
+    assert fixes[:4] == ["workers:2", "workers:4", "workers:8", "pin_memory"]
+    fused = next(c for c in cands if c.fix == "fused_optimizer")
+    assert fused.predicted_saving_pct == 12.0 and fused.rules == ("optimizer_unfused",)
+    assert {"compile", "autocast", "tf32"} <= set(fixes)  # cheap ones on a float32 model on a GPU
+    assert "workers:2" in fixes and "compile:reduce-overhead" not in fixes  # not launch-bound
+
+
+def test_a_launch_bound_loop_with_static_shapes_also_tries_cuda_graphs() -> None:
+    cands, _ = choose(diagnosis(finding("launch_overhead", 40.0)), obs())
+    assert [c.fix for c in cands][:2] == ["compile", "compile:reduce-overhead"]
+
+
+def test_convolutions_and_hugging_face_attention() -> None:
+    fixes = [c.fix for c in choose(None, obs(conv=True, attention="eager"))[0]]
+    assert {"channels_last", "cudnn_benchmark", "sdpa"} <= set(fixes)
+
+
+def test_on_the_cpu_without_findings_only_what_the_script_shows() -> None:
+    fixes = [c.fix for c in choose(None, obs(cuda=False, free=1))[0]]
+    assert fixes == ["fused_optimizer", "workers:1"]
+
+
+@pytest.mark.parametrize(
+    ("free", "have", "values"), [(15, 0, [4, 8, 15]), (3, 0, [2, 3]), (8, 4, [8]), (0, 0, [])]
+)
+def test_worker_counts_go_up_to_the_free_cores(free: int, have: int, values: list[int]) -> None:
+    assert worker_values(free, have) == values
+
+
+def test_only_and_skip() -> None:
+    assert [c.fix for c in choose(None, obs(), only=("tf32", "workers:3"))[0]] == ["tf32", "workers:3"]
+    assert all(not c.fix.startswith("workers") for c in choose(None, obs(), skip=("workers",))[0])
+    with pytest.raises(UsageError):
+        choose(None, obs(), only=("warp_speed",))
+
+
+def test_a_larger_batch_only_when_allowed() -> None:
+    d = diagnosis(finding("small_batch", 25.0))
+    cands, manual = choose(d, obs())
+    assert "batch:x2" not in [c.fix for c in cands] and manual[0].rule == "small_batch"
+    cands, manual = choose(d, obs(), allow_batch=True)
+    assert next(c for c in cands if c.fix == "batch:x2").predicted_saving_pct == 25.0 and not manual
+
+
+def test_a_sync_in_the_loop_is_left_to_the_user_with_its_source_line(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfor step in range(10):\n    print(loss.item())\n")
+    d = diagnosis(finding("host_sync", 20.0, (f"{script}(3): <module>",)), finding("data_parallel", 40.0))
+    _, manual = choose(d, obs())
+    sync = next(m for m in manual if m.rule == "host_sync")
+    assert sync.where == f"{script}:3" and sync.source_line == "print(loss.item())"
+    assert "every N steps" in sync.change
+    assert any(m.rule == "data_parallel" and "DistributedDataParallel" in m.change for m in manual)
+
+
+def test_item_calls_seen_at_runtime_are_reported_even_without_a_stack_trace(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("x = 1\nacc = loss.item()\n")
+    seen = replace(obs(), item_syncs=(SiteCount(CallSite(str(script), 2, "<module>"), 20),
+                                      SiteCount(CallSite(str(script), 1, "<module>"), 1)))  # fmt: skip
+    _, manual = choose(diagnosis(finding("host_sync", 20.0)), seen, steps=25)
+    (m,) = manual  # the line seen once in 25 steps (logging every N steps) is not a per-step sync
+    assert m.source_line == "acc = loss.item()" and m.title == ".item() on a GPU tensor: 20 calls in 25 steps"
+
+
+def test_an_item_inside_a_library_call_names_the_users_line_that_made_it(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("trainer.fit(model, loader)\n")
+    seen = replace(obs(), item_syncs=(SiteCount(CallSite(str(script), 1, "<module>"), 30),))
+    (m,) = choose(None, seen, steps=25)[1]
+    assert m.source_line == "trainer.fit(model, loader)" and "a call made from this line" in m.change

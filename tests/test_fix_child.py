@@ -1,0 +1,125 @@
+"""One round of `gpudoctor fix` (the child process's work, run here in-process on small CPU scripts):
+seeded, patched, timed in the light phase, the first losses or outputs recorded, what the script does
+observed, and every change undone — also when the script or a patch fails."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from torch.nn.modules import module as nn_module
+from torch.utils.data import DataLoader
+
+from gpudoctor.fixes.child import parse, run_round
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.runner import capture as live
+
+TRAIN = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+data = TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,)))
+loader = DataLoader(data, batch_size=16, shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.1), torch.nn.Linear(16, 3))
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, foreach=False)
+for epoch in range(5):
+    for x, y in loader:
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        optimizer.step()
+        print(loss.item())
+        {extra}
+"""
+
+INFER = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+model = torch.nn.Linear(8, 4).eval()
+with torch.no_grad():
+    for (x,) in DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=1):
+        model(x)
+"""
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    argv, path = sys.argv[:], sys.path[:]
+    tensor = dict(vars(torch.Tensor))
+    init = DataLoader.__init__
+    yield
+    assert sys.argv == argv and sys.path == path and live._ACTIVE is None
+    assert dict(vars(torch.Tensor)) == tensor and DataLoader.__init__ is init
+    assert not nn_module._global_forward_pre_hooks and not nn_module._global_forward_hooks
+
+
+def child(tmp_path: Path, body: str, *options: str) -> RoundResult:
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    out = tmp_path / "round.json"
+    return run_round(parse(["--out", str(out), "--warmup", "2", "--steps", "4", "--record", "3",
+                            "--count-cpu-items", *options, "--", str(script)]))  # fmt: skip
+
+
+def test_a_baseline_round_times_steps_records_losses_and_observes(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"))
+    assert r.failure is None and r.outcome == "stopped"
+    assert len(r.step_times_us) == 4 and r.clock == "perf_counter" and r.device == "cpu"
+    assert r.outputs_kind == "loss" and len(r.outputs) == 3
+    obs = r.observations
+    assert obs is not None and obs.root is not None
+    assert (obs.root.cls, obs.root.dropout, obs.root.names) == ("Sequential", True, ("model",))
+    assert obs.samples_per_step == 16 and obs.loaders[0].site is not None and obs.loaders[0].site.line == 5
+    assert obs.optimizers[0].cls == "AdamW" and obs.optimizers[0].foreach is False
+    assert obs.zero_grad_keep[0].site is not None and obs.zero_grad_keep[0].site.line == 11
+    assert 14 in [s.site.line for s in obs.item_syncs if s.site]  # print(loss.item())
+    assert obs.static_shapes
+
+
+def test_the_same_seed_gives_the_same_losses_and_exact_fixes_keep_them(tmp_path: Path) -> None:
+    base = child(tmp_path, TRAIN.format(extra="pass"))
+    again = child(tmp_path, TRAIN.format(extra="pass"))
+    fixed = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "zero_grad_none,workers:1")
+    assert base.outputs == again.outputs
+    assert fixed.outputs == base.outputs
+    assert fixed.patches["workers:1"].applied and fixed.patches["zero_grad_none"].applied
+    assert fixed.observations is not None and fixed.observations.loaders[0].num_workers == 1
+
+
+def test_an_inference_loop_records_its_outputs(tmp_path: Path) -> None:
+    r = child(tmp_path, INFER)
+    assert r.failure is None and r.outputs_kind == "output" and len(r.outputs) == 3 and len(r.outputs[0]) == 2
+
+
+def test_a_script_that_raises_is_a_failed_round(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra='raise RuntimeError("CUDA out of memory. Tried to allocate")'))
+    assert r.outcome == "exception" and r.oom and r.failure is not None and "out of memory" in r.failure
+
+
+def test_a_patch_that_cannot_be_applied_is_a_failed_round(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpudoctor.fixes.patches import backend
+
+    def broken(self: object) -> None:
+        raise RuntimeError("no such flag")
+
+    monkeypatch.setattr(backend.TF32, "_apply", broken)
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "tf32")
+    assert r.outcome == "patch_failed" and "no such flag" in (r.failure or "")
+
+
+def test_a_round_survives_json(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "fused_optimizer")
+    assert RoundResult.from_json(r.to_json()) == r
+
+
+def test_compile_time_is_measured_apart_from_the_timed_steps(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "compile", "--compile-backend", "eager")
+    assert r.failure is None and r.patches["compile"].applied
+    assert r.compile_s > 0 and r.compile_timed_s == 0.0  # compiled during the warm-up steps
+    assert r.outputs_kind == "loss" and len(r.outputs) == 3

@@ -1,0 +1,151 @@
+"""`gpudoctor fix` end to end on the CPU: a small script whose loader is starved (each sample sleeps) is
+diagnosed, its fixes tried in fresh processes, the worker fix kept with its diff and the others reverted;
+`--from RUN_DIR` reuses a run; Ctrl-C keeps the results so far; bad options are one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpudoctor.cli.main import app
+from gpudoctor.fixes.api import FixTarget, run_fix
+from gpudoctor.fixes.patches.base import PatchOutcome
+from gpudoctor.fixes.result import FixReport
+from gpudoctor.fixes.session import FixOptions
+
+STARVED = """\
+import time
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Slow(Dataset):
+    def __len__(self):
+        return 4096
+
+    def __getitem__(self, i):
+        time.sleep(0.003)  # decoding an image, say
+        return torch.full((16,), float(i % 7)), i % 4
+
+
+torch.set_num_threads(1)
+loader = DataLoader(Slow(), batch_size=4, shuffle=True)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x, y in loader:
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"loss {loss.item():.4f}")
+"""
+FAST = ["--warmup", "2", "--steps", "6"]
+
+
+def fix(*args: str) -> object:
+    return CliRunner().invoke(app, ["fix", *args], catch_exceptions=False)
+
+
+def report_of(out: Path) -> FixReport:
+    return FixReport.from_json(json.loads((out / "fix.json").read_text()))
+
+
+@pytest.fixture
+def starved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(STARVED)
+    return tmp_path / "train.py"
+
+
+@pytest.mark.slow
+def test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest(starved: Path, tmp_path: Path) -> None:
+    out = tmp_path / "fix"
+    result = fix("--out", str(out), "--only", "workers:2,zero_grad_none", "--rounds", "2", *FAST, "train.py")
+    assert result.exit_code == 0, result.output
+    report = report_of(out)
+    workers, zero_grad = report.verdicts
+    assert workers.kept and workers.reason == "faster beyond noise" and workers.measured_saving_pct > 20
+    assert workers.numerics is not None and workers.numerics.ok and workers.numerics.max_rel_diff == 0.0
+    assert not zero_grad.kept and zero_grad.reason.startswith("not applicable: zero_grad was never called")
+    assert report.final == ("workers:2",) and report.complete
+    assert "+loader = DataLoader(Slow(), batch_size=4, shuffle=True, num_workers=2" in report.diff
+    assert (out / "fix.diff").read_text() == report.diff
+    assert (out / "run" / "analysis.json").exists()  # diagnosed first with gpudoctor run
+    for name in ("fix.md", "fix.html", "calibration.json"):
+        assert (out / name).exists()
+    assert "DataLoader workers (2)" in result.output and "kept" in result.output
+    assert starved.read_text() == STARVED  # the script itself is never edited
+
+
+@pytest.mark.slow
+def test_from_a_run_directory_the_script_and_findings_are_reused(starved: Path, tmp_path: Path) -> None:
+    run = CliRunner().invoke(
+        app, ["run", "--out", "run", "--warmup", "1", "--light-steps", "2", "--steps", "1", "train.py"]
+    )
+    assert run.exit_code == 0, run.output
+    out = tmp_path / "fix"
+    result = fix(
+        "--from", "run", "--out", str(out), "--only", "tf32", "--rounds", "1", "--warmup", "1", "--steps", "3"
+    )
+    assert result.exit_code == 0, result.output
+    report = report_of(out)
+    assert report.argv == ("train.py",) and not report.notes
+    assert [v.fix for v in report.verdicts] == ["tf32"]
+
+
+@pytest.mark.slow
+def test_item_in_the_loop_is_reported_with_its_line(starved: Path, tmp_path: Path) -> None:
+    options = FixOptions(rounds=1, warmup=1, steps=3, only=("tf32",))
+    report = run_fix(FixTarget("train.py", ()), tmp_path / "fix", options, diagnose=False,
+                     child_extra=("--count-cpu-items",))  # fmt: skip
+    sync = next(m for m in report.manual if m.rule == "host_sync")
+    assert sync.source_line == 'print(f"loss {loss.item():.4f}")' and sync.where is not None
+    assert sync.where.endswith("train.py:25")
+
+
+def test_ctrl_c_writes_the_results_so_far_and_exits_130(
+    starved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpudoctor.fixes import launch
+    from gpudoctor.fixes.observe import Observations
+    from gpudoctor.fixes.round import RoundResult
+
+    seen = Observations(None, (), (), (), (), (), "highest", False, False, False, 1)
+    calls = []
+
+    def interrupted(self: object, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+        calls.append(label)
+        if len(calls) == 4:  # the second round of the fix: Ctrl-C
+            raise KeyboardInterrupt
+        return RoundResult(fixes, "stopped", 0, "perf_counter", (10.0, 11.0, 10.5), 5, observations=seen,
+                           patches={f: PatchOutcome(True, changes=(f,)) for f in fixes})  # fmt: skip
+
+    monkeypatch.setattr(launch.SubprocessLauncher, "__call__", interrupted)
+    out = tmp_path / "fix"
+    result = fix("--no-diagnose", "--only", "tf32", "--out", str(out), "train.py")
+    assert result.exit_code == 130
+    report = report_of(out)
+    assert report.interrupted and not report.complete
+    (tf32,) = report.verdicts
+    assert not tf32.kept and tf32.reason == "interrupted (Ctrl-C) after 1 rounds" and tf32.rounds == 1
+    assert (out / "fix.md").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give a script"),
+        (["--only", "warp_speed", "train.py"], "unknown fix 'warp_speed'"),
+        (["--only", "workers:lots", "train.py"], "bad fix 'workers:lots'"),
+        (["--budget", "soon", "train.py"], "not a duration"),
+        (["--compile-mode", "fast", "train.py"], "--compile-mode must be one of"),
+        (["missing.py"], "no such script"),
+    ],
+)
+def test_bad_options_are_one_line_errors(starved: Path, args: list[str], message: str) -> None:
+    result = CliRunner().invoke(app, ["fix", *args])
+    assert result.exit_code == 2 and message in result.output

@@ -1,0 +1,135 @@
+"""The permanent change of `gpudoctor fix` as a unified diff against the user's script: keyword changes
+at the recorded call sites, deleted statements, lines inserted after the imports or after the model's
+assignment, a statement put under `with torch.autocast(...)`; an edit that cannot be placed is returned
+with the reason."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from gpudoctor.fixes.diff import apply_edits, unified_diff
+from gpudoctor.fixes.edits import Edit
+
+SCRIPT = '''\
+"""Train a small model."""
+import argparse
+
+import torch
+from torch.utils.data import DataLoader
+
+
+def main():
+    model = Net()
+    model = model.cuda()
+    loader = DataLoader(dataset, batch_size=32,
+                        shuffle=True)
+    opt = torch.optim.AdamW(model.parameters(), foreach=False, lr=1e-3)
+    for x, y in loader:
+        x = x.to("cuda")
+        out = model(x)
+        loss = criterion(out, y)
+        torch.cuda.empty_cache()
+        opt.zero_grad(set_to_none=False)
+'''
+
+
+def edit(op: str, line: int = 0, **kw: object) -> Edit:
+    return Edit(op, "train.py", line, **kw)  # type: ignore[arg-type]
+
+
+def apply(*edits: Edit, text: str = SCRIPT) -> tuple[str, list[tuple[Edit, str]]]:
+    new, unplaced = apply_edits(text, list(edits))
+    ast.parse(new)  # every result still parses
+    return new, unplaced
+
+
+def test_keywords_are_added_replaced_and_dropped_in_a_multi_line_call() -> None:
+    new, unplaced = apply(
+        edit("set_kwargs", 11, call="DataLoader", kwargs={"num_workers": "8", "batch_size": "64"}),
+        edit("set_kwargs", 13, call="AdamW", kwargs={"fused": "True"}, drop=("foreach",)),
+    )
+    assert not unplaced
+    assert (
+        "loader = DataLoader(dataset, batch_size=64,\n                        shuffle=True, num_workers=8)"
+        in new
+    )
+    assert "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)" in new
+
+
+def test_two_fixes_on_one_call_merge() -> None:
+    new, _ = apply(
+        edit("set_kwargs", 11, call="DataLoader", kwargs={"num_workers": "8"}),
+        edit("set_kwargs", 11, call="DataLoader", kwargs={"pin_memory": "True"}),
+    )
+    assert "shuffle=True, num_workers=8, pin_memory=True)" in new
+
+
+def test_a_method_call_gets_its_keyword() -> None:
+    new, _ = apply(edit("set_kwargs", 15, call="to", kwargs={"non_blocking": "True"}))
+    assert 'x = x.to("cuda", non_blocking=True)' in new
+
+
+def test_an_empty_call_gets_its_first_keyword() -> None:
+    new, _ = apply(edit("set_kwargs", 1, call="f", kwargs={"a": "1"}), text="f()\n")
+    assert new == "f(a=1)\n"
+
+
+def test_global_settings_go_after_the_imports_and_import_torch_if_needed() -> None:
+    line = 'torch.set_float32_matmul_precision("high")'
+    new, _ = apply(edit("insert_after_imports", code=(line,)))
+    assert f"from torch.utils.data import DataLoader\n{line}\n" in new
+    bare, _ = apply(edit("insert_after_imports", code=(line,)), text='"""doc"""\nx = 1\n')
+    assert bare == f'"""doc"""\nimport torch\n{line}\nx = 1\n'
+
+
+def test_compile_goes_after_the_last_assignment_of_the_model_in_its_scope() -> None:
+    new, _ = apply(edit("after_assignment", 16, name="model", code=("{name}.compile()",)))
+    assert "    model = model.cuda()\n    model.compile()\n    loader" in new
+
+
+def test_autocast_wraps_the_call_and_channels_last_converts_the_input_before_it() -> None:
+    new, _ = apply(
+        edit("wrap_statement", 16, wrap='torch.autocast("cuda", dtype=torch.bfloat16)'),
+        edit("before_statement", 16, code=("x = x.to(memory_format=torch.channels_last)",)),
+    )
+    assert (
+        "        x = x.to(memory_format=torch.channels_last)\n"
+        '        with torch.autocast("cuda", dtype=torch.bfloat16):\n'
+        "            out = model(x)\n"
+    ) in new
+
+
+def test_a_statement_is_deleted_and_a_block_left_empty_gets_pass() -> None:
+    new, unplaced = apply(edit("delete_statement", 18, call="empty_cache"))
+    assert "empty_cache" not in new and not unplaced
+    alone, _ = apply(
+        edit("delete_statement", 2, call="empty_cache"), text="for x in y:\n    torch.cuda.empty_cache()\n"
+    )
+    assert alone == "for x in y:\n    pass\n"
+
+
+def test_edits_that_cannot_be_placed_say_why() -> None:
+    text = "import torch\nx = f(); torch.cuda.empty_cache()\n"
+    _, unplaced = apply(
+        edit("delete_statement", 2, call="empty_cache"),
+        edit("set_kwargs", 2, call="DataLoader", kwargs={"num_workers": "2"}),
+        edit("after_assignment", 2, name="model", code=("{name}.compile()",)),
+        text=text,
+    )
+    reasons = sorted(why for _, why in unplaced)
+    assert reasons == ["line 2 holds more than one statement", "no assignment to model before line 2",
+                       "no call to DataLoader on line 2"]  # fmt: skip
+
+
+def test_the_unified_diff_names_the_file_and_shows_only_the_changed_lines(
+    tmp_path: Path, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text(SCRIPT)
+    result = unified_diff([edit("set_kwargs", 19, call="zero_grad", kwargs={"set_to_none": "True"})])
+    assert result.diff.startswith("--- a/train.py\n+++ b/train.py\n")
+    assert (
+        "-        opt.zero_grad(set_to_none=False)\n+        opt.zero_grad(set_to_none=True)\n" in result.diff
+    )
+    assert (tmp_path / "train.py").read_text() == SCRIPT  # the user's file is never edited

@@ -1,0 +1,363 @@
+"""Each fix of `gpudoctor fix` is a reversible patch: applied on the CPU to real modules, optimizers and
+DataLoaders it changes what it says, records the call site of the change, and undone it leaves the process
+exactly as it found it (an autouse fixture compares every global it could touch)."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.modules import module as nn_module
+from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from gpudoctor.fixes.catalog import build_patch
+from gpudoctor.fixes.patches.base import FixPatch, PatchContext
+from gpudoctor.runner.hooks import Restorer, RootFinder, patched
+
+OPTIMIZERS = [getattr(torch.optim, n) for n in ("Adam", "AdamW", "SGD", "RMSprop", "Adagrad")]
+
+
+def _globals() -> dict[str, Any]:
+    import torch._inductor.config as inductor
+
+    return {
+        "tensor": {k: vars(torch.Tensor).get(k) for k in ("backward", "to", "cuda", "item")},
+        "loader": {k: vars(DataLoader).get(k) for k in ("__init__", "__iter__")},
+        "optim": {c.__name__: vars(c).get("__init__") for c in OPTIMIZERS},
+        "optimizer_base": (vars(torch.optim.Optimizer)["__init__"], vars(torch.optim.Optimizer)["zero_grad"]),
+        "module_zero_grad": vars(torch.nn.Module)["zero_grad"],
+        "empty_cache": (vars(torch.cuda)["empty_cache"], vars(torch.cuda.memory)["empty_cache"]),
+        "module_hooks": (dict(nn_module._global_forward_pre_hooks), dict(nn_module._global_forward_hooks)),
+        "optimizer_hooks": (dict(_global_optimizer_pre_hooks), dict(_global_optimizer_post_hooks)),
+        "precision": torch.get_float32_matmul_precision(),
+        "cudnn": (torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32),
+        "fallback_random": inductor.fallback_random,
+    }
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind() -> Iterator[None]:
+    before = _globals()
+    yield
+    assert _globals() == before
+
+
+def ctx(script: str | None = None) -> PatchContext:
+    return PatchContext(RootFinder(), script)
+
+
+def run_patched(fix: str, body: Any, context: PatchContext | None = None, **kwargs: Any) -> FixPatch:
+    """Apply `fix` (and the root finder), run `body()`, undo; the patch, for its outcome."""
+    c = context or ctx(__file__)
+    patch = build_patch(fix, c, **kwargs)
+    c.finder.install()
+    try:
+        with patched([patch]):
+            body()
+    finally:
+        c.finder.uninstall()
+    return patch
+
+
+class Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 2)
+        self.seen_layouts: list[bool] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.seen_layouts.append(x.is_contiguous(memory_format=torch.channels_last))
+        return self.fc(self.conv(x).flatten(1))
+
+
+def test_tf32_sets_the_matmul_precision_and_puts_it_back() -> None:
+    seen = []
+    patch = run_patched("tf32", lambda: seen.append(torch.get_float32_matmul_precision()))
+    assert seen == ["high"]
+    outcome = patch.outcome()
+    assert outcome.applied and outcome.edits[0].op == "insert_after_imports"
+
+
+def test_tf32_is_not_applicable_where_the_precision_is_already_lowered() -> None:
+    torch.set_float32_matmul_precision("high")
+    try:
+        patch = run_patched("tf32", lambda: None)
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert not patch.outcome().applied and "already" in (patch.outcome().reason or "")
+
+
+def test_cudnn_benchmark_flag_on_then_off() -> None:
+    seen = []
+    run_patched("cudnn_benchmark", lambda: seen.append(torch.backends.cudnn.benchmark))
+    assert seen == [True]
+
+
+def test_autocast_runs_the_root_forward_in_bfloat16_from_its_second_call() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    dtypes = []
+
+    def body() -> None:
+        for _ in range(3):
+            dtypes.append(model(torch.randn(4, 8)).dtype)
+
+    patch = run_patched("autocast", body)
+    # the first call finds the root (its forward was already looked up): then bfloat16
+    assert dtypes == [torch.float32, torch.bfloat16, torch.bfloat16]
+    assert "forward" not in vars(model) and model(torch.randn(4, 8)).dtype == torch.float32
+    edit = patch.outcome().edits[0]
+    assert edit.op == "wrap_statement" and edit.wrap == 'torch.autocast("cpu", dtype=torch.bfloat16)'
+
+
+def test_float16_autocast_scales_the_loss_and_unscales_before_the_step() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(16, 4), torch.randn(16, 1)
+    grads, updates = [], []
+
+    def body() -> None:
+        for _ in range(3):
+            loss = torch.nn.functional.mse_loss(model(x).float(), y)
+            opt.zero_grad()
+            loss.backward()
+            grads.append(model.bias.grad.abs().item())
+            before = model.bias.detach().clone()
+            opt.step()
+            updates.append((before - model.bias.detach()).abs().item())
+
+    patch = run_patched("autocast:float16", body)
+    assert patch.outcome().applied and "loss scaling" in patch.outcome().changes[0]
+    # the gradient the script sees is scaled (2**16); the step applies the unscaled one
+    assert grads[1] > 1000 * updates[1] / 0.1
+    assert updates[1] == pytest.approx(0.1 * grads[1] / 2**16, rel=1e-2)
+
+
+def test_compile_replaces_the_root_forward_and_undo_deletes_it() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    x = torch.randn(2, 8)
+    expected = model(x)
+    forwards, outputs = [], []
+
+    def body() -> None:
+        for _ in range(3):
+            outputs.append(model(x))
+            forwards.append(vars(model).get("forward"))
+
+    patch = run_patched("compile", body, compile_backend="eager")
+    assert forwards[0] is not None and forwards[0] is forwards[-1]
+    assert all(torch.allclose(o, expected) for o in outputs)
+    assert "forward" not in vars(model)
+    edit = patch.outcome().edits[0]
+    assert (edit.op, edit.name, edit.code) == ("after_assignment", "model", ("{name}.compile()",))
+
+
+def test_compile_exact_random_draws_random_numbers_as_eager() -> None:
+    import torch._inductor.config as inductor
+
+    seen = []
+    run_patched(
+        "compile",
+        lambda: seen.append(inductor.fallback_random),
+        compile_backend="inductor",
+        exact_random=True,
+    )
+    assert seen == [True]
+
+
+def test_channels_last_converts_the_model_and_its_inputs_and_back() -> None:
+    model = Net()
+    x = torch.randn(2, 3, 8, 8)
+
+    def body() -> None:
+        model(x)
+        model(x)
+
+    patch = run_patched("channels_last", body)
+    assert model.seen_layouts == [True, True]
+    assert model.conv.weight.is_contiguous()  # back to the layout it had
+    edits = patch.outcome().edits
+    assert [e.op for e in edits] == ["after_assignment", "before_statement"]
+    assert edits[1].code == ("x = x.to(memory_format=torch.channels_last)",)
+
+
+def test_channels_last_leaves_a_model_without_convolutions_alone() -> None:
+    model = torch.nn.Linear(4, 4)
+    patch = run_patched("channels_last", lambda: model(torch.randn(1, 4)))
+    assert not patch.outcome().applied and "no Conv2d" in (patch.outcome().reason or "")
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])
+def test_fused_optimizer_rewrites_the_constructor_arguments(cls: type) -> None:
+    model = torch.nn.Linear(4, 4)
+    made = []
+    patch = run_patched(
+        "fused_optimizer", lambda: made.append(cls(model.parameters(), lr=0.01, foreach=False))
+    )
+    group = made[0].param_groups[0]
+    assert group["fused"] is True and not group["foreach"]
+    assert len(made[0].param_groups[0]["params"]) == 2  # the generator was not spent by a first attempt
+    (edit,) = patch.outcome().edits
+    assert (edit.op, edit.call, edit.kwargs, edit.drop) == (
+        "set_kwargs",
+        cls.__name__,
+        {"fused": "True"},
+        ("foreach",),
+    )
+    assert edit.file == __file__
+    assert cls(model.parameters(), lr=0.01).param_groups[0]["fused"] is None  # undone
+
+
+def test_fused_optimizer_falls_back_to_foreach_where_parameters_cannot_be_fused() -> None:
+    p = torch.zeros(3, dtype=torch.complex64, requires_grad=True)  # no fused kernels for complex
+    made = []
+    patch = run_patched("fused_optimizer", lambda: made.append(torch.optim.SGD([p], lr=0.1)))
+    assert made[0].param_groups[0]["foreach"] is True and patch.outcome().edits[0].kwargs == {
+        "foreach": "True"
+    }
+
+
+def test_zero_grad_set_to_none() -> None:
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(1, 2)).sum().backward()
+    patch = run_patched("zero_grad_none", lambda: opt.zero_grad(set_to_none=False))
+    assert model.weight.grad is None
+    assert patch.outcome().edits[0].kwargs == {"set_to_none": "True"}
+
+
+def _dataset() -> TensorDataset:
+    return TensorDataset(torch.arange(32.0).reshape(16, 2))
+
+
+def test_workers_rewrite_every_dataloader_and_not_the_class_after() -> None:
+    loaders = []
+    patch = run_patched("workers:2", lambda: loaders.append(DataLoader(_dataset(), batch_size=4)))
+    lo = loaders[0]
+    assert (lo.num_workers, lo.persistent_workers, lo.prefetch_factor) == (2, True, 4)
+    assert patch.outcome().edits[0].kwargs == {
+        "num_workers": "2",
+        "persistent_workers": "True",
+        "prefetch_factor": "4",
+    }
+    assert DataLoader(_dataset()).num_workers == 0
+
+
+def test_workers_refuse_an_iterable_dataset() -> None:
+    class Stream(IterableDataset):
+        def __iter__(self) -> Iterator[int]:
+            return iter(range(4))
+
+    loaders = []
+    patch = run_patched("workers:2", lambda: loaders.append(DataLoader(Stream())))
+    assert loaders[0].num_workers == 0
+    assert not patch.outcome().applied and "IterableDataset" in (patch.outcome().reason or "")
+
+
+def test_pin_memory_pins_batches_and_leaves_tensor_to_as_it_was() -> None:
+    loaders = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # no accelerator here: torch says it cannot pin
+        patch = run_patched("pin_memory", lambda: loaders.append(DataLoader(_dataset(), batch_size=4)))
+    assert loaders[0].pin_memory is True and patch.outcome().edits[0].kwargs == {"pin_memory": "True"}
+    assert "to" not in vars(torch.Tensor)
+
+
+def test_larger_batch_doubles_the_batch_size() -> None:
+    loaders = []
+    run_patched("batch:x2", lambda: loaders.append(DataLoader(_dataset(), batch_size=4)))
+    assert loaders[0].batch_size == 8
+
+
+def test_no_empty_cache_skips_the_call_and_records_the_line() -> None:
+    patch = run_patched("no_empty_cache", lambda: torch.cuda.empty_cache())
+    (edit,) = patch.outcome().edits
+    assert (edit.op, edit.call, edit.file) == ("delete_statement", "empty_cache", __file__)
+
+
+class FakeHFModel(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.config = type("Config", (), {"_attn_implementation": "eager"})()
+
+    def set_attn_implementation(self, name: str) -> None:
+        self.config._attn_implementation = name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+def test_sdpa_switches_a_hugging_face_model_and_back() -> None:
+    model = FakeHFModel()
+    seen = []
+
+    def body() -> None:
+        model(torch.randn(1, 2))
+        seen.append(model.config._attn_implementation)
+
+    patch = run_patched("sdpa", body)
+    assert seen == ["sdpa"] and model.config._attn_implementation == "eager"
+    assert patch.outcome().applied
+
+
+def test_sdpa_is_not_applicable_to_other_models() -> None:
+    model = torch.nn.Linear(2, 2)
+    patch = run_patched("sdpa", lambda: model(torch.randn(1, 2)))
+    assert not patch.outcome().applied and "not a Hugging Face model" in (patch.outcome().reason or "")
+
+
+def test_a_patch_that_fails_half_way_leaves_nothing() -> None:
+    class Broken(FixPatch):
+        def _apply(self) -> None:
+            self.restorer.replace(torch.Tensor, "item", lambda t: 0)
+            raise RuntimeError("half-way")
+
+    with pytest.raises(RuntimeError, match="half-way"), patched([Broken(ctx())]):
+        pass
+
+
+def test_patches_are_undone_in_reverse_order_also_when_the_script_raises() -> None:
+    order: list[str] = []
+
+    class Step:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def apply(self) -> None:
+            order.append(f"+{self.name}")
+
+        def undo(self) -> None:
+            order.append(f"-{self.name}")
+
+    with pytest.raises(ValueError), patched([Step("a"), Step("b")]):
+        raise ValueError("the script failed")
+    assert order == ["+a", "+b", "-b", "-a"]
+
+
+def test_restorer_puts_back_a_class_attribute_and_deletes_an_instance_one() -> None:
+    model = torch.nn.Linear(2, 2)
+    r = Restorer()
+    r.replace(model, "forward", lambda x: x)
+    r.replace(torch.Tensor, "backward", lambda *a: None)
+    r.restore()
+    assert "forward" not in vars(model) and vars(torch.Tensor)["backward"] is not None
+
+
+def test_the_root_is_the_outermost_module_with_parameters_and_the_hooks_leave() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    loss_fn = torch.nn.MSELoss()
+    finder = RootFinder().install()
+    try:
+        loss_fn(torch.zeros(1), torch.ones(1))  # no parameters: not the root
+        out = model(torch.randn(1, 2))
+        assert nn_module._global_forward_pre_hooks == {}  # gone after the root's first call
+    finally:
+        finder.uninstall()
+    assert finder.root is model and finder.names == ("model",)
+    assert finder.site is not None and finder.site.file == __file__ and out.shape == (1, 2)

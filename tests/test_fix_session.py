@@ -1,0 +1,297 @@
+"""The A/B decision of `gpudoctor fix`, on injected step times and a fake clock: a fix is kept only if
+it is faster beyond noise with the same results; "no significant difference" and "slower" are reverted,
+so are fixes that change the losses, fail or do not apply; the kept ones are combined and verified; the
+time budget and Ctrl-C end the run with the results so far."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo
+from gpudoctor.fixes.patches.base import PatchOutcome
+from gpudoctor.fixes.result import FixReport
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.session import FixOptions, FixSession
+from gpudoctor.fixes.verify import check_numerics, compare_rounds, decision, noise_floor
+from gpudoctor.runner.hooks import CallSite
+
+LOSSES = ((2.30,), (2.25,), (2.21,), (2.18,), (2.12,))
+
+
+def observations(*, dropout: bool = False, batch: int = 16) -> Observations:
+    site = CallSite("train.py", 10, "<module>")
+    root = RootInfo(
+        "Net", 1000, "float32", "cuda", True, False, dropout, None, ("model",), site, (((16, 8),),) * 3
+    )
+    loader = LoaderInfo(site, batch, 0, False, False, None, False, True)
+    return Observations(root, (loader,), (OptimizerInfo(site, "AdamW", False, None, 4),), (), (), (),
+                        "highest", False, True, True, 8)  # fmt: skip
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeLauncher:
+    """Rounds whose step times are drawn around a configured median per configuration."""
+
+    def __init__(
+        self, clock: FakeClock, step_us: dict[str, float], *, noise: float = 0.01, round_s: float = 10.0
+    ):
+        self.clock, self.step_us, self.noise, self.round_s = clock, step_us, noise, round_s
+        self.rng = np.random.default_rng(1)
+        self.calls: list[tuple[str, tuple[str, ...], bool]] = []
+        self.losses: dict[str, tuple[tuple[float, ...], ...]] = {}
+        self.failures: dict[str, str] = {}
+        self.not_applicable: set[str] = set()
+        self.interrupt_at: int | None = None
+        self.batch: dict[str, int] = {}
+        self.edits: dict[str, tuple[Edit, ...]] = {}
+
+    def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+        self.calls.append((label, fixes, exact_random))
+        if self.interrupt_at is not None and len(self.calls) >= self.interrupt_at:
+            raise KeyboardInterrupt
+        self.clock.now += self.round_s
+        key = "+".join(fixes) or "baseline"
+        median = self.step_us.get(key, self.step_us["baseline"])
+        times = tuple(median * (1 + self.noise * self.rng.standard_normal(20)))
+        patches = {f: PatchOutcome(f not in self.not_applicable, None if f not in self.not_applicable else "no optimizer",
+                                   (f"{f} applied",), self.edits.get(f, ())) for f in fixes}  # fmt: skip
+        obs = observations(batch=self.batch.get(key, 16))
+        outcome = "exception" if key in self.failures else "stopped"
+        return RoundResult(fixes, outcome, 0, "cuda_events", times, 25, "loss", self.losses.get(key, LOSSES),
+                           compile_s=30.0 if "compile" in key else 0.0, patches=patches, observations=obs,
+                           error=self.failures.get(key), device="NVIDIA H100 80GB HBM3")  # fmt: skip
+
+
+def session(launcher: FakeLauncher, clock: FakeClock, only: str, **options: object) -> FixSession:
+    opts = FixOptions(only=tuple(only.split(",")), **options)  # type: ignore[arg-type]
+    return FixSession(launcher, opts, None, argv=("train.py",), started_at="now", clock=clock)
+
+
+# -- the statistics ------------------------------------------------------------------------------------
+def rounds(rng: np.random.Generator, median: float, noise: float, n: int = 3) -> list[list[float]]:
+    return [list(median * (1 + noise * rng.standard_normal(20))) for _ in range(n)]
+
+
+def test_a_fix_faster_beyond_noise_is_kept() -> None:
+    rng = np.random.default_rng(0)
+    t = compare_rounds(rounds(rng, 100.0, 0.02), rounds(rng, 80.0, 0.02))
+    assert t.verdict == "faster" and t.saving == pytest.approx(0.2, abs=0.02)
+    assert t.saving_ci[0] < t.saving < t.saving_ci[1]
+    assert decision(t, None, None) == (True, "faster beyond noise")
+
+
+def test_no_significant_difference_is_reverted() -> None:
+    rng = np.random.default_rng(0)
+    t = compare_rounds(rounds(rng, 100.0, 0.005), rounds(rng, 100.0, 0.005))
+    assert t.verdict == "same"
+    kept, why = decision(t, None, None)
+    assert not kept and why.startswith("no significant difference (within ±1%)")
+
+
+def test_a_small_gain_inside_the_noise_is_reverted() -> None:
+    rng = np.random.default_rng(0)
+    t = compare_rounds(rounds(rng, 100.0, 0.3), rounds(rng, 97.0, 0.3))
+    assert t.verdict == "ambiguous"
+    assert decision(t, None, None)[1].startswith("no significant difference (too noisy")
+
+
+def test_a_slower_fix_is_reverted() -> None:
+    rng = np.random.default_rng(0)
+    t = compare_rounds(rounds(rng, 100.0, 0.02), rounds(rng, 110.0, 0.02))
+    assert t.verdict == "slower" and decision(t, None, None) == (False, "slower beyond noise")
+
+
+def test_one_slow_process_widens_the_interval() -> None:
+    # every step of the candidate's third process is slow: a process-level effect, not per-step noise
+    base = [[100.0 + i % 3 for i in range(20)] for _ in range(3)]
+    cand = [
+        [90.0 + i % 3 for i in range(20)],
+        [90.0 + i % 3 for i in range(20)],
+        [130.0 + i % 3 for i in range(20)],
+    ]
+    t = compare_rounds(base, cand)
+    assert t.ci_high > 1.0 and t.verdict != "faster"
+
+
+# -- the numerics guard --------------------------------------------------------------------------------
+def test_numerics_within_the_fix_tolerance_pass() -> None:
+    cand = [(v[0] * 1.0004,) for v in LOSSES]
+    n = check_numerics("loss", list(LOSSES), "loss", cand, 1e-3, None, "fused kernels")
+    assert n.ok and n.max_rel_diff == pytest.approx(4e-4, rel=1e-3) and n.steps == 5
+
+
+def test_numerics_beyond_the_tolerance_revert_the_fix() -> None:
+    cand = [(v[0] * 1.03,) for v in LOSSES]
+    n = check_numerics("loss", list(LOSSES), "loss", cand, 1e-2, None, "TF32")
+    kept, why = decision(None, n, None)
+    assert not n.ok and not kept and why.startswith("changes results: loss differs by 3%")
+
+
+def test_nan_fails_whatever_the_tolerance() -> None:
+    cand = [(math.nan,)] + [v for v in LOSSES[1:]]
+    assert not check_numerics("loss", list(LOSSES), "loss", cand, 0.5, None).ok
+    assert not check_numerics("loss", list(LOSSES), "loss", cand, None, None, "batch changed").ok
+
+
+def test_the_baselines_own_spread_widens_the_tolerance() -> None:
+    jitter = [[(v[0] * (1 + 0.002 * k),) for v in LOSSES] for k in (1, 2)]
+    floor = noise_floor(list(LOSSES), jitter)
+    assert floor == pytest.approx(0.004, rel=1e-3)
+    cand = [(v[0] * 1.008,) for v in LOSSES]
+    assert check_numerics("loss", list(LOSSES), "loss", cand, 1e-3, floor).ok
+
+
+def test_outputs_are_compared_against_their_absolute_sum() -> None:
+    ref = [(0.001, 50.0)]  # a sum near zero: its difference counts against the magnitude of the output
+    assert check_numerics("output", ref, "output", [(0.02, 50.01)], 1e-3, None).ok
+
+
+# -- the session ---------------------------------------------------------------------------------------
+def test_rounds_alternate_and_a_fast_fix_is_kept_a_slow_one_reverted() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 104.0})
+    report = session(launcher, clock, "fused_optimizer,tf32").run()
+    sides = [label.rsplit("-", 1)[-1] for label, _, _ in launcher.calls]
+    assert sides == ["0", "a1", "b1", "a2", "b2", "a3", "b3", "a1", "b1", "a2", "b2", "a3", "b3"]
+    fused, tf32 = report.verdicts
+    assert fused.kept and fused.measured_saving_pct == pytest.approx(20, abs=2) and fused.rounds == 3
+    assert not tf32.kept and tf32.reason == "slower beyond noise"
+    assert report.final == ("fused_optimizer",) and report.combination is None and report.complete
+
+
+def test_two_kept_fixes_are_combined_and_the_combination_verified() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(
+        clock, {"baseline": 100.0, "fused_optimizer": 90.0, "tf32": 85.0, "tf32+fused_optimizer": 75.0}
+    )
+    report = session(launcher, clock, "fused_optimizer,tf32").run()
+    assert report.combination is not None and report.combination.kept
+    assert report.final == ("tf32", "fused_optimizer")  # best first
+    assert report.final_saving_pct == pytest.approx(25, abs=2)
+
+
+def test_a_combination_slower_than_its_best_member_is_not_recommended() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(
+        clock, {"baseline": 100.0, "fused_optimizer": 90.0, "tf32": 80.0, "tf32+fused_optimizer": 86.0}
+    )
+    report = session(launcher, clock, "fused_optimizer,tf32").run()
+    assert report.combination is not None and report.combination.kept
+    assert report.final == ("tf32",) and any("slower than" in n for n in report.notes)
+
+
+def test_a_fix_that_changes_the_losses_is_reverted_after_one_round() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "autocast": 50.0})
+    launcher.losses["autocast"] = tuple((v[0] * 1.2,) for v in LOSSES)
+    report = session(launcher, clock, "autocast").run()
+    (v,) = report.verdicts
+    assert not v.kept and v.reason.startswith("changes results") and v.rounds == 1
+    assert v.numerics is not None and v.numerics.tolerance == 5e-2
+
+
+def test_a_fix_that_raises_or_does_not_apply_is_reverted_with_the_reason() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0})
+    launcher.failures["tf32"] = "OutOfMemoryError: CUDA out of memory"
+    launcher.not_applicable.add("fused_optimizer")
+    report = session(launcher, clock, "tf32,fused_optimizer").run()
+    tf32, fused = report.verdicts
+    assert not tf32.kept and "out of memory" in tf32.reason
+    assert not fused.kept and fused.reason == "not applicable: no optimizer"
+
+
+def test_compile_with_dropout_draws_random_numbers_as_eager_in_its_rounds() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "compile": 60.0})
+    original = launcher.__call__
+
+    def with_dropout(label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+        r = original(label, fixes, exact_random)
+        return replace(r, observations=observations(dropout=True))
+
+    s = FixSession(
+        with_dropout, FixOptions(only=("compile",)), None, argv=("t.py",), started_at="now", clock=clock
+    )
+    report = s.run()
+    assert [c for c in launcher.calls if c[1]] == [
+        (f"01-compile-b{k}", ("compile",), True) for k in (1, 2, 3)
+    ]
+    (v,) = report.verdicts
+    assert v.kept and v.rounds == 3 and v.compile_s == 30.0
+    assert v.payback_steps == pytest.approx(30e6 / 40.0, rel=0.1)
+
+
+def test_a_larger_batch_is_judged_per_sample() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "batch:x2": 150.0})
+    launcher.batch["batch:x2"] = 32
+    report = session(launcher, clock, "batch:x2").run()
+    (v,) = report.verdicts
+    assert v.per_sample and v.kept and v.measured_saving_pct == pytest.approx(25, abs=2)
+    assert v.numerics is not None and v.numerics.tolerance is None and v.numerics.ok
+
+
+def test_the_budget_stops_before_rounds_that_would_not_fit() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    report = session(launcher, clock, "tf32,fused_optimizer", budget_s=95.0).run()
+    tf32, fused = report.verdicts
+    assert tf32.kept and tf32.rounds == 3  # 7 rounds of 10 s
+    assert not fused.kept and fused.reason.startswith("the time budget ran out after 1 of 3 rounds")
+    assert clock.now <= 95.0
+
+
+def test_ctrl_c_keeps_the_results_so_far() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    launcher.interrupt_at = 10  # during fused_optimizer's second round
+    updates: list[FixReport] = []
+    s = session(launcher, clock, "tf32,fused_optimizer")
+    s.on_update = updates.append
+    report = s.run()
+    assert report.interrupted and not report.complete
+    tf32, fused = report.verdicts
+    assert tf32.kept
+    assert not fused.kept and fused.reason.startswith("interrupted (Ctrl-C) after 1 rounds")
+    assert updates[-1] == report
+
+
+def test_the_report_has_a_diff_a_calibration_and_survives_json(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nopt = torch.optim.AdamW(params, foreach=False)\n")
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0})
+    launcher.edits["fused_optimizer"] = (
+        Edit("set_kwargs", str(script), 2, call="AdamW", kwargs={"fused": "True"}, drop=("foreach",)),
+    )
+    from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
+
+    finding = Finding("optimizer_unfused", Severity.MAJOR, "unfused", 12.0, (), Fix("", ""), {})
+    s = FixSession(launcher, FixOptions(only=("fused_optimizer",)), Diagnosis(SCHEMA, (finding,), "", {}),
+                   argv=("train.py",), started_at="now", clock=clock)  # fmt: skip
+    report = s.run()
+    assert "+opt = torch.optim.AdamW(params, fused=True)" in report.diff
+    (entry,) = report.calibration
+    assert (entry.rule, entry.fix, entry.predicted_pct, entry.kept) == (
+        "optimizer_unfused",
+        "fused_optimizer",
+        12.0,
+        True,
+    )
+    assert entry.measured_pct == pytest.approx(20, abs=2)
+    assert FixReport.from_json(report.to_json()) == report
+    assert report.calibration_json()["entries"][0]["rule"] == "optimizer_unfused"
