@@ -23,7 +23,18 @@ from gpudoctor.util.errors import TraceFormatError
 ARRAY_COLUMNS = tuple(
     f.name
     for f in dataclasses.fields(Trace)
-    if f.name not in ("meta", "names", "memory", "labels", "op_inputs", "thread_names", "skipped", "_memo")
+    if f.name
+    not in (
+        "meta",
+        "names",
+        "memory",
+        "labels",
+        "op_inputs",
+        "thread_names",
+        "skipped",
+        "comm_calls",
+        "_memo",
+    )
 )
 TIME_COLUMNS = ("ts",)
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")

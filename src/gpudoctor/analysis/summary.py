@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from gpudoctor.analysis.comms import CommReport, comm_report
 from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
@@ -18,6 +19,7 @@ from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.device.ceilings import Ceilings, reference_ceilings
+from gpudoctor.device.links import Link, reference_link
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
 from gpudoctor.trace.steps import Step, find_steps
@@ -71,6 +73,8 @@ class Analysis:
     roofline: Roofline | None = None
     # The user frames that hold the host's time between ops (with_stack traces), most first.
     host_gaps: tuple[HostGap, ...] = ()
+    # The collectives: each call's size and bandwidth, exposed and overlapped communication per step.
+    comms: CommReport | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -93,19 +97,29 @@ def analyze(
     top: int = 15,
     unprofiled_step_us: float | None = None,
     ceilings: Ceilings | None = None,
+    link: Link | None = None,
 ) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
     kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler.
     `ceilings`: the measured ceilings of the trace's GPU for the roofline (the CLI passes
-    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices."""
-    if ceilings is None and trace.device_info is not None:
-        ceilings = reference_ceilings(trace.device_info.name)
+    `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices. `link`: the
+    GPU's link to its peers as NVML recorded it (`gpudoctor run`); default: `device.links`' table."""
+    info = trace.device_info
+    if ceilings is None and info is not None:
+        ceilings = reference_ceilings(info.name)
+    if link is None and info is not None:
+        link = reference_link(info.name)
     with gc_paused():
-        return _analyze(trace, step, top, unprofiled_step_us, ceilings)
+        return _analyze(trace, step, top, unprofiled_step_us, ceilings, link)
 
 
 def _analyze(
-    trace: Trace, step: int | None, top: int, unprofiled_step_us: float | None, ceilings: Ceilings | None
+    trace: Trace,
+    step: int | None,
+    top: int,
+    unprofiled_step_us: float | None,
+    ceilings: Ceilings | None,
+    link: Link | None,
 ) -> Analysis:
     steps = find_steps(trace)
     notes: list[str] = []
@@ -152,6 +166,7 @@ def _analyze(
         unprofiled_step_us=unprofiled_step_us,
         roofline=roofline(trace, ceilings, window),
         host_gaps=host_gaps(trace, steps, syncs),
+        comms=comm_report(trace, steps, window, link),
     )
 
 
