@@ -14,9 +14,11 @@ import typer
 from rich.console import Console
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
+from gpudoctor.cli.rank_run import finish_rank, launch
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
+from gpudoctor.runner.ranks import RankRun
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 from gpudoctor.util.units import fmt_bytes, fmt_us
@@ -49,6 +51,15 @@ def run_command(
     nvml_interval: Annotated[
         int, typer.Option("--nvml-interval", min=10, help="NVML sampling interval, ms (light phase).")
     ] = 100,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="Run N ranks under torchrun (one run directory, rank-K/ each).",
+            show_default=False,
+        ),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
     """Profile an unmodified script: `gpudoctor run train.py --lr 3e-4`.
@@ -72,6 +83,8 @@ def run_command(
         nvml=nvml,
         nvml_interval_s=nvml_interval / 1000,
     )
+    if nproc:  # several ranks: torchrun runs this command in each (cli.rank_run)
+        raise typer.Exit(launch(nproc, out, options, module, command, stdout_console()))
     code = run_and_report(target, args, module=module, out=out, options=options, console=stdout_console())
     if code:
         raise typer.Exit(code)
@@ -82,7 +95,9 @@ def run_and_report(
 ) -> int:
     """Run the script under capture, write the run directory, print the summary; the script's exit status."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    capture = LiveCapture(out, options).install()
+    rank = RankRun.start(out, [target, *args], started, dict(vars(options)))  # one of several ranks?
+    out = rank.dir if rank is not None else out
+    capture = LiveCapture(out, options, on_phase=rank.on_phase if rank is not None else None).install()
     try:
         end = run_script(target, args, module=module)
     finally:
@@ -92,6 +107,9 @@ def run_and_report(
     (out / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1, allow_nan=False))
     if end.error is not None:
         print_script_traceback(end.error)
+    if rank is not None:
+        finish_rank(rank, console)  # the last rank to finish combines them all
+        return end.exit_code
     _report(record, out, console)
     return end.exit_code
 

@@ -79,7 +79,7 @@ def rank_table(view: RanksView) -> tuple[tuple[str, ...], list[RankRow]]:
     causes = [c for c in IDLE_CAUSES if any(r.idle_share_by_cause.get(c) for r in overview.ranks)]
     columns: list[tuple[str, Callable[[RankFigures], Cell]]] = [
         ("rank", lambda r: Cell(str(r.rank), r.rank)),
-        ("trace", lambda r: Cell(Path(r.path).name)),
+        ("trace", lambda r: Cell(trace_name(r.path))),
         ("steps", lambda r: Cell(f"{r.steps:,}", r.steps)),
         ("step p50", lambda r: Cell(fmt_us(r.step_p50_us), r.step_p50_us)),
         ("GPU busy", lambda r: _share(r.busy_fraction)),
@@ -105,6 +105,12 @@ def rank_table(view: RanksView) -> tuple[tuple[str, ...], list[RankRow]]:
         cells = (*(f(figures) for _, f in columns), _top_finding(top))
         rows.append(RankRow(figures.rank, mark, cells, top.id if top is not None else "none"))
     return (*(h for h, _ in columns), "top finding"), rows
+
+
+def trace_name(path: str) -> str:
+    """A rank's trace as the table names it: its file name, with its rank-K/ folder in a run of several."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name.startswith("rank-") else p.name
 
 
 def hidden_note(view: RanksView) -> str | None:

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -90,9 +90,12 @@ class _Clock:
 class LiveCapture:
     """The phases of one run; `boundary()` is called at the end of every step of the script."""
 
-    def __init__(self, out_dir: Path, options: LiveOptions) -> None:
+    def __init__(
+        self, out_dir: Path, options: LiveOptions, on_phase: Callable[[str, LiveCapture], None] | None = None
+    ) -> None:
         self.out_dir = out_dir
         self.options = options
+        self.on_phase = on_phase  # told of each phase it enters ("light", "traced", "done"): runner.ranks
         self.steps_seen = 0
         self.phase = "warmup"  # warmup, light, traced, done
         self.light: StepTimes | None = None
@@ -155,6 +158,7 @@ class LiveCapture:
         o, n = self.options, self.steps_seen
         light_start = max(o.warmup, 1)  # the first boundary starts the first timed step
         if self.phase == "warmup" and n >= light_start:
+            self._enter("light")
             self._start_light()
             return
         if self.phase == "light":
@@ -164,7 +168,9 @@ class LiveCapture:
                 self._end_light()
                 if o.light_only:
                     self.phase = "done"
+                    self._enter("done")
                 else:
+                    self._enter("traced")
                     self._start_traced()
             return
         if self.phase == "traced":
@@ -175,6 +181,11 @@ class LiveCapture:
             self._prof.step()
             if self._prof_steps > o.steps:
                 self._end_traced()
+                self._enter("done")
+
+    def _enter(self, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase, self)
 
     def _start_light(self) -> None:
         import torch

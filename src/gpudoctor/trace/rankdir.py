@@ -11,6 +11,7 @@ from pathlib import Path
 TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 RANK_DIR = re.compile(r"^rank-(\d+)$")
 RECORD = "record.json"
+NOT_TRACES = frozenset({RECORD, "rank.json", "analysis.json", "observer.json"})  # a run's other files
 
 
 @dataclass(frozen=True)
@@ -32,12 +33,12 @@ def rank_files(directory: Path) -> list[RankFile]:
         (int(m.group(1)), d) for d in directory.iterdir() if d.is_dir() and (m := RANK_DIR.match(d.name))
     )
     for rank, folder in folders:
-        traces = sorted(
-            f
+        traces = sorted(  # trace.json.gz first; never the run's own JSON
+            (not f.name.startswith("trace"), f.name, f)
             for f in folder.iterdir()
-            if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and f.name != RECORD
+            if f.is_file() and f.name.endswith(TRACE_SUFFIXES) and f.name not in NOT_TRACES
         )
         record = folder / RECORD
-        for trace in traces[:1]:
+        for *_, trace in traces[:1]:
             out.append(RankFile(trace, record if record.is_file() else None, rank))
     return out
