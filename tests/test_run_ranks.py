@@ -82,17 +82,17 @@ def test_torchrun_two_ranks_write_both_on_the_same_steps_and_the_combined_report
 @pytest.mark.slow
 def test_ranks_meet_at_each_phase_so_a_slower_rank_is_waited_for(tmp_path: Path) -> None:
     # GIVEN two ranks that share no process group (nothing in the script keeps them in step), rank 1
-    # ten times slower per step
+    # 100 ms slower per step: alone, it would reach the traced phase (step 7) 0.7 s after rank 0
     out = tmp_path / "run"
-    result = torchrun(out, env={"NO_PG": "1", "SLOW_RANK": "1", "SLOW_MS": "40", "STEPS": "30"})
+    result = torchrun(out, env={"NO_PG": "1", "SLOW_RANK": "1", "SLOW_MS": "100", "STEPS": "30"})
     assert result.returncode == 0, result.stderr[-3000:]
     # THEN rank 0 waited for rank 1 before tracing, and their profiled steps start together
-    assert rank_info(out, 0)["waited_s"]["traced"] > 0.1
+    assert rank_info(out, 0)["waited_s"]["traced"] > 0.3
     starts = []
     for r in (0, 1):
         trace = load_trace(out / f"rank-{r}" / "trace.json.gz")
         starts.append(trace.meta.epoch_origin_ns + find_steps(trace)[0].start_us * 1e3)
-    assert abs(starts[0] - starts[1]) < 0.05e9  # same host, same clock: within 50 ms
+    assert abs(starts[0] - starts[1]) < 0.15e9  # same host, same clock; a loaded 2-core CI machine
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudoctor.analysis.across_ranks import AcrossRanks, across_ranks
 from gpudoctor.analysis.rank_summary import RankSummary, summarize_rank
-from gpudoctor.cli.rank_pool import RankJob, jobs_for, run_jobs
+from gpudoctor.cli.rank_pool import SERIAL_BELOW, RankJob, default_workers, jobs_for, run_jobs
 from gpudoctor.report.json_out import RANKS_SCHEMA, Report, report_json
 from gpudoctor.report.ranks_view import RanksView, top_finding_of
 from gpudoctor.rules.across import diagnose_ranks
@@ -80,7 +80,10 @@ def analyze_directory(
     wanted = {summaries[0].rank if detailed is None else detailed, *([slowest.rank] if slowest else [])}
     by_path = {j.trace: j for j in jobs}
     missing = [by_path[s.path] for s in summaries if s.rank in wanted and s.rank not in reports]
-    for r in run_jobs([_full(j, True) for j in missing], 1, "serial"):  # a load more for each
+    # a load more for each, where the others ran: a parent that reads no trace stays small
+    many = len(results) >= SERIAL_BELOW and (workers or default_workers(len(results))) > 1
+    again = engine if engine != "auto" else ("processes" if many else "serial")
+    for r in run_jobs([_full(j, True) for j in missing], max(len(missing), 1), again):
         reports[r.summary.rank] = r.report  # type: ignore[assignment]
     paths = {s.rank: s.path for s in summaries}
     return RanksRun(summaries, reports, across, diagnose_ranks(across, summaries), paths)

@@ -50,12 +50,11 @@ class RanksView:
             order = [index[r] for r in self.across.outliers if r in index]
         if len(order) <= self.max_rows:
             return order
-        keep = order[: self.max_rows - 1]
-        for must in (self.detailed, self.overview.slowest.rank if self.overview.slowest else None):
-            i = next((i for i, r in enumerate(ranks) if r.rank == must), None)
-            if i is not None and i not in keep:
-                keep.append(i)
-        return keep
+        slowest = self.overview.slowest.rank if self.overview.slowest else None
+        musts = [i for i in order if ranks[i].rank in (self.detailed, slowest)]
+        rest = [i for i in order if i not in musts]
+        keep = set(musts) | set(rest[: self.max_rows - len(musts)])
+        return [i for i in order if i in keep]
 
 
 @dataclass(frozen=True)

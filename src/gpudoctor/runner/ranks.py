@@ -301,7 +301,7 @@ def _wait_key(store: Any, key: str, timeout_s: float) -> bool:
         if time.monotonic() >= end:
             return False
         time.sleep(delay)
-        delay = min(delay * 1.5, 0.1)
+        delay = min(delay * 1.5, 0.02)
     return True
 
 
