@@ -84,7 +84,7 @@ def test_the_html_plots_every_rank_and_marks_the_straggler(many: Path, tmp_path:
     result = CliRunner().invoke(app, ["report", str(many), "-o", str(tmp_path / "r.html"), "--rank", "13"])
     assert result.exit_code == 0, result.output
     page = (tmp_path / "r.html").read_text()
-    section = re.search(r'<section id="ranks">.*?</section>', page).group(0)
+    section = re.search(r'<section id="ranks">.*?</section>', page, re.S).group(0)
     plot = section[section.index("Time outside communication, every rank") :]
     assert plot.count("<circle") == 20
     assert plot.count('fill="#d62728"') == 1 and "<title>rank 13:" in plot

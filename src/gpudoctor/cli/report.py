@@ -17,7 +17,14 @@ import typer
 
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.analysis.timeline_view import idle_spans, step_timeline
-from gpudoctor.cli.common import DebugOption, rank_index, set_debug, trace_ceilings
+from gpudoctor.cli.common import (
+    DebugOption,
+    EngineOption,
+    WorkersOption,
+    rank_index,
+    set_debug,
+    trace_ceilings,
+)
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report.annotated_trace import annotate
 from gpudoctor.report.html import render_html
@@ -95,6 +102,8 @@ def report_command(
             show_default=False,
         ),
     ] = None,
+    workers: WorkersOption = None,
+    engine: EngineOption = "auto",
     debug: DebugOption = False,
 ) -> None:
     """Write a report: self-contained HTML, Markdown, or the trace annotated for Perfetto.
@@ -105,7 +114,9 @@ def report_command(
     set_debug(ctx, debug)
     target = out or Path(DEFAULT_OUT[fmt])
     unprofiled = step_time_ms * 1000 if step_time_ms else None
-    source = load_source(path, unprofiled, need_trace=fmt == Format.trace, rank=rank)
+    source = load_source(
+        path, unprofiled, need_trace=fmt == Format.trace, rank=rank, workers=workers, engine=engine
+    )
     if fmt == Format.html:
         write_html(target, source.analysis, source.diagnosis, source.trace, source.nvml, source.ranks)
     elif fmt == Format.md:
@@ -164,13 +175,20 @@ def write_annotated(target: Path, source: Source) -> None:
         json.dump(doc, f, separators=(",", ":"), ensure_ascii=False)
 
 
-def load_source(path: Path, unprofiled_us: float | None, need_trace: bool, rank: int | None = None) -> Source:
+def load_source(
+    path: Path,
+    unprofiled_us: float | None,
+    need_trace: bool,
+    rank: int | None = None,
+    workers: int | None = None,
+    engine: str = "auto",
+) -> Source:
     """The report's source from PATH; with several ranks, `rank` (default: the first) is detailed."""
     if not path.exists():
         raise UsageError(f"no such file or directory: {path}")
     saved = _saved_analysis(path)
     if saved is None and path.is_dir():
-        return _directory_source(path, unprofiled_us, rank)
+        return _directory_source(path, unprofiled_us, rank, workers, engine)
     if saved is None:
         trace = load_trace(path)
         rank_index([trace.meta.rank], rank)
@@ -199,12 +217,14 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool, rank:
     return Source(analysis, diagnosis, trace, trace_path, nvml, ranks_view(reports, analysis.trace.rank, doc))
 
 
-def _directory_source(path: Path, unprofiled_us: float | None, rank: int | None) -> Source:
+def _directory_source(
+    path: Path, unprofiled_us: float | None, rank: int | None, workers: int | None, engine: str
+) -> Source:
     """A directory of rank traces (or the rank-K/ folders of a run under torchrun): every rank
     summarized (in parallel where there are many), the detailed one whole, with its trace."""
     from gpudoctor.cli.multirank import analyze_directory, check_rank
 
-    run = analyze_directory(path, unprofiled_us=unprofiled_us, detailed=rank)
+    run = analyze_directory(path, unprofiled_us=unprofiled_us, detailed=rank, workers=workers, engine=engine)
     chosen = check_rank(run, rank)
     analysis, diagnosis = run.reports[chosen]
     trace_path = Path(run.trace_paths[chosen])

@@ -153,7 +153,7 @@ def collective_rows(view: RanksView, limit: int = 8) -> list[CollectiveRow]:
     return [
         CollectiveRow(
             f"{c.collective.replace('_', '-')} ×{c.group_size}",
-            fmt_bytes(c.bytes),
+            _size(c.bytes),
             f"{c.calls:,}",
             fmt_us(c.transfer_us),
             fmt_rate(c.busbw),
@@ -162,6 +162,11 @@ def collective_rows(view: RanksView, limit: int = 8) -> list[CollectiveRow]:
         )
         for c in view.across.collectives[:limit]
     ]
+
+
+def _size(n: int) -> str:
+    """Four significant figures: DDP's buckets differ by a few KB (32.03 MiB, 32.05 MiB), each its own row."""
+    return f"{n / 2**20:.4g} MiB" if n >= 2**20 else fmt_bytes(n)
 
 
 def link_note(view: RanksView) -> str | None:
