@@ -268,3 +268,30 @@ def test_the_link_is_nvlink_where_links_are_active_else_pcie() -> None:
     link, _ = read_link("GPU-1", nvml=fake_nvml(0))
     assert link is not None and (link.kind, link.pcie_gen, link.pcie_width) == ("pcie", 5, 16)
     assert link.bytes_per_s == pytest.approx(16 * 3.938e9)
+
+
+def test_sigterm_ends_the_script_then_only_cuts_the_wait_short(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    run = ranks(tmp_path, 2, dist.HashStore())[0]
+    before = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        run._install_sigterm()
+        # while the script runs, SIGTERM exits it as sys.exit(143) would: its results get written
+        with pytest.raises(SystemExit) as stop:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+        assert stop.value.code == 143
+        # once it has ended, SIGTERM stops rank 0 waiting for the others: it combines at once
+        t0 = time.perf_counter()
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        assert run.finish(combine_wait_s=30) is True
+        timer.join()
+        assert 0.2 <= time.perf_counter() - t0 < 10
+        run.close()
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, before)
