@@ -164,8 +164,8 @@ class RankRun:
             return  # the script's launcher or the script itself handles it
 
         def terminated(signum: int, frame: Any) -> None:
-            if not self.script_ended:
-                raise SystemExit(128 + signum)  # run_script turns it into an exit: what was captured is written
+            if not self.script_ended:  # run_script turns it into an exit: what was captured is written
+                raise SystemExit(128 + signum)
             self.stopping.set()
 
         self._old_term = signal.signal(signal.SIGTERM, terminated)
