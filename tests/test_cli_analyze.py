@@ -162,7 +162,7 @@ def test_ctrl_c_exits_130_without_traceback(monkeypatch: pytest.MonkeyPatch) -> 
     def interrupted(path: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("gpudoctor.cli.analyze.load_traces", interrupted)
+    monkeypatch.setattr("gpudoctor.cli.analyze.load_trace", interrupted)
     result = run("analyze", fixture("inference"))
     assert result.exit_code == 130
     assert "Traceback" not in result.output

@@ -23,7 +23,18 @@ from gpudoctor.util.errors import TraceFormatError
 ARRAY_COLUMNS = tuple(
     f.name
     for f in dataclasses.fields(Trace)
-    if f.name not in ("meta", "names", "memory", "labels", "op_inputs", "thread_names", "skipped", "_memo")
+    if f.name
+    not in (
+        "meta",
+        "names",
+        "memory",
+        "labels",
+        "op_inputs",
+        "thread_names",
+        "skipped",
+        "comm_calls",
+        "_memo",
+    )
 )
 TIME_COLUMNS = ("ts",)
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation")
@@ -67,8 +78,43 @@ def assert_same_columns(got: Trace, want: Trace, ts_atol: float = 0.0) -> None:
         np.testing.assert_allclose(a, b, rtol=0, atol=ts_atol if column == "ts" else 0, err_msg=column)
     assert got.labels == want.labels
     assert got.op_inputs == want.op_inputs
+    for column in (
+        "external_id",
+        "ts",
+        "in_nelems",
+        "out_nelems",
+        "group_size",
+        "collective",
+        "dtype",
+        "group",
+    ):
+        a, b = getattr(got.comm_calls, column), getattr(want.comm_calls, column)
+        np.testing.assert_allclose(a, b, atol=ts_atol) if column == "ts" else np.testing.assert_array_equal(
+            a, b
+        )
     assert got.thread_names == want.thread_names
     assert got.skipped == want.skipped
+
+
+def test_collective_calls_keep_what_they_moved() -> None:
+    # GIVEN a DDP rank's trace: THEN every record_param_comms op, with its args, in time order
+    import gzip
+    import json
+
+    path = Path(__file__).parent / "fixtures" / "ddp" / "rank0.json.gz"
+    with gzip.open(path, "rt") as f:
+        ops = sorted(
+            (e for e in json.load(f)["traceEvents"] if e.get("name") == "record_param_comms"),
+            key=lambda e: e["ts"],
+        )
+    calls = load_trace(path).comm_calls
+    assert len(calls) == len(ops) == 21
+    assert calls.external_id.tolist() == [e["args"]["External id"] for e in ops]
+    assert calls.in_nelems.tolist() == [e["args"]["In msg nelems"] for e in ops]
+    assert (
+        set(calls.collective) == {"allreduce"} and set(calls.dtype) == {"Float"} and set(calls.group) == {"0"}
+    )
+    assert calls.group_size.tolist() == [2] * 21
 
 
 def assert_well_formed(trace: Trace) -> None:

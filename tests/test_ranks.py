@@ -54,7 +54,7 @@ def overview_of(folder: Path) -> RankOverview:
 
 
 def ranks_section(page: str) -> str:
-    m = re.search(r'<section id="ranks">.*?</section>', page)
+    m = re.search(r'<section id="ranks">.*?</section>', page, re.S)
     assert m, "no ranks section"
     return m.group(0)
 

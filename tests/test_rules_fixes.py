@@ -11,10 +11,26 @@ from typing import Any
 import pytest
 
 from gpudoctor.rules import RULES
+from gpudoctor.rules.across import RANK_RULES
+from gpudoctor.rules.finding import Fix
 
 torch = pytest.importorskip("torch")
 
-SNIPPETS = {rule.__name__: importlib.import_module(rule.__module__).FIX.snippet for rule in RULES}
+
+def _fixes(module: Any) -> list[Fix]:
+    """Every Fix a rule's module defines (FIX, FIX_*, or a dict of them by cause)."""
+    found: list[Fix] = []
+    for value in vars(module).values():
+        values = value.values() if isinstance(value, dict) else [value]
+        found += [v for v in values if isinstance(v, Fix) and v not in found]
+    return found
+
+
+SNIPPETS = {
+    f"{rule.__name__}:{i}": fix.snippet
+    for rule in (*RULES, *RANK_RULES)
+    for i, fix in enumerate(_fixes(importlib.import_module(rule.__module__)))
+}
 
 
 def _aliases(tree: ast.AST) -> dict[str, Any]:
@@ -69,7 +85,8 @@ def test_fix_snippet_is_valid_pytorch(rule: str) -> None:
 
 
 def test_every_rule_has_a_fix_with_code() -> None:
-    assert len(SNIPPETS) == len(RULES) == 16
+    assert len(RULES) == 19 and len(RANK_RULES) == 3
+    assert {key.split(":")[0] for key in SNIPPETS} == {r.__name__ for r in (*RULES, *RANK_RULES)}
     assert all(len(s.splitlines()) >= 2 for s in SNIPPETS.values())
 
 

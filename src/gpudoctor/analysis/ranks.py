@@ -57,7 +57,12 @@ class RankOverview:
 
 def rank_overview(analyses: Sequence[Analysis]) -> RankOverview:
     """The ranks side by side and the slowest of them (by time outside communication per step)."""
-    ranks = tuple(rank_figures(a) for a in analyses)
+    return rank_overview_of([rank_figures(a) for a in analyses])
+
+
+def rank_overview_of(figures: Sequence[RankFigures]) -> RankOverview:
+    """The same from each rank's figures (what a worker that analyzed one rank sends back)."""
+    ranks = tuple(figures)
     return RankOverview(ranks, _slowest(ranks))
 
 
@@ -112,4 +117,12 @@ def _slowest(ranks: tuple[RankFigures, ...]) -> Slowest | None:
     return Slowest(slow.rank, slow.work_us or 0.0, typical, spread, wait, spread >= STRAGGLER_SPREAD)
 
 
-__all__ = ["STRAGGLER_SPREAD", "RankFigures", "RankOverview", "Slowest", "rank_figures", "rank_overview"]
+__all__ = [
+    "STRAGGLER_SPREAD",
+    "RankFigures",
+    "RankOverview",
+    "Slowest",
+    "rank_figures",
+    "rank_overview",
+    "rank_overview_of",
+]

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from gpudoctor.analysis.batching import batch_evidence
+from gpudoctor.analysis.comms import CommReport, comm_report
 from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
@@ -20,6 +21,7 @@ from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.device.ceilings import Ceilings, reference_ceilings
+from gpudoctor.device.links import Link, reference_link
 from gpudoctor.trace.iterations import StepSource, find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
@@ -85,6 +87,8 @@ class Analysis:
     # Where in the model: per nn.Module, its GPU (forward, backward) and host time per step; None where
     # the trace has no module calls (record with_stack, or run under gpudoctor run).
     modules: ModuleView | None = None
+    # The collectives: each call's size and bandwidth, exposed and overlapped communication per step.
+    comms: CommReport | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -108,16 +112,21 @@ def analyze(
     unprofiled_step_us: float | None = None,
     ceilings: Ceilings | None = None,
     module_depth: int = DEFAULT_DEPTH,
+    link: Link | None = None,
 ) -> Analysis:
     """All analyses of one trace; with `step`, every figure covers that step alone. `top`: how many
     kernels are listed in detail. `unprofiled_step_us`: the step time measured without the profiler.
     `ceilings`: the measured ceilings of the trace's GPU for the roofline (the CLI passes
     `device.ceilings.ceilings_for_device`); default: gpudoctor's table of measured devices.
-    `module_depth`: how deep below the root the module view goes."""
-    if ceilings is None and trace.device_info is not None:
-        ceilings = reference_ceilings(trace.device_info.name)
+    `module_depth`: how deep below the root the module view goes. `link`: the GPU's link to its peers as
+    NVML recorded it (`gpudoctor run`); default: `device.links`' table."""
+    info = trace.device_info
+    if ceilings is None and info is not None:
+        ceilings = reference_ceilings(info.name)
+    if link is None and info is not None:
+        link = reference_link(info.name)
     with gc_paused():
-        return _analyze(trace, step, top, unprofiled_step_us, ceilings, module_depth)
+        return _analyze(trace, step, top, unprofiled_step_us, ceilings, module_depth, link)
 
 
 def _analyze(
@@ -126,7 +135,8 @@ def _analyze(
     top: int,
     unprofiled_step_us: float | None,
     ceilings: Ceilings | None,
-    module_depth: int = DEFAULT_DEPTH,
+    module_depth: int,
+    link: Link | None,
 ) -> Analysis:
     found = find_iterations(trace)
     steps = found.steps
@@ -172,6 +182,7 @@ def _analyze(
         whole_trace=None if steps else _whole_trace(trace, syncs),
         batch_evidence=batch_evidence(trace),
         modules=module_view(trace, steps, module_depth),
+        comms=comm_report(trace, steps, window, link),
     )
 
 

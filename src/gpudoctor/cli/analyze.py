@@ -11,12 +11,21 @@ import typer
 
 from gpudoctor.analysis.modules import DEFAULT_DEPTH
 from gpudoctor.analysis.summary import analyze
-from gpudoctor.cli.common import DebugOption, rank_index, set_debug, stdout_console, trace_ceilings
-from gpudoctor.cli.report import ranks_view, write_html
+from gpudoctor.cli.common import (
+    DebugOption,
+    EngineOption,
+    WorkersOption,
+    rank_index,
+    set_debug,
+    stdout_console,
+    trace_ceilings,
+)
+from gpudoctor.cli.multirank import analyze_directory, check_rank, combined_doc
+from gpudoctor.cli.report import write_html
 from gpudoctor.report.json_out import report_json
 from gpudoctor.report.terminal import render_analysis, render_rank_overview
 from gpudoctor.rules import diagnose
-from gpudoctor.trace import load_traces
+from gpudoctor.trace import load_trace
 
 
 def analyze_command(
@@ -81,6 +90,8 @@ def analyze_command(
             show_default=False,
         ),
     ] = None,
+    workers: WorkersOption = None,
+    engine: EngineOption = "auto",
     debug: DebugOption = False,
 ) -> None:
     """Diagnose a torch.profiler trace.
@@ -92,33 +103,97 @@ def analyze_command(
     """
     set_debug(ctx, debug)
     unprofiled = step_time_ms * 1000 if step_time_ms else None
-    traces = load_traces(path)
-    analyses = [
-        analyze(
-            trace,
-            step=step,
-            top=max(top, 15),
-            unprofiled_step_us=unprofiled,
-            ceilings=trace_ceilings(trace),
-            module_depth=module_depth,
-        )
-        for trace in traces
-    ]
-    reports = [(a, diagnose(a)) for a in analyses]
-    index = rank_index([a.trace.rank for a in analyses], rank)
-    chosen, diagnosis = reports[index]
-    view = ranks_view(reports, chosen.trace.rank)
+    if path.is_dir():
+        _analyze_ranks(path, as_json, step, rank, top, unprofiled, html, workers, engine)
+        return
+    trace = load_trace(path)
+    rank_index([trace.meta.rank], rank)  # a rank that is not this trace's is a user error
+    a = analyze(
+        trace,
+        step=step,
+        top=max(top, 15),
+        unprofiled_step_us=unprofiled,
+        ceilings=trace_ceilings(trace),
+        module_depth=module_depth,
+    )
+    d = diagnose(a)
     if html is not None:
-        write_html(html, chosen, diagnosis, traces[index], ranks=view)
+        write_html(html, a, d, trace)
     if as_json:
-        doc = report_json([reports[index]] if rank is not None else reports)
+        typer.echo(json.dumps(report_json([(a, d)]), indent=1, allow_nan=False))
+        return
+    render_analysis(a, stdout_console(), top=top, diagnosis=d)
+
+
+def _analyze_ranks(
+    path: Path,
+    as_json: bool,
+    step: int | None,
+    rank: int | None,
+    top: int,
+    unprofiled: float | None,
+    html: Path | None,
+    workers: int | None,
+    engine: str,
+) -> None:
+    """A directory of rank traces: every rank (in parallel where there are many), then one in detail."""
+    if step is not None:  # one step of every rank: each analyzed whole here, the ranks are few
+        _analyze_ranks_step(path, as_json, step, rank, top, unprofiled, html)
+        return
+    run = analyze_directory(
+        path, unprofiled_us=unprofiled, detailed=rank, all_reports=as_json and rank is None,
+        workers=workers, engine=engine, top=max(top, 15),
+    )  # fmt: skip
+    chosen = check_rank(run, rank)
+    a, d = run.reports[chosen]
+    view = run.view(chosen) if len(run.summaries) > 1 else None
+    if html is not None:
+        write_html(html, a, d, load_trace(run.trace_paths[chosen]), ranks=view)
+    if as_json:
+        doc = report_json([(a, d)]) if rank is not None or view is None else combined_doc(run)
         typer.echo(json.dumps(doc, indent=1, allow_nan=False))
         return
     console = stdout_console()
     if view is not None:
         render_rank_overview(view, console)
         console.print()
-    render_analysis(chosen, console, top=top, diagnosis=diagnosis)
+    render_analysis(a, console, top=top, diagnosis=d)
+
+
+def _analyze_ranks_step(
+    path: Path,
+    as_json: bool,
+    step: int,
+    rank: int | None,
+    top: int,
+    unprofiled: float | None,
+    html: Path | None,
+) -> None:
+    from gpudoctor.cli.multirank import ranks_from_reports
+    from gpudoctor.trace import load_traces
+
+    traces = load_traces(path)
+    reports = []
+    for t in traces:
+        a = analyze(t, step=step, top=max(top, 15), unprofiled_step_us=unprofiled, ceilings=trace_ceilings(t))
+        reports.append((a, diagnose(a)))
+    index = rank_index([a.trace.rank for a, _ in reports], rank)
+    a, d = reports[index]
+    view = ranks_from_reports(reports).view(a.trace.rank) if len(reports) > 1 else None
+    if html is not None:
+        write_html(html, a, d, traces[index], ranks=view)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                report_json([reports[index]] if rank is not None else reports), indent=1, allow_nan=False
+            )
+        )
+        return
+    console = stdout_console()
+    if view is not None:
+        render_rank_overview(view, console)
+        console.print()
+    render_analysis(a, console, top=top, diagnosis=d)
 
 
 def register(app: typer.Typer) -> None:

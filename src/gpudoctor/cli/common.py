@@ -20,6 +20,24 @@ DEBUG_KEY = "gpudoctor.debug"  # in click's context meta, which all nested conte
 PIPE_WIDTH = 120  # rich's 80 columns cramp the tables when the output goes to a file or a pipe
 
 DebugOption = Annotated[bool, typer.Option("--debug", help="Show the traceback of an error.")]
+WorkersOption = Annotated[
+    int | None,
+    typer.Option(
+        "--workers",
+        metavar="N",
+        min=1,
+        help="With a directory of rank traces: processes that analyze ranks in parallel (default: the CPUs).",
+        show_default=False,
+    ),
+]
+EngineOption = Annotated[
+    str,
+    typer.Option(
+        "--engine",
+        help="With a directory of rank traces: where the ranks are analyzed: auto, serial, processes, or an "
+        "existing ray / dask cluster (RAY_ADDRESS, DASK_SCHEDULER_ADDRESS).",
+    ),
+]
 
 
 def set_debug(ctx: typer.Context, debug: bool) -> None:

@@ -11,14 +11,20 @@ import json
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
-from gpudoctor.analysis.ranks import rank_overview
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.analysis.timeline_view import idle_spans, step_timeline
-from gpudoctor.cli.common import DebugOption, rank_index, set_debug, trace_ceilings
+from gpudoctor.cli.common import (
+    DebugOption,
+    EngineOption,
+    WorkersOption,
+    rank_index,
+    set_debug,
+    trace_ceilings,
+)
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report.annotated_trace import annotate
 from gpudoctor.report.html import render_html
@@ -28,7 +34,7 @@ from gpudoctor.report.ranks_view import RanksView
 from gpudoctor.rules import diagnose
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner.record import RunRecord
-from gpudoctor.trace import load_trace, load_traces
+from gpudoctor.trace import load_trace
 from gpudoctor.trace.model import Trace
 from gpudoctor.util.errors import UsageError
 
@@ -96,6 +102,8 @@ def report_command(
             show_default=False,
         ),
     ] = None,
+    workers: WorkersOption = None,
+    engine: EngineOption = "auto",
     debug: DebugOption = False,
 ) -> None:
     """Write a report: self-contained HTML, Markdown, or the trace annotated for Perfetto.
@@ -106,7 +114,9 @@ def report_command(
     set_debug(ctx, debug)
     target = out or Path(DEFAULT_OUT[fmt])
     unprofiled = step_time_ms * 1000 if step_time_ms else None
-    source = load_source(path, unprofiled, need_trace=fmt == Format.trace, rank=rank)
+    source = load_source(
+        path, unprofiled, need_trace=fmt == Format.trace, rank=rank, workers=workers, engine=engine
+    )
     if fmt == Format.html:
         write_html(target, source.analysis, source.diagnosis, source.trace, source.nvml, source.ranks)
     elif fmt == Format.md:
@@ -117,12 +127,14 @@ def report_command(
     typer.echo(f"wrote {target}{_ranks_note(source.ranks)}")
 
 
-def ranks_view(reports: list[Report], detailed: int) -> RanksView | None:
-    """The ranks side by side, where there are several; `detailed`: the rank the report details."""
-    if len(reports) < 2:
+def ranks_view(reports: list[Report], detailed: int, saved: dict[str, Any] | None = None) -> RanksView | None:
+    """The ranks side by side, where there are several; `detailed`: the rank the report details;
+    `saved`: the gpudoctor.ranks/1 document they come from (its summaries cover every rank)."""
+    from gpudoctor.cli.multirank import ranks_from_reports
+
+    if len(reports) < 2 and not (saved and len(saved.get("summaries") or ()) > 1):
         return None
-    overview = rank_overview([a for a, _ in reports])
-    return RanksView(overview, tuple(d for _, d in reports), detailed)
+    return ranks_from_reports(reports, saved).view(detailed)
 
 
 def _ranks_note(view: RanksView | None) -> str:
@@ -163,25 +175,27 @@ def write_annotated(target: Path, source: Source) -> None:
         json.dump(doc, f, separators=(",", ":"), ensure_ascii=False)
 
 
-def load_source(path: Path, unprofiled_us: float | None, need_trace: bool, rank: int | None = None) -> Source:
+def load_source(
+    path: Path,
+    unprofiled_us: float | None,
+    need_trace: bool,
+    rank: int | None = None,
+    workers: int | None = None,
+    engine: str = "auto",
+) -> Source:
     """The report's source from PATH; with several ranks, `rank` (default: the first) is detailed."""
     if not path.exists():
         raise UsageError(f"no such file or directory: {path}")
     saved = _saved_analysis(path)
+    if saved is None and path.is_dir():
+        return _directory_source(path, unprofiled_us, rank, workers, engine)
     if saved is None:
-        traces = load_traces(path)
-        index = rank_index([t.meta.rank for t in traces], rank)
-        if len(traces) == 1 or need_trace:  # the annotated trace is of one rank: analyze only it
-            traces = [traces[index]]
-            index = 0
-        analyses = [analyze(t, unprofiled_step_us=unprofiled_us, ceilings=trace_ceilings(t)) for t in traces]
-        reports = [(a, diagnose(a)) for a in analyses]
-        analysis, diagnosis = reports[index]
-        nvml = nvml_samples(path / RECORD_FILE) if path.is_dir() else ()  # a run that stopped before analysis
-        trace_path = path if path.is_file() else Path(traces[index].meta.path)
-        view = ranks_view(reports, analysis.trace.rank)
-        return Source(analysis, diagnosis, traces[index], trace_path, nvml, view)
-    reports = reports_from_json(json.loads(saved.read_text(encoding="utf-8")))
+        trace = load_trace(path)
+        rank_index([trace.meta.rank], rank)
+        analysis = analyze(trace, unprofiled_step_us=unprofiled_us, ceilings=trace_ceilings(trace))
+        return Source(analysis, diagnose(analysis), trace, path)
+    doc = json.loads(saved.read_text(encoding="utf-8"))
+    reports = reports_from_json(doc)
     index = rank_index([a.trace.rank for a, _ in reports], rank)
     analysis, diagnosis = reports[index]
     nvml = nvml_samples(saved.parent / RECORD_FILE)
@@ -189,7 +203,7 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool, rank:
     if trace_path is None:
         if need_trace or unprofiled_us is not None:
             raise UsageError(f"the trace behind {saved} is not found: give the trace itself")
-        return Source(analysis, diagnosis, None, None, nvml, ranks_view(reports, analysis.trace.rank))
+        return Source(analysis, diagnosis, None, None, nvml, ranks_view(reports, analysis.trace.rank, doc))
     trace = load_trace(trace_path)
     if unprofiled_us is not None:
         analysis = analyze(
@@ -200,7 +214,24 @@ def load_source(path: Path, unprofiled_us: float | None, need_trace: bool, rank:
         )
         diagnosis = diagnose(analysis)
         reports[index] = (analysis, diagnosis)
-    return Source(analysis, diagnosis, trace, trace_path, nvml, ranks_view(reports, analysis.trace.rank))
+    return Source(analysis, diagnosis, trace, trace_path, nvml, ranks_view(reports, analysis.trace.rank, doc))
+
+
+def _directory_source(
+    path: Path, unprofiled_us: float | None, rank: int | None, workers: int | None, engine: str
+) -> Source:
+    """A directory of rank traces (or the rank-K/ folders of a run under torchrun): every rank
+    summarized (in parallel where there are many), the detailed one whole, with its trace."""
+    from gpudoctor.cli.multirank import analyze_directory, check_rank
+
+    run = analyze_directory(path, unprofiled_us=unprofiled_us, detailed=rank, workers=workers, engine=engine)
+    chosen = check_rank(run, rank)
+    analysis, diagnosis = run.reports[chosen]
+    trace_path = Path(run.trace_paths[chosen])
+    trace = load_trace(trace_path)
+    record = trace_path.parent / RECORD_FILE if trace_path.parent != path else path / RECORD_FILE
+    view = run.view(chosen) if len(run.summaries) > 1 else None
+    return Source(analysis, diagnosis, trace, trace_path, nvml_samples(record), view)
 
 
 def nvml_samples(record_path: Path) -> tuple[GpuSample, ...]:

@@ -15,9 +15,11 @@ import typer
 from rich.console import Console
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
+from gpudoctor.cli.rank_run import finish_rank, launch
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
+from gpudoctor.runner.ranks import RankRun
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 from gpudoctor.util.units import fmt_bytes, fmt_us
@@ -56,6 +58,15 @@ def run_command(
     module_depth: Annotated[
         int, typer.Option("--module-depth", min=-1, max=6, help="Module view depth in the trace (-1: none).")
     ] = 3,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc",
+            min=1,
+            help="Run N ranks under torchrun (one run directory, rank-K/ each).",
+            show_default=False,
+        ),
+    ] = None,
     debug: DebugOption = False,
 ) -> None:
     """Profile an unmodified script: `gpudoctor run train.py --lr 3e-4`.
@@ -82,6 +93,8 @@ def run_command(
         nvml_interval_s=nvml_interval / 1000,
         module_depth=module_depth,
     )
+    if nproc:  # several ranks: torchrun runs this command in each (cli.rank_run)
+        raise typer.Exit(launch(nproc, out, options, module, command, stdout_console()))
     code = run_and_report(target, args, module=module, out=out, options=options, console=stdout_console())
     if code:
         raise typer.Exit(code)
@@ -91,7 +104,17 @@ def run_and_report(
     target: str, args: list[str], *, module: bool, out: Path, options: LiveOptions, console: Console
 ) -> int:
     """Run the script under capture, write the run directory, print the summary; the script's exit status.
-    A script that ends before anything was traced runs a second time, traced to fit what it does."""
+    A script that ends before anything was traced runs a second time, traced to fit what it does (not
+    as one rank of several: the ranks combine what they have)."""
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    rank = RankRun.start(out, [target, *args], started, dict(vars(options)))  # one of several ranks?
+    if rank is not None:
+        record, error = _capture(target, args, module=module, out=rank.dir, options=options, rank=rank)
+        _write_record(rank.dir, record)
+        if error is not None:
+            print_script_traceback(error)
+        finish_rank(rank, console)  # the last rank to finish combines them all
+        return record.exit_code
     record, error = _capture(target, args, module=module, out=out, options=options)
     again = None if error is not None or options.light_only else fitted_options(record, options)
     if again is not None:
@@ -114,10 +137,17 @@ def run_and_report(
 
 
 def _capture(
-    target: str, args: list[str], *, module: bool, out: Path, options: LiveOptions
+    target: str,
+    args: list[str],
+    *,
+    module: bool,
+    out: Path,
+    options: LiveOptions,
+    rank: RankRun | None = None,
 ) -> tuple[RunRecord, BaseException | None]:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    capture = LiveCapture(out, options, script_files(target, module)).install()
+    on_phase = rank.on_phase if rank is not None else None
+    capture = LiveCapture(out, options, script_files(target, module), on_phase=on_phase).install()
     try:
         end = run_script(target, args, module=module)
     finally:

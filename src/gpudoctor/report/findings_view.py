@@ -29,6 +29,12 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
         _render_finding(finding, console, with_snippet=i < SNIPPETS_SHOWN, of=diagnosis.saving_of)
 
 
+def render_findings(findings: tuple[Finding, ...], console: Console) -> None:
+    """Findings alone, without the bound sentence (the findings about several ranks together)."""
+    for i, finding in enumerate(findings):
+        _render_finding(finding, console, with_snippet=i < SNIPPETS_SHOWN)
+
+
 def _render_finding(f: Finding, console: Console, with_snippet: bool, of: str = "step") -> None:
     console.print()
     head = Text("  ")

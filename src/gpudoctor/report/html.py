@@ -20,7 +20,17 @@ from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
 from gpudoctor.report.html_style import CSS, SORT_JS
 from gpudoctor.report.modules_view import modules_html
-from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
+from gpudoctor.report.ranks_svg import rank_distribution
+from gpudoctor.report.ranks_view import (
+    COLLECTIVE_HEAD,
+    WORK_NOTE,
+    RanksView,
+    collective_rows,
+    hidden_note,
+    link_note,
+    rank_table,
+    slowest_sentence,
+)
 from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
@@ -94,9 +104,18 @@ def _data(diagnosis: Diagnosis, ranks: RanksView | None) -> dict[str, Any]:
                     "step_p50_us": _finite(r.step_p50_us),
                     "busy_fraction": _finite(r.busy_fraction),
                     "work_us": _finite(r.work_us),
-                    "top_finding": d.findings[0].id if d.findings else None,
+                    "top_finding": top.id if top is not None else None,
                 }
-                for r, d in zip(ranks.overview.ranks, ranks.diagnoses, strict=True)
+                for r, top in zip(ranks.overview.ranks, ranks.top_findings, strict=True)
+            ],
+            "findings": [
+                {
+                    "id": f.id,
+                    "severity": f.severity.value,
+                    "title": f.title,
+                    "est_saving_pct": f.est_saving_pct,
+                }
+                for f in (ranks.diagnosis.findings if ranks.diagnosis is not None else ())
             ],
             "slowest": None
             if slowest is None
@@ -211,12 +230,40 @@ def _ranks(view: RanksView) -> str:
     )
     sentence = slowest_sentence(view.overview)
     lead = f'<p class="verdict">{escape(sentence)}</p>' if sentence else ""
+    if view.diagnosis is not None and view.diagnosis.findings:
+        lead += "".join(_finding(f, open_=i == 0) for i, f in enumerate(view.diagnosis.findings))
+    hidden = hidden_note(view)
     notes = (
-        f'<p class="note">Shares are of each rank\'s profiled steps (without steps, its GPU window). '
+        (f'<p class="note">{escape(hidden)}</p>' if hidden else "")
+        + f'<p class="note">Shares are of each rank\'s profiled steps (without steps, its GPU window). '
         f"{escape(WORK_NOTE)}</p>"
-        f'<p class="note">Below: rank {view.detailed} in detail (choose another with --rank).</p>'
     )
-    return _section(f"Ranks ({len(rows)})", lead + table + notes, "ranks")
+    plot = rank_distribution(view)
+    if plot:
+        notes += f"<h3>Time outside communication, every rank</h3>{plot}"
+    notes += _collectives(view)
+    notes += f'<p class="note">Below: rank {view.detailed} in detail (choose another with --rank).</p>'
+    return _section(f"Ranks ({len(view.overview.ranks)})", lead + table + notes, "ranks")
+
+
+def _collectives(view: RanksView) -> str:
+    rows = collective_rows(view)
+    if not rows:
+        return ""
+    ths = "".join(f"<th>{escape(h)}</th>" for h in COLLECTIVE_HEAD)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{escape(getattr(r, f))}</td>" for f in r.__dataclass_fields__) + "</tr>"
+        for r in rows
+    )
+    note = link_note(view)
+    return (
+        "<h3>Collectives across ranks</h3>"
+        f'<div class="scroll"><table class="ranks"><thead><tr>{ths}</tr></thead><tbody>{body}</tbody></table></div>'
+        '<p class="note">Transfer: each call\'s shortest kernel over the ranks (the rank that arrived last '
+        "waits for no one); longest wait: its longest kernel beyond that (medians over the calls)."
+        + (f" {escape(note)}" if note else "")
+        + "</p>"
+    )
 
 
 _MARKS = {"straggler": "critical", "slowest": "minor"}

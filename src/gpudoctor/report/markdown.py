@@ -8,7 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
+from gpudoctor.report.ranks_view import (
+    COLLECTIVE_HEAD,
+    WORK_NOTE,
+    RanksView,
+    collective_rows,
+    hidden_note,
+    link_note,
+    rank_table,
+    slowest_sentence,
+)
 from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
@@ -76,7 +85,23 @@ def _ranks(view: RanksView) -> list[str]:
         mark = f" **{row.mark}**" if row.mark else ""
         cells = [f"{rank.text}{mark}", *(md_text(c.text) for c in rest)]
         out.append("| " + " | ".join(cells) + " |")
-    out += ["", md_text(WORK_NOTE), "", f"Below: rank {view.detailed} in detail."]
+    hidden = hidden_note(view)
+    out += ["", *([md_text(hidden), ""] if hidden else []), md_text(WORK_NOTE)]
+    if view.diagnosis is not None:
+        for f in view.diagnosis.findings:
+            out += ["", f"**{md_text(f.title)}** (`{f.id}`, up to {f.est_saving_pct:g}% of the step)", ""]
+            out += [f"- {md_text(e)}" for e in f.evidence]
+            out += ["", f"Fix: {md_text(f.fix.summary)}"]
+    rows = collective_rows(view)
+    if rows:
+        out += ["", "| " + " | ".join(COLLECTIVE_HEAD) + " |", "|---|" + "--:|" * (len(COLLECTIVE_HEAD) - 1)]
+        out += [
+            "| " + " | ".join(md_text(getattr(r, f)) for f in r.__dataclass_fields__) + " |" for r in rows
+        ]
+        note = link_note(view)
+        if note:
+            out += ["", md_text(note)]
+    out += ["", f"Below: rank {view.detailed} in detail."]
     return out
 
 

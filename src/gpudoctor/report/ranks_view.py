@@ -1,6 +1,8 @@
 """The ranks table that the terminal, HTML and Markdown reports all show, as text: its columns, each
 rank's cells (with the value a sortable table sorts by), the slowest rank's mark, and the sentence on
-it. Formatting only: every figure comes from `analysis.ranks.RankOverview` as it is."""
+it; the rows outliers first (with many ranks, only the furthest from the median and the detailed
+rank), the collectives across ranks, and the findings about the run as a whole. Formatting only:
+every figure comes from `analysis.ranks` / `analysis.across_ranks` as it is."""
 
 from __future__ import annotations
 
@@ -8,11 +10,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudoctor.analysis.across_ranks import AcrossRanks
+from gpudoctor.analysis.rank_summary import TopFinding
 from gpudoctor.analysis.ranks import STRAGGLER_SPREAD, RankFigures, RankOverview
 from gpudoctor.analysis.timeline import IDLE_CAUSES
 from gpudoctor.report.style import IDLE_LABELS
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.util.units import fmt_pct, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+
+MAX_ROWS = 16  # ranks shown in a table: the furthest from the median first, and the detailed one
 
 WORK_NOTE = (
     "Outside comm.: the median step less its exposed communication (communication no compute "
@@ -23,12 +29,32 @@ WORK_NOTE = (
 
 @dataclass(frozen=True)
 class RanksView:
-    """What a report shows of the ranks: the overview, each rank's diagnosis (in the order of
-    `overview.ranks`), and the rank the rest of the report details."""
+    """What a report shows of the ranks: the overview, each rank's top findings (in the order of
+    `overview.ranks`), the rank the rest of the report details; with the ranks compared (`across`),
+    the outliers first, the collectives' transfer rates and the findings about the run as a whole."""
 
     overview: RankOverview
-    diagnoses: tuple[Diagnosis, ...]
+    top_findings: tuple[TopFinding | None, ...]
     detailed: int
+    across: AcrossRanks | None = None
+    diagnosis: Diagnosis | None = None  # findings about the ranks together (rules.across)
+    max_rows: int = MAX_ROWS
+
+    def shown(self) -> list[int]:
+        """Indices into `overview.ranks` of the rows to show, outliers first: all of them up to
+        `max_rows`, else the furthest from the median, the slowest and the detailed rank."""
+        ranks = self.overview.ranks
+        order = list(range(len(ranks)))
+        if self.across is not None:
+            index = {r.rank: i for i, r in enumerate(ranks)}
+            order = [index[r] for r in self.across.outliers if r in index]
+        if len(order) <= self.max_rows:
+            return order
+        slowest = self.overview.slowest.rank if self.overview.slowest else None
+        musts = [i for i in order if ranks[i].rank in (self.detailed, slowest)]
+        rest = [i for i in order if i not in musts]
+        keep = set(musts) | set(rest[: self.max_rows - len(musts)])
+        return [i for i in order if i in keep]
 
 
 @dataclass(frozen=True)
@@ -52,7 +78,7 @@ def rank_table(view: RanksView) -> tuple[tuple[str, ...], list[RankRow]]:
     causes = [c for c in IDLE_CAUSES if any(r.idle_share_by_cause.get(c) for r in overview.ranks)]
     columns: list[tuple[str, Callable[[RankFigures], Cell]]] = [
         ("rank", lambda r: Cell(str(r.rank), r.rank)),
-        ("trace", lambda r: Cell(Path(r.path).name)),
+        ("trace", lambda r: Cell(trace_name(r.path))),
         ("steps", lambda r: Cell(f"{r.steps:,}", r.steps)),
         ("step p50", lambda r: Cell(fmt_us(r.step_p50_us), r.step_p50_us)),
         ("GPU busy", lambda r: _share(r.busy_fraction)),
@@ -65,16 +91,92 @@ def rank_table(view: RanksView) -> tuple[tuple[str, ...], list[RankRow]]:
         ),
         ("outside comm.", lambda r: Cell(fmt_us(r.work_us), r.work_us)),
     ]
+    if view.across is not None and any(w is not None for w in view.across.wait_us):
+        waits = dict(zip((r.rank for r in overview.ranks), view.across.wait_us, strict=True))
+        columns.append(("comm. wait", lambda r: Cell(fmt_us(waits.get(r.rank)), waits.get(r.rank))))
     slowest = overview.slowest
     rows = []
-    for figures, diagnosis in zip(overview.ranks, view.diagnoses, strict=True):
+    for i in view.shown():
+        figures, top = overview.ranks[i], view.top_findings[i]
         mark = ""
         if slowest is not None and slowest.rank == figures.rank:
             mark = "straggler" if slowest.straggler else "slowest"
-        cells = (*(f(figures) for _, f in columns), _top_finding(diagnosis))
-        top = diagnosis.findings[0].id if diagnosis.findings else "none"
-        rows.append(RankRow(figures.rank, mark, cells, top))
+        cells = (*(f(figures) for _, f in columns), _top_finding(top))
+        rows.append(RankRow(figures.rank, mark, cells, top.id if top is not None else "none"))
     return (*(h for h, _ in columns), "top finding"), rows
+
+
+def trace_name(path: str) -> str:
+    """A rank's trace as the table names it: its file name, with its rank-K/ folder in a run of several."""
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name.startswith("rank-") else p.name
+
+
+def hidden_note(view: RanksView) -> str | None:
+    """What the trimmed table leaves out, in one sentence; None when every rank is shown."""
+    n, shown = len(view.overview.ranks), len(view.shown())
+    if shown >= n:
+        return None
+    return (
+        f"{n - shown} more ranks not shown: they are the closest to the median time outside communication "
+        "(the distribution shows them all; `--json` lists every rank)."
+    )
+
+
+@dataclass(frozen=True)
+class CollectiveRow:
+    collective: str
+    size: str
+    calls: str
+    transfer: str
+    busbw: str
+    link_share: str
+    waited: str
+
+
+COLLECTIVE_HEAD = (
+    "collective",
+    "message",
+    "calls",
+    "transfer",
+    "bus bandwidth",
+    "of the link",
+    "longest wait",
+)
+
+
+def collective_rows(view: RanksView, limit: int = 8) -> list[CollectiveRow]:
+    """The collectives matched across ranks: each call's transfer time is its shortest kernel over the
+    ranks (the rank that waited for no one), its wait the longest kernel beyond that (medians)."""
+    if view.across is None:
+        return []
+    return [
+        CollectiveRow(
+            f"{c.collective.replace('_', '-')} ×{c.group_size}",
+            _size(c.bytes),
+            f"{c.calls:,}",
+            fmt_us(c.transfer_us),
+            fmt_rate(c.busbw),
+            fmt_pct(c.link_share),
+            fmt_us(c.waited_us),
+        )
+        for c in view.across.collectives[:limit]
+    ]
+
+
+def _size(n: int) -> str:
+    """Four significant figures: DDP's buckets differ by a few KB (32.03 MiB, 32.05 MiB), each its own row."""
+    return f"{n / 2**20:.4g} MiB" if n >= 2**20 else fmt_bytes(n)
+
+
+def link_note(view: RanksView) -> str | None:
+    link = view.across.link if view.across is not None else None
+    if link is None:
+        return None
+    return (
+        f"Bus bandwidth as NCCL-tests defines it (all-reduce 2(n−1)/n × bytes / time, all-gather and "
+        f"reduce-scatter (n−1)/n ×), against the link's {fmt_rate(link.bytes_per_s)} per direction: {link.source}."
+    )
 
 
 def slowest_sentence(overview: RankOverview) -> str | None:
@@ -105,9 +207,16 @@ def _share(share: float | None) -> Cell:
     return Cell(fmt_pct(share), share)
 
 
-def _top_finding(d: Diagnosis) -> Cell:
-    if not d.findings:
+def _top_finding(f: TopFinding | None) -> Cell:
+    if f is None:
         return Cell("none")
-    f = d.findings[0]
     saving = f" (up to {f.est_saving_pct:g}%)" if f.est_saving_pct > 0 else ""
     return Cell(f.id + saving, hint=f.title)
+
+
+def top_finding_of(d: Diagnosis) -> TopFinding | None:
+    return (
+        TopFinding(d.findings[0].id, d.findings[0].est_saving_pct, d.findings[0].title)
+        if d.findings
+        else None
+    )

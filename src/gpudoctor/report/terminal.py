@@ -13,9 +13,18 @@ from rich.text import Text
 from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
-from gpudoctor.report.findings_view import render_diagnosis
+from gpudoctor.report.findings_view import render_diagnosis, render_findings
 from gpudoctor.report.modules_view import render_modules
-from gpudoctor.report.ranks_view import WORK_NOTE, RanksView, rank_table, slowest_sentence
+from gpudoctor.report.ranks_view import (
+    COLLECTIVE_HEAD,
+    WORK_NOTE,
+    RanksView,
+    collective_rows,
+    hidden_note,
+    link_note,
+    rank_table,
+    slowest_sentence,
+)
 from gpudoctor.report.style import (
     count,
     cut,
@@ -259,7 +268,22 @@ def render_rank_overview(view: RanksView, console: Console) -> None:
     sentence = slowest_sentence(view.overview)
     if sentence:
         line(console, sentence)
+    hidden = hidden_note(view)
+    if hidden:
+        dim_line(console, hidden)
     dim_line(console, WORK_NOTE)
+    if view.diagnosis is not None and view.diagnosis.findings:
+        section(console, "Across ranks")
+        render_findings(view.diagnosis.findings, console)
+    rows = collective_rows(view)
+    if rows:
+        t = table(*COLLECTIVE_HEAD, first_left=1)
+        for r in rows:
+            t.add_row(*(getattr(r, f) for f in r.__dataclass_fields__))
+        console.print(t)
+        note = link_note(view)
+        if note:
+            dim_line(console, note)
     dim_line(console, f"below: rank {view.detailed} in detail (choose with --rank)")
 
 

@@ -6,25 +6,33 @@ slower rank: a straggler with more host work, a slower input pipeline or a large
 
 from __future__ import annotations
 
+import statistics
+
+from gpudoctor.analysis.comms import CommReport
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
+from gpudoctor.rules.base import finding, kernel, pct, size, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
-from gpudoctor.util.units import fmt_us
+from gpudoctor.util.units import fmt_rate, fmt_us
 
 COMMUNICATION = "communication"
 UNEVEN = 1.5  # mean over median of one collective's durations that says it waits for other ranks
+# Exposed time of these collectives is another rule's: FSDP's (fsdp_exposed), pipeline stages' (pipeline_bubble)
+OTHER_RULES = ("all_gather", "reduce_scatter", "send_recv")
 
 FIX = Fix(
     summary="Find the slowest rank and even out its work (`gpudoctor analyze TRACE_DIR` compares the "
-    "ranks); then let the all-reduce hide under backward: larger DDP buckets, fewer all-reduces with "
-    "gradient accumulation, half the bytes with a bf16 compression hook.",
+    "ranks); then let the all-reduce hide under backward: DDP buckets sized so the first starts early "
+    "and the last is small, gradient_as_bucket_view (no copy into the buckets), static_graph (a fixed "
+    "bucket order from the first iterations), fewer all-reduces with gradient accumulation, half the "
+    "bytes with a bf16 compression hook.",
     snippet="""\
 import contextlib
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-model = DDP(model, device_ids=[local_rank], bucket_cap_mb=100, gradient_as_bucket_view=True)
+model = DDP(model, device_ids=[local_rank], bucket_cap_mb=25,      # try 10-100: the all-reduces start
+            gradient_as_bucket_view=True, static_graph=True)        # earlier in backward, or cost fewer calls
 model.register_comm_hook(None, default_hooks.bf16_compress_hook)   # all-reduce gradients in bf16
 
 # communicate once per `accumulation_steps` micro-batches
@@ -43,7 +51,9 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
     if w is None:
         return None
     exposed_us = f.per_step(w.busy_by_kind_us.get(COMMUNICATION, 0.0))  # comm with no compute beside it
-    if exposed_us <= 0:
+    if a.comms is not None:
+        exposed_us -= f.per_step(sum(a.comms.exposed_by_collective_us.get(k, 0.0) for k in OTHER_RULES))
+    if exposed_us <= 1e-6:
         return None
     # At most the exposed communication goes, and never more than the step minus the other GPU work.
     saving_us = min(exposed_us, max(f.step_us - (f.busy_us - exposed_us), 0.0))
@@ -53,23 +63,25 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
         whole.busy_by_kind_us.get(COMMUNICATION, 0.0) / concurrent if whole and concurrent else 1.0
     )
     comm_kernels = [k for k in a.kernels.top if k.category == COMMUNICATION]
+    waiting = bool(comm_kernels) and comm_kernels[0].mean_us >= UNEVEN * comm_kernels[0].median_us
     evidence = [
         f"{us(exposed_us)} {step_phrase(f)} ({pct(f.pct(exposed_us))}) the GPU only communicates: "
         f"{pct(100 * exposed_share)} of its communication time has no compute beside it.",
     ]
     if comm_kernels:
         k = comm_kernels[0]
-        uneven = k.mean_us >= UNEVEN * k.median_us
         evidence.append(
             f"{kernel(k.name)} runs {k.calls} times, {fmt_us(k.median_us)} median and {fmt_us(k.mean_us)} "
             "mean"
             + (
                 ": the same collective taking this unevenly long is usually waiting for a slower rank, not "
                 "moving data."
-                if uneven
+                if waiting
                 else "."
             )
         )
+    if a.comms is not None:
+        evidence += comm_evidence(a.comms, waiting)
     return finding(
         "communication_exposed",
         "Communication is exposed: the GPU waits on collectives",
@@ -78,3 +90,40 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
         FIX,
         {"exposed_comm_us": exposed_us, "exposed_share": exposed_share, "step_us": f.step_us},
     )
+
+
+def comm_evidence(c: CommReport, waiting: bool = False) -> list[str]:
+    """Per step, communication beside compute and alone; the all-reduces per step (DDP's buckets) and
+    the bandwidth of the busiest one."""
+    out = []
+    if c.steps:
+        total = statistics.median(s.comm_us for s in c.steps)
+        exposed = statistics.median(s.exposed_us for s in c.steps)
+        out.append(
+            f"Per step (median): {us(total)} of communication, {us(max(total - exposed, 0.0))} of it beside "
+            f"compute (overlapped) and {us(exposed)} alone (exposed)."
+        )
+    reduces = [x for x in c.calls if x.collective == "all_reduce" and x.step is not None]
+    steps = sorted({x.step for x in reduces if x.step is not None})
+    if reduces and steps:
+        one = [x for x in reduces if x.step == steps[len(steps) // 2]]
+        sizes = ", ".join(size(x.bytes) for x in one[:8]) + (", …" if len(one) > 8 else "")
+        out.append(
+            f"{len(one)} all-reduces per step, in issue order: {sizes} (DDP's gradient buckets: the first "
+            "can start only when its gradients are ready in backward, the last runs after backward ends)."
+        )
+    if c.collectives:
+        top = max(c.collectives, key=lambda s: s.bytes * s.calls)  # where most of the bytes go
+        line = (
+            f"The {size(top.bytes)} {top.collective.replace('_', '-')} moves at {fmt_rate(top.busbw_best)} "
+            f"bus bandwidth in its fastest call ({fmt_rate(top.busbw_median)} median)"
+        )
+        if c.link is not None:
+            line += (
+                f", {pct(100 * top.busbw_best / c.link.bytes_per_s)} of the link's "
+                f"{fmt_rate(c.link.bytes_per_s)} ({c.link.source})"
+            )
+        if waiting:
+            line += "; a kernel that waits for another rank counts the wait as transfer time: the ranks compared show the transfer alone"
+        out.append(line + ".")
+    return out

@@ -8,10 +8,12 @@ from gpudoctor.rules.allocator import allocator_thrash
 from gpudoctor.rules.attention import attention_materialized
 from gpudoctor.rules.base import MIN_SAVING_PCT, Rule, pct, us
 from gpudoctor.rules.batch import small_batch
+from gpudoctor.rules.collectives import comm_link_bound
 from gpudoctor.rules.communication import communication_exposed
 from gpudoctor.rules.data_parallel import data_parallel
 from gpudoctor.rules.facts import Facts, facts_of
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
+from gpudoctor.rules.fsdp import fsdp_exposed
 from gpudoctor.rules.fusion import unfused_elementwise
 from gpudoctor.rules.host_python import host_python
 from gpudoctor.rules.host_sync import host_sync
@@ -21,6 +23,7 @@ from gpudoctor.rules.layout import conv_layout
 from gpudoctor.rules.memory import memory_pressure
 from gpudoctor.rules.optimizer import optimizer_unfused
 from gpudoctor.rules.pageable_copy import pageable_copy
+from gpudoctor.rules.pipeline import pipeline_bubble
 from gpudoctor.rules.profiler import profiler_distortion
 from gpudoctor.rules.tensor_cores import tensor_cores_unused
 
@@ -41,6 +44,9 @@ RULES: tuple[Rule, ...] = (
     profiler_distortion,
     data_parallel,
     communication_exposed,
+    comm_link_bound,
+    fsdp_exposed,
+    pipeline_bubble,
 )
 # Findings that carry no time saving by nature: kept even at 0%.
 ALWAYS_KEPT = {"memory_pressure", "profiler_distortion"}

@@ -17,7 +17,7 @@ import math
 import shutil
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -123,10 +123,21 @@ class _Clock:
 class LiveCapture:
     """The phases of one run; `boundary()` is called at every step boundary the detector finds."""
 
-    def __init__(self, out_dir: Path, options: LiveOptions, script_files: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        out_dir: Path,
+        options: LiveOptions,
+        script_files: tuple[str, ...] = (),
+        on_phase: Callable[[str, LiveCapture], None] | None = None,
+    ) -> None:
         self.out_dir = out_dir
         self.options = options
         self.script_files = script_files
+        # Told of each phase it enters ("light", "traced", "done"): runner.ranks, whose ranks must enter
+        # each at the same step, so the phases then go by step counts alone (`lockstep`).
+        self.on_phase = on_phase
+        self.lockstep = on_phase is not None
+        self.light_target: int | None = None  # light-phase steps, when agreed among ranks
         self.steps_seen = 0  # boundaries of the step as finally defined
         self.phase = "warmup"  # warmup, light, traced, done
         self.definition: StepDefinition | None = None
@@ -214,18 +225,19 @@ class LiveCapture:
         if self.phase == "warmup":
             self._warm.append(time.perf_counter())
             if self._warmed_up():
+                self._enter("light")
                 self._start_light()
             return
         if self.phase == "light":
             assert self._clock is not None
             self._clock.boundary()
-            timed = self._clock.timed_steps
-            long_enough = time.perf_counter() - self._light_start >= o.light_seconds
-            if (timed >= o.light_steps and long_enough) or len(self._clock.marks) > MAX_MARKS:
+            if self._light_done():
                 self._end_light()
                 if o.light_only:
                     self.phase = "done"
+                    self._enter("done")
                 else:
+                    self._enter("traced")
                     self._start_traced(schedule=self.definition is None or self.definition.source != "window")
             return
         if self.phase == "traced" and self.options.trace_all:
@@ -240,11 +252,36 @@ class LiveCapture:
                 self._prof.step()
             if self._prof_steps > o.steps:
                 self._end_traced()
+                self._enter("done")
+
+    def _enter(self, phase: str) -> None:
+        if self.on_phase is not None:
+            self.on_phase(phase, self)
+
+    def _light_done(self) -> bool:
+        """--light-steps and --light-seconds both reached (or too many marks); with ranks, the number
+        of steps rank 0 planned, so that every rank ends the phase at the same step."""
+        assert self._clock is not None
+        if self.light_target is not None:
+            return self._clock.steps >= self.light_target
+        timed = self._clock.timed_steps
+        long_enough = time.perf_counter() - self._light_start >= self.options.light_seconds
+        return (timed >= self.options.light_steps and long_enough) or len(self._clock.marks) > MAX_MARKS
+
+    def light_plan(self) -> int:
+        """Light-phase steps enough for --light-seconds at the warm-up's pace (what rank 0 proposes)."""
+        times = [b - a for a, b in itertools.pairwise(self._warm)]
+        pace = statistics.median(times) if times else 0.0
+        seconds = math.ceil(self.options.light_seconds / pace) if pace > 0 else 0
+        return max(self.options.light_steps, min(seconds, MAX_MARKS))
 
     def _warmed_up(self) -> bool:
         """At least --warmup steps, and until a step takes no more than twice the fastest so far (the
-        first calls of a compiled model, cudnn.benchmark's search), within a cap."""
+        first calls of a compiled model, cudnn.benchmark's search), within a cap. With ranks, --warmup
+        steps alone: a choice every rank makes at the same step."""
         n = len(self._warm) - 1  # whole steps between boundaries
+        if self.lockstep:
+            return n >= max(self.options.warmup, 1)
         if n < max(self.options.warmup, 1):
             return self.options.warmup == 0 and n >= 0
         times = [b - a for a, b in zip(self._warm, self._warm[1:], strict=False)]

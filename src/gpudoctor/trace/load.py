@@ -27,6 +27,7 @@ from gpudoctor.trace.jsonstream import read_trace_json
 from gpudoctor.trace.model import (
     CATEGORY_KINDS,
     SHAPED_OPS,
+    CommCalls,
     DistributedInfo,
     Kind,
     MemoryEvents,
@@ -34,13 +35,14 @@ from gpudoctor.trace.model import (
     Trace,
     TraceMeta,
 )
+from gpudoctor.trace.rankdir import rank_files
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
 from gpudoctor.util.errors import NotATraceError, TraceFormatError
 from gpudoctor.util.gcpause import gc_paused
 
-_TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NO_DIM = [0, 0, 0]
+COMM_OP = "record_param_comms"  # the CPU op torch.distributed records each collective call as
 _MAX_TIME_US = 1e18  # ~31,700 years; epoch µs are ~1.8e15 (even epoch ns, 1.8e18, would not fit in µs)
 
 
@@ -71,13 +73,13 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
 
 
 def load_traces(path: str | os.PathLike[str]) -> list[Trace]:
-    """Load a trace file, or every trace file of a directory (one per rank), sorted by rank. In a
-    directory, JSON of another kind (a run's record.json, a manifest) is passed over; a damaged trace
-    is not."""
+    """Load a trace file, or every trace file of a directory (one per rank, or one per `rank-K/`
+    folder of a `gpudoctor run` of several ranks), sorted by rank. In a directory, JSON of another kind
+    (a run's record.json, a manifest) is passed over; a damaged trace is not."""
     p = Path(path)
     if not p.is_dir():
         return [load_trace(p)]
-    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(_TRACE_SUFFIXES))
+    files = [f.trace for f in rank_files(p)]
     traces, others = [], []
     for f in files:
         try:
@@ -251,6 +253,7 @@ class _Builder:
         self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._COLUMNS}
         self.mem_blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._MEMORY}
         self.thread_names: dict[tuple[int, int], str] = {}
+        self.comm_calls: list[tuple[Any, ...]] = []  # record_param_comms rows, see _add_comm_calls
         self.skipped: dict[str, int] = {}
         self.unknown_categories: dict[str, int] = {}
         self.n_events = 0
@@ -316,6 +319,21 @@ class _Builder:
         b["fwd_thread"].append(cpu_op.column("fwd_thread", np.int64, -1))
         shaped = cpu_op.rows[self._shaped(name_ids[cpu_op.rows])]
         b["inputs"].append(_Subset(n, shaped, args).inputs(self.inputs))
+        comm_id = self.names.ids.get(COMM_OP)
+        if comm_id is not None:
+            calls = cpu_op.rows[name_ids[cpu_op.rows] == comm_id]
+            self._add_comm_calls([xs[i] for i in calls.tolist()])
+
+    def _add_comm_calls(self, ops: list[Event]) -> None:
+        """torch.distributed's records of collective calls: what each moved (a few per step)."""
+        for e in ops:
+            a = e.args
+            if a is None or a.collective is None:
+                continue
+            self.comm_calls.append(
+                (_int(a.external_id), e.ts, e.dur, e.tid, _int(a.in_nelems), _int(a.out_nelems),
+                 _int(a.group_size), _text(a.collective), _text(a.dtype), _text(a.group))
+            )  # fmt: skip
 
     def _shaped(self, name_ids: np.ndarray) -> np.ndarray:
         """Which of these names are SHAPED_OPS (a mask over them)."""
@@ -424,6 +442,7 @@ class _Builder:
         mem["ts"] -= origin
         for cat, count in self.unknown_categories.items():
             self.skip(f"unknown category {cat[:40]!r} (kept as OTHER)", count)
+        comm_calls = _comm_calls(self.comm_calls, origin)
         return Trace(
             meta=_meta(path, top, origin),
             names=tuple(self.names.strings),
@@ -432,8 +451,40 @@ class _Builder:
             op_inputs=self.inputs.parsed(),
             thread_names=self.thread_names,
             skipped=dict(self.skipped),
+            comm_calls=comm_calls,
             **cols,
         )
+
+
+def _comm_calls(rows: list[tuple[Any, ...]], origin: float) -> CommCalls:
+    """The collected record_param_comms rows as columns, in time order, ts relative to `origin`."""
+    ok = [r for r in rows if isinstance(r[1], (int, float)) and abs(r[1]) < _MAX_TIME_US]
+    if not ok:
+        return CommCalls.empty()
+    ok.sort(key=lambda r: r[1])
+    ext, ts, dur, tid, n_in, n_out, size, coll, dtype, group = zip(*ok, strict=True)
+    as_int = [t if isinstance(t, int) and not isinstance(t, bool) else -1 for t in tid]
+    durations = [d if isinstance(d, (int, float)) and 0 <= d < _MAX_TIME_US else 0.0 for d in dur]
+    return CommCalls(
+        external_id=np.array(ext, dtype=np.int64),
+        ts=np.array(ts, dtype=np.float64) - origin,
+        dur=np.array(durations, dtype=np.float64),
+        tid=np.array(as_int, dtype=np.int64),
+        in_nelems=np.array(n_in, dtype=np.int64),
+        out_nelems=np.array(n_out, dtype=np.int64),
+        group_size=np.array(size, dtype=np.int64),
+        collective=coll,
+        dtype=dtype,
+        group=group,
+    )
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else -1
+
+
+def _text(v: Any) -> str:
+    return v[:100] if isinstance(v, str) else ""
 
 
 _PH, _CAT, _NAME, _PID, _TID, _ARGS = (attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "args"))

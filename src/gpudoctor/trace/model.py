@@ -148,6 +148,32 @@ class OpInputs:
     concrete: tuple[str, ...]  # scalar arguments' values as text ("[2, 2]", "1", "True"); "" for tensors
 
 
+@dataclass(frozen=True)
+class CommCalls:
+    """The collective calls torch.distributed recorded (`record_param_comms` CPU ops, one row each, in
+    time order): what each moved, for the bandwidth of the kernel it launched (linked through the
+    launch's `External id`). Element counts as recorded; -1 where absent."""
+
+    external_id: np.ndarray  # int64: the op's External id, which its launches carry
+    ts: np.ndarray  # float64 µs, relative like Trace.ts
+    dur: np.ndarray  # float64 µs (host time)
+    tid: np.ndarray  # int64
+    in_nelems: np.ndarray  # int64
+    out_nelems: np.ndarray  # int64
+    group_size: np.ndarray  # int64
+    collective: tuple[str, ...]  # "allreduce", "allgather_into_tensor_coalesced", "send", ...
+    dtype: tuple[str, ...]  # c10 scalar type name: "Float", "BFloat16", ...
+    group: tuple[str, ...]  # the process group's name ("0" for the default group)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @classmethod
+    def empty(cls) -> CommCalls:
+        i, f = np.empty(0, np.int64), np.empty(0, np.float64)
+        return cls(i, f, f, i, i, i, i, (), (), ())
+
+
 @dataclass(frozen=True, eq=False)
 class Trace:
     """One rank's trace, columnar. Build it with `gpudoctor.trace.load_trace`."""
@@ -184,6 +210,7 @@ class Trace:
     # autograd's "Sequence number" and "Fwd thread id" of cpu ops (-1 elsewhere); empty if not loaded
     sequence: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
     fwd_thread: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=np.int64))
+    comm_calls: CommCalls = field(default_factory=CommCalls.empty)
     _memo: dict[Any, np.ndarray] = field(default_factory=dict, repr=False)  # memo only
 
     def __len__(self) -> int:

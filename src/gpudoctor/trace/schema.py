@@ -43,6 +43,13 @@ class Args(msgspec.Struct, frozen=True, gc=False):
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=NO_RAW)
     input_types: msgspec.Raw = msgspec.field(name="Input type", default=NO_RAW)
     concrete_inputs: msgspec.Raw = msgspec.field(name="Concrete Inputs", default=NO_RAW)
+    # record_param_comms (torch.distributed's record of a collective call)
+    collective: str | None = msgspec.field(name="Collective name", default=None)
+    in_nelems: int | None = msgspec.field(name="In msg nelems", default=-1)
+    out_nelems: int | None = msgspec.field(name="Out msg nelems", default=-1)
+    group_size: int | None = msgspec.field(name="Group size", default=-1)
+    dtype: str | None = None
+    group: str | None = msgspec.field(name="Process Group Name", default=None)
     # [memory] instant events
     alloc_bytes: int | None = msgspec.field(name="Bytes", default=0)
     total_allocated: int | None = msgspec.field(name="Total Allocated", default=-1)

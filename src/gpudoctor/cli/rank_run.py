@@ -1,0 +1,141 @@
+"""`gpudoctor run` with several ranks, the command-line side: `--nproc N` starts torchrun with N ranks
+of this same command; under torchrun, each rank ends by saying it is done (`runner.ranks`), and the
+one elected combines the ranks: `analysis.json` (gpudoctor.ranks/1, with every rank's summary and the
+findings about the ranks together, and whether their traces cover the same steps), `report.html`,
+and the ranks side by side on its terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.ranks import RANK_INFO, RankRun
+from gpudoctor.util.errors import GpudoctorError
+
+ANALYSIS = "analysis.json"
+REPORT = "report.html"
+NVML_OFF_ENV = {"NCCL_NVLS_ENABLE": "0"}  # never NVLink multicast from a tool's own launch
+
+
+def torchrun_argv(nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str]) -> list[str]:
+    """The torchrun command line that runs `gpudoctor run` with these options as `nproc` ranks."""
+    o = options
+    flags = [
+        "--out", str(out), "--warmup", str(o.warmup), "--light-steps", str(o.light_steps),
+        "--light-seconds", str(o.light_seconds), "--steps", str(o.steps),
+        "--nvml-interval", str(round(o.nvml_interval_s * 1000)), "--module-depth", str(o.module_depth),
+    ]  # fmt: skip
+    for name, on in (
+        ("--light", o.light_only),
+        ("--run-to-end", o.run_to_end),
+        ("--with-stack", o.with_stack),
+        ("--record-shapes", o.record_shapes),
+        ("--profile-memory", o.profile_memory),
+    ):
+        flags += [name] if on else []
+    flags.append("--nvml" if o.nvml else "--no-nvml")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+    return [*launcher, "-m", "gpudoctor", "run", *flags, *(["-m"] if module else []), *command]
+
+
+def launch(
+    nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str], console: Console
+) -> int:
+    """Run the ranks under torchrun and wait; combine them here if no rank did (one was killed)."""
+    argv = torchrun_argv(nproc, out, options, module, command)
+    env = {**os.environ, **{k: v for k, v in NVML_OFF_ENV.items() if k not in os.environ}}
+    code = subprocess.call(argv, env=env)
+    if not (out / ANALYSIS).is_file() and any(out.glob("rank-*/trace*.json*")):
+        console.print("[dim]no rank combined the ranks (one ended early): combining them now[/]")
+        combine(out, console)
+    return code
+
+
+def finish_rank(rank: RankRun, console: Console) -> None:
+    """This rank is done: the elected one combines every rank's results."""
+    try:
+        elected = rank.finish()
+        if elected:
+            combine(rank.out, console)
+        else:
+            console.print(f"[dim]rank {rank.env.rank}: {rank.dir}[/]")
+    finally:
+        rank.close()
+
+
+def combine(out: Path, console: Console) -> dict[str, Any] | None:
+    """The ranks of the run directory analyzed together: analysis.json, report.html, the terminal."""
+    from gpudoctor.cli.multirank import FULL_REPORTS_MAX, analyze_directory, combined_doc
+    from gpudoctor.cli.report import write_html
+    from gpudoctor.report.terminal import render_analysis, render_rank_overview
+    from gpudoctor.trace import load_trace
+
+    try:
+        run = analyze_directory(out, all_reports=len(list(out.glob("rank-*"))) <= FULL_REPORTS_MAX)
+    except GpudoctorError as err:
+        console.print(f"[dim]the ranks could not be analyzed together: {err}[/]")
+        return None
+    doc = combined_doc(run)
+    doc["run"] = alignment(out)
+    (out / ANALYSIS).write_text(json.dumps(doc, indent=1, allow_nan=False))
+    first = run.ranks[0]
+    a, d = run.reports[first]
+    view = run.view(first) if len(run.summaries) > 1 else None
+    try:
+        write_html(out / REPORT, a, d, load_trace(run.trace_paths[first]), ranks=view)
+    except Exception as err:  # the report is a by-product: the results are written
+        console.print(f"[dim]{REPORT} not written: {type(err).__name__}: {err}[/]")
+    if view is not None:
+        render_rank_overview(view, console)
+        console.print()
+    render_analysis(a, console, diagnosis=d)
+    _alignment_line(doc["run"], console)
+    console.print(f"\nrun directory: {out}")
+    return doc
+
+
+def alignment(out: Path) -> dict[str, Any]:
+    """Whether every rank entered each phase at the same step (so their traces cover the same steps),
+    which ranks left no trace, and each rank's notes."""
+    infos = {}
+    for path in sorted(out.glob(f"rank-*/{RANK_INFO}")):
+        try:
+            info = json.loads(path.read_text())
+            infos[int(info["rank"])] = info
+        except (OSError, ValueError, KeyError):
+            continue
+    world = max((i.get("world_size", 0) for i in infos.values()), default=0)
+    phases = {r: i.get("phases", {}) for r, i in infos.items()}
+    steps = {p for ph in phases.values() for p in ph}
+    agreed = {p: sorted({ph.get(p) for ph in phases.values()} - {None}) for p in steps}
+    traced = sorted(r for r in infos if any((out / f"rank-{r}").glob("trace*.json*")))
+    return {
+        "world_size": world,
+        "ranks_seen": sorted(infos),
+        "ranks_traced": traced,
+        "phase_steps": {p: v[0] if len(v) == 1 else v for p, v in sorted(agreed.items())},
+        "aligned": bool(phases) and all(len(v) == 1 for v in agreed.values()),
+        "notes": {r: i.get("notes", []) for r, i in infos.items() if i.get("notes")},
+    }
+
+
+def _alignment_line(info: dict[str, Any], console: Console) -> None:
+    steps = info.get("phase_steps", {})
+    traced = info.get("ranks_traced", [])
+    if info.get("aligned") and "traced" in steps and "done" in steps:
+        console.print(
+            f"\n{len(traced)} of {info['world_size']} ranks traced the same steps: {steps['traced'] + 2}–"
+            f"{steps['done']} recorded, after one profiler warm-up step"
+        )
+    elif steps:
+        console.print(f"\n[bold red]the ranks did not enter their phases at the same steps[/]: {steps}")
+    missing = sorted(set(range(info.get("world_size", 0))) - set(traced))
+    if missing:
+        console.print(f"[yellow]ranks without a trace: {missing}[/]")

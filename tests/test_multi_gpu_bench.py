@@ -1,0 +1,35 @@
+"""benchmarks/multi_gpu.py, the script of the 2-GPU check, runs its CPU path here (gloo, a tiny CNN):
+the all-reduce benchmark, DDP and FSDP2 (`fully_shard`) under `torchrun -m gpudoctor run`, and the
+results document it writes. The figures are the GPU run's; this checks the path to them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_the_multi_gpu_benchmark_runs_its_cpu_path(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src"), "GPUDOCTOR_COMBINE_WAIT_S": "3"}
+    cmd = [sys.executable, str(REPO / "benchmarks" / "multi_gpu.py"), "--cpu", "--out", str(tmp_path),
+           "--scenarios", "nccl,ddp,fsdp", "--fixtures", str(tmp_path / "fixtures")]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "multi_gpu.json").read_text())
+    assert [r["bytes"] for r in result["allreduce_bench"]["rows"]] == [1 << p for p in range(20, 24)]
+    for name in ("ddp", "fsdp"):
+        run = result["runs"][name]
+        assert run["alignment"]["aligned"] and run["alignment"]["ranks_traced"] == [0, 1]
+        assert all(t > 0 for t in run["light_step_us"])
+        assert result["checks"][f"{name}_aligned"]
+        assert sorted(p.name for p in (tmp_path / "fixtures" / name).iterdir()) == [
+            "manifest.json", "rank0.json.gz", "rank1.json.gz",
+        ]  # fmt: skip
