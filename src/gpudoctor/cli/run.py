@@ -14,8 +14,10 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
+from gpudoctor.cli.run_memory import memory_of_run, render_without_trace
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
 from gpudoctor.runner.record import RunRecord
@@ -223,12 +225,15 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
         if record.nvml_missing is None
         else f"[dim]NVML: not recorded ({record.nvml_missing})[/]"
     )
+    memory = memory_of_run(out, record, console)
     if record.trace_files:
-        _analyze(out, record, console)
+        _analyze(out, record, console, memory)
+    elif memory is not None:
+        render_without_trace(memory, console)
     console.print(f"\nrun directory: {out}")
 
 
-def _analyze(out: Path, record: RunRecord, console: Console) -> None:
+def _analyze(out: Path, record: RunRecord, console: Console, memory: MemoryAnalysis | None = None) -> None:
     from gpudoctor.analysis.summary import analyze
     from gpudoctor.report.json_out import report_json
     from gpudoctor.report.terminal import render_analysis
@@ -239,6 +244,7 @@ def _analyze(out: Path, record: RunRecord, console: Console) -> None:
     try:
         trace = load_trace(out / record.trace_files[0])
         analysis = analyze(trace, unprofiled_step_us=unprofiled, ceilings=trace_ceilings(trace))
+        analysis = replace(analysis, memory_run=memory)
         diagnosis = diagnose(analysis)
     except GpudoctorError as err:
         console.print(f"[dim]the trace could not be analyzed: {err}[/]")

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
+from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.modules import ModuleLabels
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.steps import StepDetector
@@ -69,6 +70,7 @@ class LiveOptions:
     nvml_interval_s: float = 0.1
     module_depth: int = 3  # module ranges in the traced phase to this depth (-1: none)
     trace_all: bool = False  # trace the whole script (no steps, no light phase): for a short script
+    memory_history: str = "outside-light"  # runner.memory: outside-light, always, off
 
 
 class _Clock:
@@ -152,6 +154,10 @@ class LiveCapture:
         self._labels: ModuleLabels | None = None
         self._raw_trace: Path | None = None
         self._nvml: Any = None  # (backend, session)
+        timeline = options.profile_memory and options.record_shapes and options.with_stack
+        self.memory_recorder = MemoryRecorder(
+            MemoryOptions(options.memory_history, options.memory_history != "off", timeline)
+        )
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
@@ -159,6 +165,7 @@ class LiveCapture:
         self._detector = StepDetector(
             self.boundary, self._on_definition, self.script_files, discover=not self.options.trace_all
         ).install()
+        self.memory_recorder.install()
         _ACTIVE = self
         if self.options.trace_all:
             self._start_traced(schedule=False)
@@ -173,6 +180,9 @@ class LiveCapture:
             self.notes.extend(n for n in self._detector.notes if n not in self.notes)
             self._detector.uninstall()
         self.finish()
+        self.memory_recorder.uninstall()
+        with contextlib.suppress(OSError):
+            self.memory_recorder.write_files(self.out_dir)
 
     def explicit_step(self) -> None:
         if self._detector is not None:
@@ -187,6 +197,7 @@ class LiveCapture:
         if self.phase in ("warmup", "light"):
             self._stop_nvml()
             self.phase, self.steps_seen, self._clock, self._warm = "warmup", 0, None, []
+            self.memory_recorder.restart()
             self.notes.append(
                 f"the step is {definition.description}, not {previous.description}: started again"
             )
@@ -198,8 +209,11 @@ class LiveCapture:
         self.steps_seen += 1
         if self.phase == "done":
             return
+        ended = self.phase
         try:
+            self.memory_recorder.end_step(ended, self.steps_seen)
             self._advance()
+            self.memory_recorder.begin_step(self.phase, ended)
         except StopRun:
             raise
         except Exception as err:  # a failure of ours must not break the user's script
@@ -292,6 +306,7 @@ class LiveCapture:
 
         def on_trace_ready(prof: Any) -> None:
             prof.export_chrome_trace(str(raw))
+            self.memory_recorder.on_trace_ready(prof)
             self._raw_trace = raw
 
         self._scheduled = schedule
@@ -355,6 +370,7 @@ class LiveCapture:
         elif self.phase == "traced" or self._prof is not None:
             self._stop_profiler()
         self._stop_nvml()
+        self.memory_recorder.finish()
         self.phase = "done"
 
     def _gzip_trace(self) -> None:
@@ -420,6 +436,7 @@ class LiveCapture:
             "environment": self.environment,
             "memory": self.memory,
             "memory_missing": self.memory_missing,
+            "memory_run": self.memory_recorder.result(),
             "nvml_samples": self.nvml_samples,
             "nvml_summary": self.nvml_summary,
             "nvml_missing": self.nvml_missing,

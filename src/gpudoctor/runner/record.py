@@ -89,6 +89,9 @@ class RunRecord:
     nvml_samples: tuple[dict[str, Any], ...] = ()  # GpuSample.to_json() during the light phase
     nvml_summary: dict[str, Any] | None = None  # MonitorSummary.to_json()
     nvml_missing: str | None = None
+    # runner.memory's record (schema gpudoctor.memory-run/1): per-step peaks, the detail step, the
+    # out-of-memory moment; the snapshots it names are under memory/ in the run directory
+    memory_run: dict[str, Any] | None = None
     error: str | None = None  # the script's exception, one line
     notes: tuple[str, ...] = ()
     step: StepFound | None = None  # how the script's step was found (None in records before it was)
