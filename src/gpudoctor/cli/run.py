@@ -214,7 +214,7 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
             f"traced phase: {len(traced.times_us)} steps, median {fmt_us(traced.median_us)}: "
             f"the profiler slows each step by {100 * overhead:.0f}% — figures below use the unprofiled step"
         )
-    if record.memory:
+    if record.memory and not record.memory_run:  # else the memory section below says it per step
         console.print(
             f"GPU memory: peak allocated {fmt_bytes(record.memory.get('allocated_bytes.all.peak', 0))}, "
             f"peak reserved {fmt_bytes(record.memory.get('reserved_bytes.all.peak', 0))}, "

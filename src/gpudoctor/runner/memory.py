@@ -20,6 +20,7 @@ is made inert. A failure here is a note, never the script's failure."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -162,7 +163,6 @@ class MemoryRecorder:
                 self._record_step("detail" if detail else phase)
             if detail:
                 self._end_detail()
-            self._reset_peaks()
         except Exception as err:
             self._fail(err)
 
@@ -171,6 +171,8 @@ class MemoryRecorder:
         try:
             if self._cuda is None and phase != "warmup":
                 self._start()
+            if self._cuda:
+                self._reset_peaks()
             if previous != "light" and phase == "light":
                 if self._cuda:
                     self._light_started()
@@ -197,7 +199,6 @@ class MemoryRecorder:
         self.budget = int(free) + int(torch.cuda.memory_reserved())
         if self.options.history == "outside-light":
             self._set_history(None)
-        self._reset_peaks()
 
     def _light_ended(self, phase: str) -> None:
         if not self._cuda:
@@ -230,7 +231,12 @@ class MemoryRecorder:
         self.snapshots["detail_start"] = (self._steps_seen, self._snapshot())
         self._set_history("all")
         self.detail_step = self._steps_seen + 1
-        self._probe = ModuleProbe(module_names(self._roots), self._allocated, cuda=True).install()
+        if any(getattr(r, "_orig_mod", None) is not None for r in self._roots):
+            # global module hooks would make a compiled model recompile
+            self.notes.append("no activations per module: the model is compiled (torch.compile)")
+            self._probe = ModuleProbe({}, self._allocated, cuda=True)  # not installed: no hooks
+        else:
+            self._probe = ModuleProbe(module_names(self._roots), self._allocated, cuda=True).install()
 
     def _end_detail(self) -> None:
         assert self._probe is not None
@@ -304,6 +310,11 @@ class MemoryRecorder:
             import torch
 
             device_obj = torch.device("cuda", device)
+            if self._device is None:
+                self._device, self._cuda = device_obj, True
+            if self.capacity is None:
+                with contextlib.suppress(Exception):
+                    self.capacity = int(torch.cuda.get_device_properties(device).total_memory)
             self.oom = {
                 "step": self._steps_seen,
                 "device": device,
