@@ -265,3 +265,25 @@ def test_damaged_input_is_a_memory_format_error() -> None:
         timeline_replay({"schema": TIMELINE_SCHEMA, "events": [[1, 2]]})
     with pytest.raises(MemoryFormatError):
         allocator_state({"segments": [{"total_size": "big"}]})
+
+
+def test_a_leak_is_named_by_the_scripts_line_with_the_model_line_inside() -> None:
+    a = ToyAllocator()
+    frames = [user(23, "forward", "/home/me/lm.py"), user(28, "<module>", "/home/me/leak.py")]
+    a.alloc(4 * MiB, frames)
+    first = a.snapshot(with_trace=False)
+    for _ in range(4):
+        a.alloc(4 * MiB, frames)
+    run = _run(
+        steps=[_step(n, 100 * MiB + 4 * MiB * n) for n in range(10)],
+        snapshots={"detail_end": {"step": 10}, "traced_end": {"step": 14}},
+        script="/home/me/leak.py",
+    )
+    leak = analyze_memory(run, {"detail_end": first, "traced_end": a.snapshot(with_trace=False)}).leak
+    assert leak is not None
+    (site,) = leak.sites
+    assert (site.site, site.inner, site.bytes) == (
+        "me/leak.py:28 in <module>",
+        "me/lm.py:23 in forward",
+        4 * MiB,
+    )

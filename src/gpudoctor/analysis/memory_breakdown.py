@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpudoctor.analysis.memory_frames import CATEGORIES, inner_site, user_site
+from gpudoctor.analysis.memory_frames import CATEGORIES, inner_site, script_line, user_site
 from gpudoctor.analysis.memory_snapshot import (
     OWNED,
     Allocation,
@@ -35,6 +35,7 @@ class SiteBytes:
     blocks: int
     category: str  # the category of most of its bytes
     inner: str | None = None  # the innermost line outside torch, where it is not `site` (a model's file)
+    script_line: str | None = None  # the line of the script that was run (its loop), for most bytes
 
 
 @dataclass(frozen=True)
@@ -72,11 +73,12 @@ def breakdown(
     step: int | None = None,
     measured_peak: int | None = None,
     modules: Sequence[ModuleMemory] = (),
+    script: str | None = None,
 ) -> MemoryBreakdown | None:
     """The breakdown of a replayed step; None without events. `measured_peak`: the allocator's own peak
     of that step (the replay rounds what it cannot see exactly: the difference is `unattributed`).
     `modules`: modules measured by forward hooks (inclusive of their children); without them the
-    modules come from the allocations' own module names."""
+    modules come from the allocations' own module names. `script`: the path of the script that ran."""
     totals, by_category = allocated_series(replay)
     at = peak_index(totals)
     if at is None:
@@ -95,11 +97,11 @@ def breakdown(
         step=step,
         peak=sum(categories.values()),
         categories=categories,
-        sites=by_site(alive)[:TOP_SITES],
+        sites=by_site(alive, script)[:TOP_SITES],
         modules=split_level(modules),
         series_t_us=times,
         series=series,
-        held=by_site(held)[:TOP_SITES],
+        held=by_site(held, script)[:TOP_SITES],
         truncated=replay.truncated,
     )
 
@@ -116,21 +118,24 @@ def site_of(a: Allocation) -> tuple[str, str | None]:
     return user_site(a.frames), inner_site(a.frames)
 
 
-def by_site(allocations: Iterable[Allocation]) -> tuple[SiteBytes, ...]:
-    """Allocations grouped by their user line, most bytes first; `inner` and `category` are those of
-    most of the line's bytes."""
+def by_site(allocations: Iterable[Allocation], script: str | None = None) -> tuple[SiteBytes, ...]:
+    """Allocations grouped by their user line, most bytes first; `inner`, `category` and `script_line`
+    are those of most of the line's bytes."""
     sizes: dict[str, int] = defaultdict(int)
     counts: dict[str, int] = defaultdict(int)
     cats: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     inners: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
+    lines: dict[str, dict[str | None, int]] = defaultdict(lambda: defaultdict(int))
     for a in allocations:
         site, inner = site_of(a)
         sizes[site] += a.size
         counts[site] += 1
         cats[site][a.category] += a.size
         inners[site][inner] += a.size
+        line = script_line(a.frames, script)
+        lines[site][line if line != site else None] += a.size
     rows = [
-        SiteBytes(site, size, counts[site], _most(cats[site]), _most(inners[site]))
+        SiteBytes(site, size, counts[site], _most(cats[site]), _most(inners[site]), _most(lines[site]))
         for site, size in sizes.items()
     ]
     return tuple(sorted(rows, key=lambda r: (-r.bytes, r.site)))

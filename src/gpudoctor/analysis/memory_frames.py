@@ -70,6 +70,19 @@ def inner_site(frames: Sequence[Frame]) -> str | None:
     return None
 
 
+def script_line(frames: Sequence[Frame], script: str | None) -> str | None:
+    """The innermost frame in the script `gpudoctor run` ran (its loop's line), where there is one."""
+    if not script:
+        return None
+    name = script.replace("\\", "/")
+    base = name.rsplit("/", 1)[-1]
+    for frame in frames:
+        filename = str(frame.get("filename", "")).replace("\\", "/")
+        if filename == name or (not filename.startswith("/") and filename.rsplit("/", 1)[-1] == base):
+            return frame_text(frame)
+    return None
+
+
 def in_forward(frames: Sequence[Frame]) -> bool:
     """Allocated inside an nn.Module's forward (torch's Module._call_impl is on the stack)."""
     return any(

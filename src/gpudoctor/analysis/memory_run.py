@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpudoctor.analysis.memory_breakdown import (
@@ -23,7 +23,7 @@ from gpudoctor.analysis.memory_breakdown import (
     by_site,
     module_rows,
 )
-from gpudoctor.analysis.memory_frames import CATEGORIES, user_site
+from gpudoctor.analysis.memory_frames import CATEGORIES, script_line, user_site
 from gpudoctor.analysis.memory_snapshot import (
     Allocation,
     Owners,
@@ -106,8 +106,9 @@ class OomReport:
     largest_free_block: int  # in the allocator's cache
     categories: dict[str, int]
     sites: tuple[SiteBytes, ...]
-    failing_line: str | None
+    failing_line: str | None  # the innermost line of the user's code at the failing allocation
     message: str | None
+    script_line: str | None = None  # the line of the script that ran, where it differs
 
 
 @dataclass(frozen=True)
@@ -169,7 +170,7 @@ def analyze_memory(
         breakdown=detail,
         leak=find_leak(steps, run, snapshots, budget, peak_allocated),
         fragmentation=fragmentation(steps, snapshots.get("traced_end") or snapshots.get("detail_end")),
-        oom=oom_report(run.get("oom"), snapshots.get("oom"), capacity),
+        oom=oom_report(run.get("oom"), snapshots.get("oom"), capacity, _script(run)),
         step_us=step_us,
         history=str(run.get("history", "")),
         notes=tuple(notes),
@@ -191,7 +192,8 @@ def _detail_breakdown(
         r = replay(start, end, Owners.of(run.get("census_start")), Owners.of(run.get("census")))
         if r.truncated:
             notes.append("the allocator's history of the detail step is incomplete (its ring buffer wrapped)")
-        return breakdown(r, "allocator history", step, measured, module_rows(run.get("modules") or ()))
+        modules = module_rows(run.get("modules") or ())
+        return breakdown(r, "allocator history", step, measured, modules, _script(run))
     if timeline is not None:
         return breakdown(timeline_replay(timeline), "profiler memory timeline", None)
     return None
@@ -229,32 +231,49 @@ def find_leak(
 
 
 def _growing_sites(run: Mapping[str, Any], snapshots: Mapping[str, Any]) -> tuple[SiteBytes, ...]:
+    """Bytes per step by which each line's live blocks grew between the end of the detail step and the
+    end of the traced phase; a line is the script's own (the loop's line) where the stack has it,
+    with the innermost user line inside it as `inner`."""
     first, last = snapshots.get("detail_end"), snapshots.get("traced_end")
     meta = run.get("snapshots") or {}
     n0 = _opt_int((meta.get("detail_end") or {}).get("step"))
     n1 = _opt_int((meta.get("traced_end") or {}).get("step"))
     if first is None or last is None or n0 is None or n1 is None or n1 <= n0:
         return ()
-    before, after = _bytes_by_site(first), _bytes_by_site(last)
+    script = _script(run)
+    before = {s.site: s for s in _live_by_line(first, script)}
     rows = []
-    for site, (size, count, category) in after.items():
-        grew = size - before.get(site, (0, 0, ""))[0]
+    for s in _live_by_line(last, script):
+        old = before.get(s.site)
+        grew = s.bytes - (old.bytes if old else 0)
         if grew > 0:
-            rows.append(SiteBytes(site, grew // (n1 - n0), count - before.get(site, (0, 0, ""))[1], category))
+            rows.append(replace(s, bytes=grew // (n1 - n0), blocks=s.blocks - (old.blocks if old else 0)))
     return tuple(sorted(rows, key=lambda r: (-r.bytes, r.site)))
 
 
-def _bytes_by_site(snapshot: Any) -> dict[str, tuple[int, int, str]]:
-    sizes: dict[str, int] = defaultdict(int)
-    counts: dict[str, int] = defaultdict(int)
-    categories: dict[str, str] = {}
-    for b in blocks(snapshot):
-        if b.allocated:
-            site = user_site(b.frames)
-            sizes[site] += b.size
-            counts[site] += 1
-            categories.setdefault(site, block_category(b, Owners()))
-    return {s: (sizes[s], counts[s], categories[s]) for s in sizes}
+def _live_by_line(snapshot: Any, script: str | None) -> tuple[SiteBytes, ...]:
+    """Live blocks grouped by the script's line (else the user's innermost line)."""
+    live = [
+        Allocation(b.address, b.size, -1, None, b.frames, block_category(b, Owners()))
+        for b in blocks(snapshot)
+        if b.allocated
+    ]
+    rows: dict[str, list[Allocation]] = defaultdict(list)
+    for a in live:
+        rows[script_line(a.frames, script) or user_site(a.frames)].append(a)
+    out = []
+    for key, group in rows.items():
+        (inner,) = by_site(group)[:1]
+        out.append(
+            SiteBytes(
+                key,
+                sum(a.size for a in group),
+                len(group),
+                inner.category,
+                None if inner.site == key else inner.site,
+            )
+        )
+    return tuple(out)
 
 
 def fragmentation(steps: Sequence[StepMemory], snapshot: Any) -> Fragmentation | None:
@@ -278,7 +297,7 @@ def fragmentation(steps: Sequence[StepMemory], snapshot: Any) -> Fragmentation |
     )
 
 
-def oom_report(oom: Any, snapshot: Any, capacity: int | None) -> OomReport | None:
+def oom_report(oom: Any, snapshot: Any, capacity: int | None, script: str | None = None) -> OomReport | None:
     """What held the memory when an allocation failed: the live blocks of the snapshot taken at that
     moment by category (owners from the census taken then) and by line."""
     if not isinstance(oom, Mapping):
@@ -295,7 +314,7 @@ def oom_report(oom: Any, snapshot: Any, capacity: int | None) -> OomReport | Non
         ]
         for a in live:
             categories[a.category] += a.size
-        sites = by_site(live)[:12]
+        sites = by_site(live, script)[:12]
         state = allocator_state(snapshot)
         allocated, reserved, largest = state.allocated, state.reserved, state.largest_free_block
     return OomReport(
@@ -310,6 +329,7 @@ def oom_report(oom: Any, snapshot: Any, capacity: int | None) -> OomReport | Non
         sites=sites,
         failing_line=oom.get("failing_line") if isinstance(oom.get("failing_line"), str) else None,
         message=oom.get("message") if isinstance(oom.get("message"), str) else None,
+        script_line=oom.get("script_line") if isinstance(oom.get("script_line"), str) else None,
     )
 
 
@@ -355,6 +375,10 @@ def _census(c: Any) -> Census | None:
         optimizer_state=int(c.get("optimizer_state", 0) or 0),
         optimizers=tuple(str(o) for o in c.get("optimizers") or ()),
     )
+
+
+def _script(run: Mapping[str, Any]) -> str | None:
+    return run.get("script") if isinstance(run.get("script"), str) else None
 
 
 def _opt_int(value: Any) -> int | None:

@@ -79,7 +79,11 @@ def _render_breakdown(b: MemoryBreakdown, console: Console) -> None:
     if b.sites:
         t = table("held at the peak by", "bytes", "tensors", "category", first_left=1, flexible=0)
         for s in b.sites[:TOP_ROWS]:
-            where = s.site + (f" ({s.inner})" if s.inner else "")
+            where = (
+                s.site
+                + (f" ({s.inner})" if s.inner else "")
+                + (f" ← {s.script_line}" if s.script_line else "")
+            )
             t.add_row(
                 cut(where), fmt_bytes(s.bytes), f"{s.blocks:,}", CATEGORY_LABELS.get(s.category, s.category)
             )
@@ -130,11 +134,19 @@ def html_section(m: MemoryAnalysis) -> str:
         if b.sites:
             parts.append(
                 _table(
-                    ("held at the peak by", "inside", "bytes", "tensors", "category"),
+                    (
+                        "held at the peak by",
+                        "inside",
+                        "from the script's line",
+                        "bytes",
+                        "tensors",
+                        "category",
+                    ),
                     [
                         (
                             s.site,
                             s.inner or "",
+                            s.script_line or "",
                             fmt_bytes(s.bytes),
                             f"{s.blocks:,}",
                             CATEGORY_LABELS.get(s.category, s.category),

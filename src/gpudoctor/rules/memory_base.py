@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from gpudoctor.analysis.memory_breakdown import SiteBytes
 from gpudoctor.analysis.memory_frames import CATEGORY_LABELS
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.rules.base import pct, size
@@ -36,6 +37,13 @@ def categories_text(categories: Mapping[str, int], total: int | None = None) -> 
         if b > 0
     ]
     return ", ".join(parts)
+
+
+def where(site: SiteBytes) -> str:
+    """'lm.py:23 in forward (from train.py:41 in <module>)': the line, and the script's line that led
+    there or the innermost line inside it."""
+    around = site.script_line or site.inner
+    return f"{site.site} ({'from' if site.script_line else 'inside'} {around})" if around else site.site
 
 
 def of_capacity(m: MemoryAnalysis, bytes_: int) -> str:

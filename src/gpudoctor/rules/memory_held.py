@@ -9,7 +9,7 @@ from gpudoctor.analysis.memory_frames import CATEGORY_LABELS
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.rules.base import finding, pct, size
 from gpudoctor.rules.finding import Finding, Fix
-from gpudoctor.rules.memory_base import peak_of, severity_of_share
+from gpudoctor.rules.memory_base import peak_of, severity_of_share, where
 
 MIN_BYTES = 8 << 20
 MIN_SHARE = 0.02  # of the peak
@@ -40,7 +40,7 @@ def memory_held(m: MemoryAnalysis) -> Finding | None:
         f"Step {b.step} leaves {size(total)} alive for the next one ({pct(100 * total / max(peak, 1))} of "
         f"the {size(peak)} peak) that is neither parameters, gradients nor optimizer state:",
         "; ".join(
-            f"{h.site} {size(h.bytes)} ({CATEGORY_LABELS.get(h.category, h.category)}, {h.blocks} tensors)"
+            f"{where(h)} {size(h.bytes)} ({CATEGORY_LABELS.get(h.category, h.category)}, {h.blocks} tensors)"
             for h in held[:4]
         )
         + ".",

@@ -7,6 +7,7 @@ from __future__ import annotations
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.rules.base import finding, pct, size
 from gpudoctor.rules.finding import Finding, Fix, Severity
+from gpudoctor.rules.memory_base import where
 
 # Full within this many more steps: critical (a run of a few hours), else major.
 CRITICAL_STEPS = 10_000
@@ -39,7 +40,7 @@ def memory_leak(m: MemoryAnalysis) -> Finding | None:
     if leak.sites:
         evidence.append(
             "Memory held by these lines grew: "
-            + "; ".join(f"{s.site} +{size(s.bytes)} per step" for s in leak.sites[:4])
+            + "; ".join(f"{where(s)} +{size(s.bytes)} per step" for s in leak.sites[:4])
             + "."
         )
     else:

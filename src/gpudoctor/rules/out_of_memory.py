@@ -8,7 +8,7 @@ from gpudoctor.analysis.memory_frames import CATEGORY_LABELS
 from gpudoctor.analysis.memory_run import MemoryAnalysis, OomReport
 from gpudoctor.rules.base import finding, pct, size
 from gpudoctor.rules.finding import Finding, Fix, Severity
-from gpudoctor.rules.memory_base import categories_text
+from gpudoctor.rules.memory_base import categories_text, where
 
 FIXES = {
     "fragmentation": Fix(
@@ -51,9 +51,11 @@ def out_of_memory(m: MemoryAnalysis) -> Finding | None:
     if o is None:
         return None
     short = max(o.requested - (o.device_free or 0), 0)
-    where = f" at {o.failing_line}" if o.failing_line else ""
+    at = f" at {o.failing_line}" if o.failing_line else ""
+    if o.script_line and o.script_line != o.failing_line:
+        at += f" (from {o.script_line})"
     evidence = [
-        f"An allocation of {size(o.requested)} failed{where} (step {o.step}): the device had "
+        f"An allocation of {size(o.requested)} failed{at} (step {o.step}): the device had "
         f"{size(o.device_free or 0)} free"
         + (f" of {size(o.capacity)}" if o.capacity else "")
         + f", {size(short)} short; tensors held {size(o.allocated)}, the allocator {size(o.reserved)}.",
@@ -64,7 +66,7 @@ def out_of_memory(m: MemoryAnalysis) -> Finding | None:
         evidence.append(
             "Allocated at: "
             + "; ".join(
-                f"{s.site} {size(s.bytes)} ({CATEGORY_LABELS.get(s.category, s.category)})"
+                f"{where(s)} {size(s.bytes)} ({CATEGORY_LABELS.get(s.category, s.category)})"
                 for s in o.sites[:4]
             )
             + "."

@@ -24,6 +24,7 @@ import contextlib
 import gzip
 import json
 import os
+import sys
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,7 @@ class MemoryRecorder:
         self._counters: dict[str, int] = {}
         self._steps_seen = 0
         self._queued: Any = None
+        self._script: str | None = None  # the script's path, as it runs
 
     # -- installation ---------------------------------------------------------------------------------
     def install(self) -> MemoryRecorder:
@@ -186,6 +188,7 @@ class MemoryRecorder:
     def _start(self) -> None:
         import torch
 
+        self._script = _script_path()
         self._cuda = self._cuda_started()
         self._device = (
             torch.device("cuda", torch.cuda.current_device()) if self._cuda else torch.device("cpu")
@@ -307,6 +310,8 @@ class MemoryRecorder:
                 for f in reversed(traceback.extract_stack())
             ]
             user = innermost_user_frame(stack)
+            script = self._script or _script_path()
+            in_script = next((f for f in stack if script and os.path.abspath(f["filename"]) == script), None)
             import torch
 
             device_obj = torch.device("cuda", device)
@@ -322,6 +327,7 @@ class MemoryRecorder:
                 "device_allocated": int(device_allocated),
                 "device_free": int(device_free),
                 "failing_line": frame_text(user) if user is not None else None,
+                "script_line": frame_text(in_script) if in_script is not None else None,
                 "stack": [frame_text(f) for f in stack if not is_library(f["filename"])][:MAX_FRAMES],
             }
             self.snapshots["oom"] = (self._steps_seen, self._snapshot())
@@ -360,6 +366,7 @@ class MemoryRecorder:
         return {
             "schema": RUN_SCHEMA,
             "device": str(self._device) if self._device is not None else "cpu",
+            "script": self._script,
             "capacity": self.capacity,
             "budget": self.budget,
             "training": self._watch.stepped,
@@ -382,6 +389,11 @@ class MemoryRecorder:
             write_json_gz(out_dir / _file(name), trim_frames(snapshot))
         if self.timeline is not None:
             write_json_gz(out_dir / _file("timeline"), self.timeline)
+
+
+def _script_path() -> str | None:
+    """The running script (runpy sets sys.argv[0] to it, also with -m)."""
+    return os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
 
 
 def _file(name: str) -> str:
