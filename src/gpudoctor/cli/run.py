@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -25,6 +26,12 @@ from gpudoctor.util.errors import GpudoctorError
 from gpudoctor.util.units import fmt_bytes, fmt_us
 
 RUNS_DIR = Path("gpudoctor-runs")
+
+
+class MemoryHistory(str, Enum):
+    outside_light = "outside-light"  # on from the first CUDA call, paused while steps are timed
+    always = "always"
+    off = "off"
 
 
 def run_command(
@@ -58,6 +65,10 @@ def run_command(
     module_depth: Annotated[
         int, typer.Option("--module-depth", min=-1, max=6, help="Module view depth in the trace (-1: none).")
     ] = 3,
+    memory_history: Annotated[
+        MemoryHistory,
+        typer.Option("--memory-history", help="When the allocator keeps Python stacks (docs/memory.md)."),
+    ] = MemoryHistory.outside_light,
     debug: DebugOption = False,
 ) -> None:
     """Profile an unmodified script: `gpudoctor run train.py --lr 3e-4`.
@@ -83,6 +94,7 @@ def run_command(
         nvml=nvml,
         nvml_interval_s=nvml_interval / 1000,
         module_depth=module_depth,
+        memory_history=memory_history.value,
     )
     code = run_and_report(target, args, module=module, out=out, options=options, console=stdout_console())
     if code:
