@@ -229,7 +229,7 @@ def test_the_profilers_timeline_replays_with_torchs_categories() -> None:
     b = breakdown(r, "profiler memory timeline")
     assert b is not None and b.peak == 4096 + 8192 + 100
     assert b.categories["activations"] == 8192 and b.categories["unattributed"] == 100
-    assert [m.name for m in b.modules] == ["Net.fc1"] and b.sites[0].site == "train.py:30 in step"
+    assert [m.name for m in b.modules] == ["Net", "Net.fc1"] and b.sites[0].site == "train.py:30 in step"
 
 
 def test_the_analysis_round_trips_through_json() -> None:

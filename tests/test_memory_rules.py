@@ -163,3 +163,21 @@ def test_the_oom_comes_first_then_critical_then_by_memory_freed() -> None:
     )
     m = _analysis(oom=_oom(), leak=leak, census=census, breakdown=b, peak_allocated=b.peak)
     assert _ids(m) == ["out_of_memory", "memory_leak", "activation_checkpointing", "optimizer_state_memory"]
+
+
+def test_checkpointing_names_the_repeated_blocks_even_below_a_wrapper_that_shares_its_parent() -> None:
+    """GPT-2's shape: the blocks keep ~77% (under transformer), the LM head's logits the rest: the
+    split is at transformer/lm_head, yet the modules to checkpoint are the twelve blocks."""
+    tree = (
+        ModuleMemory("GPT2LMHeadModel", "GPT2LMHeadModel", 13 * GiB),
+        ModuleMemory("GPT2LMHeadModel.transformer", "GPT2Model", 10 * GiB),
+        ModuleMemory("GPT2LMHeadModel.lm_head", "Linear", 2 * GiB),
+        *(ModuleMemory(f"GPT2LMHeadModel.transformer.h.{i}", "GPT2Block", 800 * MiB) for i in range(12)),
+        *(
+            ModuleMemory(f"GPT2LMHeadModel.transformer.h.{i}.mlp.c_fc", "Conv1D", 100 * MiB)
+            for i in range(12)
+        ),
+    )
+    b = replace(_breakdown(activations=12 * GiB, parameters=GiB), modules=tree)
+    (f,) = memory_findings(_analysis(breakdown=b, peak_allocated=b.peak))
+    assert "12 GPT2Block modules (GPT2LMHeadModel.transformer.h.0–11)" in " ".join(f.evidence)

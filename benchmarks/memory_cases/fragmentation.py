@@ -11,7 +11,7 @@ from lm import LM, batch, step_peaks
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=16)
 parser.add_argument("--max-len", type=int, default=2048)
-parser.add_argument("--steps", type=int, default=80)
+parser.add_argument("--steps", type=int, default=200)
 parser.add_argument("--device", default="cuda")
 parser.add_argument("--peaks", default=None)
 args = parser.parse_args()

@@ -9,7 +9,7 @@ from lm import LM, batch, lm_loss, step_peaks
 parser = argparse.ArgumentParser()
 parser.add_argument("--batch-size", type=int, default=8)
 parser.add_argument("--seq-len", type=int, default=512)
-parser.add_argument("--steps", type=int, default=60)
+parser.add_argument("--steps", type=int, default=100)
 parser.add_argument("--device", default="cuda")
 parser.add_argument("--peaks", default=None)
 args = parser.parse_args()

@@ -24,6 +24,7 @@ from gpudoctor.analysis.memory_snapshot import (
 SERIES_POINTS = 300
 TOP_SITES = 12
 SPLIT_SHARE = 0.9  # a module holding this share of its parent's activations stands for it: look inside
+MAX_MODULES = 400
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class MemoryBreakdown:
     peak: int  # the step's peak: the sum of `categories`
     categories: dict[str, int]  # at the peak, every category of CATEGORIES
     sites: tuple[SiteBytes, ...]  # alive at the peak, by line, largest first
-    modules: tuple[ModuleMemory, ...]  # where the activations split between modules, largest first
+    modules: tuple[ModuleMemory, ...]  # every module measured (inclusive bytes, calls summed), largest first
     series_t_us: tuple[float, ...]  # from the step's first event
     series: dict[str, tuple[int, ...]]  # category -> bytes at each point of series_t_us
     held: tuple[
@@ -98,7 +99,9 @@ def breakdown(
         peak=sum(categories.values()),
         categories=categories,
         sites=by_site(alive, script)[:TOP_SITES],
-        modules=split_level(modules),
+        modules=tuple(sorted(_merged(modules).values(), key=lambda m: (-m.activations, m.name)))[
+            :MAX_MODULES
+        ],
         series_t_us=times,
         series=series,
         held=by_site(held, script)[:TOP_SITES],
@@ -175,6 +178,21 @@ def split_level(modules: Sequence[ModuleMemory]) -> tuple[ModuleMemory, ...]:
             break
         level = inside
     return tuple(sorted(level, key=lambda m: (-m.activations, m.name)))
+
+
+def repeated_blocks(modules: Sequence[ModuleMemory]) -> tuple[ModuleMemory, ...]:
+    """The siblings of one type (two or more under one parent: a model's blocks) whose forwards keep
+    the most activations in all, largest first; () where no type repeats."""
+    groups: dict[tuple[str, str], list[ModuleMemory]] = defaultdict(list)
+    for m in _merged(modules).values():
+        if m.type:
+            parent = m.name.rsplit(".", 1)[0] if "." in m.name else ""
+            groups[(parent, m.type)].append(m)
+    repeated = [g for g in groups.values() if len(g) >= 2]
+    if not repeated:
+        return ()
+    best = max(repeated, key=lambda g: (sum(m.activations for m in g), len(g)))
+    return tuple(sorted(best, key=lambda m: (-m.activations, m.name)))
 
 
 def _merged(modules: Sequence[ModuleMemory]) -> dict[str, ModuleMemory]:

@@ -9,7 +9,7 @@ from html import escape
 
 from rich.console import Console
 
-from gpudoctor.analysis.memory_breakdown import MemoryBreakdown, compact_names
+from gpudoctor.analysis.memory_breakdown import MemoryBreakdown, compact_names, split_level
 from gpudoctor.analysis.memory_frames import CATEGORIES, CATEGORY_LABELS
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.report import memory_svg
@@ -72,10 +72,11 @@ def _render_breakdown(b: MemoryBreakdown, console: Console) -> None:
                 CATEGORY_LABELS[c], fmt_bytes(b.categories[c]), fmt_pct(b.categories[c] / max(b.peak, 1))
             )
     console.print(t)
-    if b.modules:
-        names = compact_names([m.name for m in b.modules]) if len(b.modules) > 6 else None
-        shown = ", ".join(f"{m.name} {fmt_bytes(m.activations)}" for m in b.modules[:TOP_ROWS])
-        line(console, f"activations by module ({names or len(b.modules)}): {shown}")
+    level = split_level(b.modules)
+    if level:
+        names = compact_names([m.name for m in level]) if len(level) > 6 else None
+        shown = ", ".join(f"{m.name} {fmt_bytes(m.activations)}" for m in level[:TOP_ROWS])
+        line(console, f"activations by module ({names or len(level)}): {shown}")
     if b.sites:
         t = table("held at the peak by", "bytes", "tensors", "category", first_left=1, flexible=0)
         for s in b.sites[:TOP_ROWS]:
@@ -116,6 +117,7 @@ def html_section(m: MemoryAnalysis) -> str:
             )
         )
         if b.modules:
+            parts.append('<p class="note">Modules: what each forward keeps alive, its children included.</p>')
             parts.append(
                 _table(
                     ("module", "type", "activations", "inputs", "forward"),

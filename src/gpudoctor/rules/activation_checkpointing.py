@@ -5,9 +5,7 @@ time paid their forward time (CUDA events around it in the same step)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
-from gpudoctor.analysis.memory_breakdown import ModuleMemory, compact_names
+from gpudoctor.analysis.memory_breakdown import ModuleMemory, compact_names, repeated_blocks, split_level
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.rules.base import finding, pct, size, us
 from gpudoctor.rules.finding import Finding, Fix
@@ -87,19 +85,17 @@ def activation_checkpointing(m: MemoryAnalysis) -> Finding | None:
 
 
 def candidates(modules: tuple[ModuleMemory, ...]) -> list[ModuleMemory]:
-    """The modules to checkpoint: the most-stored type that repeats (a model's blocks), else those
-    holding 80% of the activations, largest first."""
+    """The modules to checkpoint: the siblings of one type that keep the most (a model's blocks), else
+    the modules where the activations split that hold 80% of them, largest first."""
     if not modules:
         return []
-    counts = Counter(m.type for m in modules if m.type)
-    repeated = {t for t, n in counts.items() if n >= 2}
-    if repeated:
-        by_type = {t: sum(m.activations for m in modules if m.type == t) for t in repeated}
-        best = max(by_type, key=lambda t: by_type[t])
-        return [m for m in modules if m.type == best]
-    total = sum(m.activations for m in modules)
+    blocks = repeated_blocks(modules)
+    if blocks:
+        return list(blocks)
+    level = split_level(modules)
+    total = sum(m.activations for m in level)
     chosen, held = [], 0
-    for m in modules:
+    for m in level:
         if held >= 0.8 * total:
             break
         chosen.append(m)
