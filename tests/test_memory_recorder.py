@@ -36,6 +36,7 @@ class FakeCuda:
         monkeypatch.setattr(c, "memory_reserved", lambda *a: self.reserved())
         monkeypatch.setattr(c, "memory_allocated", lambda *a: self.alloc.allocated())
         monkeypatch.setattr(c, "memory_stats", lambda *a: self.stats())
+        monkeypatch.setattr(torch._C, "_cuda_memoryStats", lambda index: self.nested(), raising=False)
         monkeypatch.setattr(c, "reset_peak_memory_stats", self.reset)
         monkeypatch.setattr(c.memory, "_record_memory_history", self.record)
         monkeypatch.setattr(c.memory, "_snapshot", lambda *a: self.alloc.snapshot())
@@ -63,6 +64,17 @@ class FakeCuda:
             "num_device_alloc": len(self.alloc.segments),
             "num_device_free": 0,
         }
+
+    def nested(self) -> dict[str, Any]:
+        """torch._C._cuda_memoryStats's shape (memory_stats() flattens it)."""
+        out: dict[str, Any] = {}
+        for key, value in self.stats().items():
+            name, _, rest = key.partition(".all.")
+            if rest:
+                out.setdefault(name, {"all": {}})["all"][rest] = value
+            else:
+                out[key] = value
+        return out
 
     def reset(self, *a: Any) -> None:
         self.resets += 1
@@ -164,6 +176,7 @@ def test_an_out_of_memory_error_leaves_a_snapshot_a_census_and_the_failing_line(
 
 def test_history_off_records_steps_but_no_stacks_and_no_detail_step(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = FakeCuda(monkeypatch)
+    monkeypatch.delattr(torch._C, "_cuda_memoryStats")  # an older torch: the flattened statistics
     recorder = MemoryRecorder(MemoryOptions(history="off", detail=False)).install()
     for n, (ended, nxt) in enumerate(
         [("warmup", "light"), ("light", "light"), ("light", "traced"), ("traced", "done")], 1
@@ -188,6 +201,7 @@ def test_a_failure_inside_the_recorder_is_a_note_not_the_scripts_failure(
         raise RuntimeError("allocator gone")
 
     monkeypatch.setattr(torch.cuda, "memory_stats", broken)
+    monkeypatch.setattr(torch._C, "_cuda_memoryStats", broken)
     recorder.end_step("warmup", 1)
     recorder.begin_step("light", "warmup")
     recorder.end_step("light", 2)  # must not raise

@@ -176,6 +176,8 @@ def _figures(a: Analysis, d: Diagnosis, ranks: RanksView | None) -> str:
         tiles.append(("kernels", f"{a.kernels.count:,}"))
     if a.memory is not None:
         tiles.append(("peak memory", fmt_bytes(a.memory.peak_allocated)))
+    elif a.memory_run is not None and a.memory_run.peak_allocated:
+        tiles.append(("peak memory", fmt_bytes(a.memory_run.peak_allocated)))
     overhead = d.summary.get("profiler_overhead_pct")
     if overhead is not None:
         tiles.append(("profiler overhead", f"{overhead:.0f}%"))

@@ -257,18 +257,33 @@ class MemoryRecorder:
 
     # -- allocator statistics -------------------------------------------------------------------------
     def _stats(self) -> dict[str, int]:
+        """The step's figures from the allocator: torch's nested statistics read directly where it has
+        them (torch.cuda.memory_stats() flattens ~100 entries in Python at every call)."""
         import torch
 
-        raw = torch.cuda.memory_stats(self._device)
+        nested = getattr(torch._C, "_cuda_memoryStats", None)
+        if nested is not None:
+            raw = nested(self._device.index)
+
+            def get(key: str, sub: str = "current") -> int:
+                value = raw.get(key, 0)
+                return int(value["all"][sub] if isinstance(value, dict) else value)
+
+        else:
+            flat = torch.cuda.memory_stats(self._device)
+
+            def get(key: str, sub: str = "current") -> int:
+                return int(flat.get(f"{key}.all.{sub}", flat.get(key, 0)))
+
         return {
-            "peak_allocated": int(raw.get("allocated_bytes.all.peak", 0)),
-            "peak_reserved": int(raw.get("reserved_bytes.all.peak", 0)),
-            "allocated": int(raw.get("allocated_bytes.all.current", 0)),
-            "reserved": int(raw.get("reserved_bytes.all.current", 0)),
-            "inactive_split_bytes": int(raw.get("inactive_split_bytes.all.current", 0)),
-            "alloc_retries": int(raw.get("num_alloc_retries", 0)),
-            "device_allocs": int(raw.get("num_device_alloc", 0)),
-            "device_frees": int(raw.get("num_device_free", 0)),
+            "peak_allocated": get("allocated_bytes", "peak"),
+            "peak_reserved": get("reserved_bytes", "peak"),
+            "allocated": get("allocated_bytes"),
+            "reserved": get("reserved_bytes"),
+            "inactive_split_bytes": get("inactive_split_bytes"),
+            "alloc_retries": get("num_alloc_retries"),
+            "device_allocs": get("num_device_alloc"),
+            "device_frees": get("num_device_free"),
         }
 
     def _record_step(self, phase: str) -> None:
