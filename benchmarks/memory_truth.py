@@ -253,10 +253,13 @@ def check_batch_lm(work: Path, smoke: bool) -> dict[str, Any]:
     if sweep is None:
         return {"pass": False, "error": log}
     truth = None if smoke else _largest_that_fits()
-    predicted = sweep.get("predicted_max")
+    predicted = sweep.get("prediction_tried") or sweep.get("predicted_max")
     error = abs(predicted - truth) / truth if predicted and truth else None
+    final = sweep.get("predicted_max")
     return {
-        "predicted_max": predicted,
+        "prediction_tried": sweep.get("prediction_tried"),
+        "predicted_max": final,
+        "final_relative_error": abs(final - truth) / truth if final and truth else None,
         "largest_fit_tried": sweep.get("largest_fit"),
         "smallest_oom_tried": sweep.get("smallest_oom"),
         "true_max": truth,
@@ -316,7 +319,16 @@ def _largest_that_fits() -> int | None:
 
 def check_batch_infer(work: Path, smoke: bool) -> dict[str, Any]:
     script = [str(CASES_DIR / "infer_lm.py"), *(["--device", "cpu", "--seq-len", "64"] if smoke else [])]
-    options = ["--latency-ms", "20", "--max-runs", "4" if smoke else "12", "--light-steps", "5"]
+    options = [
+        "--latency-ms",
+        "20",
+        "--max",
+        "256",
+        "--max-runs",
+        "4" if smoke else "12",
+        "--light-steps",
+        "5",
+    ]
     sweep, log = _sweep(work, "batch_infer", script, *options)
     if sweep is None:
         return {"pass": False, "error": log}
@@ -331,9 +343,10 @@ def check_batch_infer(work: Path, smoke: bool) -> dict[str, Any]:
 def check_batch_convnet(work: Path, smoke: bool) -> dict[str, Any]:
     script = [
         str(CASES_DIR / "convnet_train.py"),
-        *(["--device", "cpu", "--samples", "256"] if smoke else []),
+        *(["--device", "cpu", "--samples", "256", "--workers", "0"] if smoke else []),
     ]
-    options = ["--start", "4" if smoke else "16", "--max-runs", "3" if smoke else "10", "--light-steps", "5"]
+    options = ["--start", "4" if smoke else "16", "--max", "4096", "--max-runs", "3" if smoke else "10"]
+    options += ["--light-steps", "5"]
     sweep, log = _sweep(work, "batch_convnet", script, *options)
     if sweep is None:
         return {"pass": False, "error": log}
@@ -397,10 +410,12 @@ def _convnet_step(b: int) -> Any:
 
     model = torchvision.models.resnet18(num_classes=100).cuda().to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    x = torch.randn(b, 3, 64, 64, device="cuda").to(memory_format=torch.channels_last)
-    y = torch.randint(0, 100, (b,), device="cuda")
+    host_x = torch.randn(b, 3, 64, 64).pin_memory()  # the script's batches come pinned from its loader
+    host_y = torch.randint(0, 100, (b,)).pin_memory()
 
     def step() -> None:
+        x = host_x.to("cuda", non_blocking=True).to(memory_format=torch.channels_last)
+        y = host_y.to("cuda", non_blocking=True)
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
@@ -481,6 +496,7 @@ def main() -> int:
 
 VERDICTS = {True: "PASS", False: "FAIL", None: "SMOKE"}
 _SHOWN = {
+    "prediction_tried",
     "first_finding",
     "peak_worst_rel_diff",
     "categories_share_of_peak",

@@ -167,7 +167,11 @@ def test_a_training_sweep_doubles_then_confirms_the_predicted_largest_batch() ->
     measure = _model(fixed, per, budget, 10_000, 500)
     s = sweep(measure, SweepPlan(), ["train.py"])
     assert s.predicted_max is not None and abs(s.predicted_max - truth) <= 0.03 * truth  # the 2% headroom
-    assert s.predicted_max in measure.calls and s.predicted_max + step_above(s.predicted_max) in measure.calls
+    assert (
+        s.prediction_tried in measure.calls
+        and s.prediction_tried + step_above(s.prediction_tried) in measure.calls
+    )
+    assert s.prediction_tried is not None and abs(s.prediction_tried - truth) <= 0.03 * truth
     assert s.largest_fit is not None and s.largest_fit >= s.predicted_max
     assert s.knee is not None and s.training and len(measure.calls) <= 14
 

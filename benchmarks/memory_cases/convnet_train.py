@@ -9,14 +9,21 @@ from torch.utils.data import DataLoader, TensorDataset
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--device", default="cuda")
-parser.add_argument("--samples", type=int, default=16384)
+parser.add_argument("--samples", type=int, default=65536)
+parser.add_argument("--workers", type=int, default=4)
 args = parser.parse_args()
 
 torch.manual_seed(0)
 images = torch.randn(args.samples, 3, 64, 64)
 labels = torch.randint(0, 100, (args.samples,))
 loader = DataLoader(
-    TensorDataset(images, labels), batch_size=32, shuffle=True, drop_last=True, pin_memory=True
+    TensorDataset(images, labels),
+    batch_size=32,
+    shuffle=True,
+    drop_last=True,
+    pin_memory=args.device != "cpu",
+    num_workers=args.workers,
+    persistent_workers=args.workers > 0,
 )
 model = torchvision.models.resnet18(num_classes=100).to(args.device).to(memory_format=torch.channels_last)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)

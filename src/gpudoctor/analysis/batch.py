@@ -85,6 +85,9 @@ class BatchSweep:
     latency_target_us: float | None = None
     latency_pick: int | None = None  # the largest size meeting the target, where one does
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # the memory model's prediction when the sweep went to try it (from the smaller sizes alone);
+    # `predicted_max` is the final fit, which may include the tries around it
+    prediction_tried: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return to_jsonable(self)
@@ -153,6 +156,7 @@ def summarize(
     budget: int | None = None,
     latency_target_us: float | None = None,
     notes: Sequence[str] = (),
+    prediction_tried: int | None = None,
 ) -> BatchSweep:
     ordered = tuple(sorted(points, key=lambda p: (p.batch, p.status)))
     model = fit_memory(ordered)
@@ -175,6 +179,7 @@ def summarize(
         latency_target_us=latency_target_us,
         latency_pick=latency_pick(ordered, latency_target_us) if latency_target_us else None,
         notes=tuple(notes),
+        prediction_tried=prediction_tried,
     )
 
 

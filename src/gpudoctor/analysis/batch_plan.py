@@ -120,10 +120,15 @@ def sweep(
     points: list[BatchPoint] = []
     raws: list[dict[str, Any]] = []
     notes = notes if notes is not None else []
+    tried_prediction = None
     while True:
-        batch = next_batch(points, plan, _first(raws, "budget"))
+        budget = _first(raws, "budget")
+        batch = next_batch(points, plan, budget)
         if batch is None:
             break
+        model = fit_memory(points)
+        if tried_prediction is None and model is not None and budget and batch == model.largest(budget):
+            tried_prediction = batch
         raw = measure(batch)
         if _first([*raws, raw], "knob") is None:
             if raw.get("status") == "error":
@@ -146,6 +151,7 @@ def sweep(
         budget=_first(raws, "budget"),
         latency_target_us=plan.latency_target_us,
         notes=notes,
+        prediction_tried=tried_prediction,
     )
 
 

@@ -27,6 +27,11 @@ def sentences(s: BatchSweep) -> list[str]:
             f"Memory: {fmt_bytes(m.fixed)} fixed + {fmt_bytes(m.per_sample)} per sample (fitted on sizes "
             f"{m.batches[0]} and {m.batches[1]}) within {fmt_bytes(s.budget)} the allocator can get: "
             f"the largest batch that fits is {s.predicted_max} predicted{confirmed}."
+            + (
+                f" (From the smaller sizes alone it was {s.prediction_tried}.)"
+                if s.prediction_tried is not None and s.prediction_tried != s.predicted_max
+                else ""
+            )
         )
     elif s.largest_fit is not None:
         out.append(

@@ -31,7 +31,7 @@ def memory_held(m: MemoryAnalysis) -> Finding | None:
     if b is None or not b.held:
         return None
     leaking = {s.site for s in m.leak.sites} if m.leak else set()
-    held = [h for h in b.held if h.category != "inputs" and h.site not in leaking]
+    held = [h for h in b.held if h.category != "inputs" and not {h.site, h.script_line} & leaking]
     total = sum(h.bytes for h in held)
     peak = peak_of(m)
     if total < MIN_BYTES or total < MIN_SHARE * peak:

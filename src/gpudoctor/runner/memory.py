@@ -46,6 +46,7 @@ MEMORY_DIR = "memory"
 HISTORY_ENTRIES = 200_000  # alloc/free entries kept for the detail step (a few hundred bytes each)
 MAX_FRAMES = 40
 HISTORY_MODES = ("outside-light", "always", "off")
+COUNTERS = ("alloc_retries", "device_allocs", "device_frees")  # counted per step (the others are levels)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,7 @@ class MemoryRecorder:
         self._probe: ModuleProbe | None = None
         self._roots: list[Any] = []
         self._counters: dict[str, int] = {}
+        self._last_counters: dict[str, int] | None = None
         self._steps_seen = 0
         self._queued: Any = None
         self._script: str | None = None  # the script's path, as it runs
@@ -288,9 +290,10 @@ class MemoryRecorder:
 
     def _record_step(self, phase: str) -> None:
         stats = self._stats()
+        self._last_counters = {k: stats[k] for k in COUNTERS}
         row: dict[str, Any] = {"step": self._steps_seen, "phase": phase}
         for key, value in stats.items():
-            if key in ("alloc_retries", "device_allocs", "device_frees"):
+            if key in COUNTERS:
                 row[key] = value - self._counters.get(key, value)
             else:
                 row[key] = value
@@ -300,8 +303,11 @@ class MemoryRecorder:
         import torch
 
         torch.cuda.reset_peak_memory_stats(self._device)
-        stats = self._stats()
-        self._counters = {k: stats[k] for k in ("alloc_retries", "device_allocs", "device_frees")}
+        if self._last_counters is not None:  # read at this boundary already: a reset leaves counts alone
+            self._counters, self._last_counters = self._last_counters, None
+        else:
+            stats = self._stats()
+            self._counters = {k: stats[k] for k in COUNTERS}
 
     def _allocated(self) -> int:
         import torch
@@ -326,7 +332,7 @@ class MemoryRecorder:
             ]
             user = innermost_user_frame(stack)
             script = self._script or _script_path()
-            in_script = next((f for f in stack if script and os.path.abspath(f["filename"]) == script), None)
+            in_script = next((f for f in stack if script and os.path.realpath(f["filename"]) == script), None)
             import torch
 
             device_obj = torch.device("cuda", device)
@@ -408,7 +414,7 @@ class MemoryRecorder:
 
 def _script_path() -> str | None:
     """The running script (runpy sets sys.argv[0] to it, also with -m)."""
-    return os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    return os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None  # as runner.launch runs it
 
 
 def _file(name: str) -> str:
