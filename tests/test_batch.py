@@ -9,6 +9,7 @@ import json
 import math
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 import torch
@@ -280,3 +281,30 @@ def test_gpudoctor_batch_sweeps_a_script_in_fresh_processes(tmp_path: Path) -> N
     assert s.knob["option"] == "--batch-size" and s.knob["default"] == 4
     html = (out / "batch.html").read_text()
     assert "<svg" in html and "Throughput" in html and "Batch sizes" in result.output
+    ElementTree.fromstring(html[html.index("<svg") : html.index("</svg>") + 6])
+
+
+def test_the_html_page_draws_throughput_memory_and_latency_with_their_marks() -> None:
+    from gpudoctor.analysis.batch import summarize
+    from gpudoctor.report.batch_view import render_html
+
+    pts = _points(
+        [1, 2, 4, 8, 16, 32, 64, 128, 256], _saturating(5_000, 200), lambda b: GiB + 20_000_000 * b, 80 * GiB
+    )
+    s = summarize(
+        pts,
+        script=["serve.py"],
+        knob={"kind": "option", "option": "--bs", "default": 1},
+        training=False,
+        device="H100",
+        capacity=81 * GiB,
+        budget=80 * GiB,
+        latency_target_us=20_000,
+    )
+    html = render_html(s)
+    charts = [html[i : html.index("</svg>", i) + 6] for i in range(len(html)) if html.startswith("<svg", i)]
+    assert len(charts) == 3  # throughput, peak memory, latency
+    for chart in charts:
+        ElementTree.fromstring(chart)
+    assert "knee 128" in charts[0] and "allocator budget 80 GiB" in charts[1] and "target 20 ms" in charts[2]
+    assert "sublinear" in charts[2] and "the largest batch meeting it is 64 (17.8 ms)" in html

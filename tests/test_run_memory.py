@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from xml.etree import ElementTree
 
 import pytest
 import torch
@@ -103,6 +104,9 @@ def test_the_analysis_and_the_report_carry_the_memory_of_the_run(heavy_run: tupl
     assert "activation_checkpointing" in [f["id"] for f in findings]
     html = (out / "report.html").read_text()
     assert 'id="memory-run"' in html and "<polygon" in html and "frees up to" in html
+    section = html[html.index('id="memory-run"') :]
+    svg = section[section.index("<svg") : section.index("</svg>") + 6]
+    ElementTree.fromstring(svg)  # well-formed: a browser draws it
     assert "Memory of the run (by category)" in output and "activations" in output
 
 
