@@ -19,7 +19,8 @@ batch_infer, batch_convnet: `gpudoctor batch` on a batch-1 transformer inference
         [--only leak,oom,activations,fragmentation,gpt2,overhead,batch_lm,batch_infer,batch_convnet]
         [--smoke]   (tiny sizes on the CPU: checks the plumbing, no GPU figures)
 
-Results merge into --out (one entry per check, with the device and versions). Estimated on an H100:
+Results merge into --out (one entry per check, with the device and versions); the sweeps' plots go
+beside it (memory_truth_batch_*.html). Estimated on an H100:
 cases ~2.5 min, overhead ~0.5 min, batch_lm ~2 min, batch_infer ~2 min, batch_convnet ~1.5 min.
 """
 
@@ -46,6 +47,7 @@ sys.path.insert(0, str(REPO / "src"))
 from cases import CASES, RUN_OPTIONS, command  # noqa: E402
 
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "memory_truth.json"
+RESULTS_DIR = [DEFAULT_OUT.parent]  # where the sweeps' batch.html go: beside --out
 ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "src"), os.environ.get("PYTHONPATH", "")])}
 PEAK_TOLERANCE = 0.02
 CATEGORY_TOLERANCE = 0.05
@@ -240,9 +242,13 @@ def _timed(step: Any, n: int, device: str, boundary: Any = None) -> list[float]:
 
 # -- batch sizes ---------------------------------------------------------------------------------------
 def _sweep(work: Path, name: str, script: list[str], *options: str) -> tuple[dict[str, Any] | None, str]:
+    """`gpudoctor batch` in a fresh process; its batch.json, and its plot kept beside the results."""
     out = work / name
     done = gpudoctor("batch", "--out", str(out), *options, *script)
     path = out / "batch.json"
+    if (out / "batch.html").is_file():
+        RESULTS_DIR[0].mkdir(parents=True, exist_ok=True)
+        (RESULTS_DIR[0] / f"memory_truth_{name}.html").write_text((out / "batch.html").read_text())
     return (json.loads(path.read_text()) if path.is_file() else None), (done.stdout + done.stderr)[-3000:]
 
 
@@ -471,6 +477,7 @@ def main() -> int:
     names = [n for n in args.only.split(",") if n]
     if unknown := [n for n in names if n not in CHECKS]:
         parser.error(f"unknown checks {unknown}; known: {', '.join(CHECKS)}")
+    RESULTS_DIR[0] = args.out.parent
     results = json.loads(args.out.read_text()) if args.out.is_file() else {"checks": {}}
     results.update(environment())
     with tempfile.TemporaryDirectory(prefix="gpudoctor-memory-truth-") as tmp:
