@@ -99,7 +99,7 @@ def breakdown(
         peak=sum(categories.values()),
         categories=categories,
         sites=by_site(alive, script)[:TOP_SITES],
-        modules=tuple(sorted(_merged(modules).values(), key=lambda m: (-m.activations, m.name)))[
+        modules=tuple(sorted(_merged(modules).values(), key=lambda m: (-m.activations, natural(m.name))))[
             :MAX_MODULES
         ],
         series_t_us=times,
@@ -177,7 +177,7 @@ def split_level(modules: Sequence[ModuleMemory]) -> tuple[ModuleMemory, ...]:
         if total <= 0 or top.activations < SPLIT_SHARE * total or not inside:
             break
         level = inside
-    return tuple(sorted(level, key=lambda m: (-m.activations, m.name)))
+    return tuple(sorted(level, key=lambda m: (-m.activations, natural(m.name))))
 
 
 def repeated_blocks(modules: Sequence[ModuleMemory]) -> tuple[ModuleMemory, ...]:
@@ -192,7 +192,7 @@ def repeated_blocks(modules: Sequence[ModuleMemory]) -> tuple[ModuleMemory, ...]
     if not repeated:
         return ()
     best = max(repeated, key=lambda g: (sum(m.activations for m in g), len(g)))
-    return tuple(sorted(best, key=lambda m: (-m.activations, m.name)))
+    return tuple(sorted(best, key=lambda m: (-m.activations, natural(m.name))))
 
 
 def _merged(modules: Sequence[ModuleMemory]) -> dict[str, ModuleMemory]:
@@ -234,6 +234,11 @@ def _downsample(
     picks = [max(range(i, min(i + step, n)), key=lambda j: totals[j]) for i in range(0, n, step)]
     series = {c: tuple(by_category[j].get(c, 0) for j in picks) for c in CATEGORIES}
     return tuple(times[j] - t0 for j in picks), {c: v for c, v in series.items() if any(v)}
+
+
+def natural(name: str) -> tuple[tuple[int, int | str], ...]:
+    """A sort key that puts h.2 before h.10."""
+    return tuple((0, int(p)) if p.isdigit() else (1, p) for p in name.split("."))
 
 
 def compact_names(names: Sequence[str]) -> str:
