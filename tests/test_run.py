@@ -17,7 +17,18 @@ from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
 from gpudoctor.runner.record import RunRecord
 
-FAST = ["--warmup", "1", "--light-steps", "3", "--light-seconds", "0", "--steps", "2"]
+FAST = [
+    "--warmup",
+    "1",
+    "--light-steps",
+    "3",
+    "--light-seconds",
+    "0",
+    "--warmup-seconds",
+    "0",
+    "--steps",
+    "2",
+]
 
 TRAIN = """\
 import argparse
@@ -117,7 +128,19 @@ def test_light_mode_runs_no_profiler(tmp_path: Path) -> None:
 def test_an_exception_keeps_the_capture_prints_the_traceback_and_exits_1(tmp_path: Path) -> None:
     out = tmp_path / "run"
     path = script(tmp_path, after_step='if i == 5: raise ValueError("bad batch")')
-    result = run("--out", str(out), "--warmup", "1", "--light-steps", "10", "--light-seconds", "0", str(path))
+    result = run(
+        "--out",
+        str(out),
+        "--warmup",
+        "1",
+        "--light-steps",
+        "10",
+        "--light-seconds",
+        "0",
+        "--warmup-seconds",
+        "0",
+        str(path),
+    )
     assert result.exit_code == 1
     assert "Traceback" in result.stderr and "ValueError: bad batch" in result.stderr
     assert str(path) in result.stderr and "runpy" not in result.stderr
@@ -138,6 +161,8 @@ def test_an_exception_while_tracing_still_writes_the_trace(tmp_path: Path) -> No
         "--light-steps",
         "2",
         "--light-seconds",
+        "0",
+        "--warmup-seconds",
         "0",
         "--steps",
         "10",
@@ -284,7 +309,18 @@ def test_the_record_round_trips(tmp_path: Path) -> None:
 
 def test_a_built_in_workload_runs_under_gpudoctor_run(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    fast = ["--warmup", "1", "--light-steps", "2", "--light-seconds", "0", "--steps", "1"]
+    fast = [
+        "--warmup",
+        "1",
+        "--light-steps",
+        "2",
+        "--light-seconds",
+        "0",
+        "--warmup-seconds",
+        "0",
+        "--steps",
+        "1",
+    ]
     result = run("--out", str(out), *fast, "-m", "gpudoctor.workloads.drive", "sync_every_step", "--cpu")
     assert result.exit_code == 0, result.output
     record = record_of(out)

@@ -22,7 +22,18 @@ pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-FAST = ["--warmup", "1", "--light-steps", "3", "--light-seconds", "0", "--steps", "2"]
+FAST = [
+    "--warmup",
+    "1",
+    "--light-steps",
+    "3",
+    "--light-seconds",
+    "0",
+    "--warmup-seconds",
+    "0",
+    "--steps",
+    "2",
+]
 
 LIGHTNING_MODULE = """\
 import torch

@@ -27,7 +27,19 @@ from gpudoctor.trace.steps import find_steps
 dist = pytest.importorskip("torch.distributed")
 SCRIPT = Path(__file__).parent / "fixtures" / "scripts" / "ddp_gloo.py"
 REPO = Path(__file__).resolve().parent.parent
-FAST = ["--warmup", "2", "--light-steps", "5", "--light-seconds", "0", "--steps", "3", "--no-nvml"]
+FAST = [
+    "--warmup",
+    "2",
+    "--light-steps",
+    "5",
+    "--light-seconds",
+    "0",
+    "--warmup-seconds",
+    "0",
+    "--steps",
+    "3",
+    "--no-nvml",
+]
 
 
 def torchrun(

@@ -22,7 +22,18 @@ from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
 from gpudoctor.runner.record import RunRecord
 
-FAST = ["--warmup", "1", "--light-steps", "3", "--light-seconds", "0", "--steps", "2"]
+FAST = [
+    "--warmup",
+    "1",
+    "--light-steps",
+    "3",
+    "--light-seconds",
+    "0",
+    "--warmup-seconds",
+    "0",
+    "--steps",
+    "2",
+]
 
 
 def run_script(tmp_path: Path, body: str, *options: str, name: str = "script.py") -> tuple[RunRecord, str]:

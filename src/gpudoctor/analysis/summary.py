@@ -14,6 +14,7 @@ from gpudoctor.analysis.cpu import CpuStep, OpStat, cpu_steps, op_report
 from gpudoctor.analysis.host_gaps import HostGap, host_gaps
 from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
+from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
 from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
@@ -89,6 +90,8 @@ class Analysis:
     modules: ModuleView | None = None
     # The collectives: each call's size and bandwidth, exposed and overlapped communication per step.
     comms: CommReport | None = None
+    # GPU memory as `gpudoctor run` recorded it (analysis.memory_run); None for a trace alone.
+    memory_run: MemoryAnalysis | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:

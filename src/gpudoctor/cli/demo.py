@@ -58,6 +58,7 @@ def demo_command(
     options = LiveOptions(
         warmup=WARMUP_STEPS,
         light_steps=light_steps,
+        warmup_seconds=0.0,
         light_seconds=0.0,  # the workload runs a set number of steps
         steps=steps,
         with_stack=True,

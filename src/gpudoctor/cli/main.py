@@ -17,7 +17,7 @@ from gpudoctor.cli.common import DebugOption, error_line, is_debug, set_debug
 from gpudoctor.util.errors import GpudoctorError
 
 # Each name is a module gpudoctor.cli.<name> with `register(app)`; adding a command is one entry.
-COMMANDS = ("analyze", "demo", "monitor", "bench", "explore", "run", "report", "fix")
+COMMANDS = ("analyze", "demo", "monitor", "bench", "explore", "run", "report", "fix", "batch")
 
 
 class _Group(TyperGroup):

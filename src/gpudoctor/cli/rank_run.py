@@ -29,7 +29,7 @@ def torchrun_argv(nproc: int, out: Path, options: LiveOptions, module: bool, com
     o = options
     flags = [
         "--out", str(out), "--warmup", str(o.warmup), "--light-steps", str(o.light_steps),
-        "--light-seconds", str(o.light_seconds), "--steps", str(o.steps),
+        "--light-seconds", str(o.light_seconds), "--warmup-seconds", str(o.warmup_seconds), "--steps", str(o.steps),
         "--nvml-interval", str(round(o.nvml_interval_s * 1000)), "--module-depth", str(o.module_depth),
     ]  # fmt: skip
     for name, on in (

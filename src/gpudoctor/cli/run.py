@@ -8,15 +8,18 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import datetime, timezone
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 
+from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.rank_run import finish_rank, launch
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
+from gpudoctor.cli.run_memory import memory_of_run, render_without_trace
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
 from gpudoctor.runner.ranks import RankRun
@@ -27,6 +30,12 @@ from gpudoctor.util.units import fmt_bytes, fmt_us
 RUNS_DIR = Path("gpudoctor-runs")
 
 
+class MemoryHistory(str, Enum):
+    outside_light = "outside-light"  # on from the first CUDA call, paused while steps are timed
+    always = "always"
+    off = "off"
+
+
 def run_command(
     ctx: typer.Context,
     command: Annotated[list[str], typer.Argument(help="script.py [args...] (or, with -m, module [args...])")],
@@ -35,6 +44,9 @@ def run_command(
         Path | None, typer.Option("--out", "-o", help="Run directory (default gpudoctor-runs/<name>-<time>).")
     ] = None,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Steps skipped before timing.")] = 3,
+    warmup_seconds: Annotated[
+        float, typer.Option("--warmup-seconds", min=0, help="...and for at least this long.")
+    ] = 1.0,
     light_steps: Annotated[
         int, typer.Option("--light-steps", min=1, help="Steps timed with no profiler.")
     ] = 20,
@@ -67,6 +79,10 @@ def run_command(
             show_default=False,
         ),
     ] = None,
+    memory_history: Annotated[
+        MemoryHistory,
+        typer.Option("--memory-history", help="When the allocator keeps Python stacks (docs/memory.md)."),
+    ] = MemoryHistory.outside_light,
     debug: DebugOption = False,
 ) -> None:
     """Profile an unmodified script: `gpudoctor run train.py --lr 3e-4`.
@@ -81,6 +97,7 @@ def run_command(
     out = out or RUNS_DIR / f"{_run_name(target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     options = LiveOptions(
         warmup=warmup,
+        warmup_seconds=warmup_seconds,
         light_steps=light_steps,
         light_seconds=light_seconds,
         steps=steps,
@@ -92,6 +109,7 @@ def run_command(
         nvml=nvml,
         nvml_interval_s=nvml_interval / 1000,
         module_depth=module_depth,
+        memory_history=memory_history.value,
     )
     if nproc:  # several ranks: torchrun runs this command in each (cli.rank_run)
         raise typer.Exit(launch(nproc, out, options, module, command, stdout_console()))
@@ -171,7 +189,8 @@ def fitted_options(record: RunRecord, options: LiveOptions) -> LiveOptions | Non
     if n < 5 or record.step is None:
         return replace(options, trace_all=True)
     steps = max(1, min(options.steps, (n - 2) // 3))
-    return replace(options, warmup=1, light_steps=max(n - 2 - steps - 1, 1), light_seconds=0.0, steps=steps)
+    light = max(n - 2 - steps - 1, 1)
+    return replace(options, warmup=1, warmup_seconds=0.0, light_steps=light, light_seconds=0.0, steps=steps)
 
 
 def _describe_fit(options: LiveOptions) -> str:
@@ -242,7 +261,7 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
             f"traced phase: {len(traced.times_us)} steps, median {fmt_us(traced.median_us)}: "
             f"the profiler slows each step by {100 * overhead:.0f}% — figures below use the unprofiled step"
         )
-    if record.memory:
+    if record.memory and not record.memory_run:  # else the memory section below says it per step
         console.print(
             f"GPU memory: peak allocated {fmt_bytes(record.memory.get('allocated_bytes.all.peak', 0))}, "
             f"peak reserved {fmt_bytes(record.memory.get('reserved_bytes.all.peak', 0))}, "
@@ -253,12 +272,15 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
         if record.nvml_missing is None
         else f"[dim]NVML: not recorded ({record.nvml_missing})[/]"
     )
+    memory = memory_of_run(out, record, console)
     if record.trace_files:
-        _analyze(out, record, console)
+        _analyze(out, record, console, memory)
+    elif memory is not None:
+        render_without_trace(memory, console)
     console.print(f"\nrun directory: {out}")
 
 
-def _analyze(out: Path, record: RunRecord, console: Console) -> None:
+def _analyze(out: Path, record: RunRecord, console: Console, memory: MemoryAnalysis | None = None) -> None:
     from gpudoctor.analysis.summary import analyze
     from gpudoctor.report.json_out import report_json
     from gpudoctor.report.terminal import render_analysis
@@ -269,6 +291,7 @@ def _analyze(out: Path, record: RunRecord, console: Console) -> None:
     try:
         trace = load_trace(out / record.trace_files[0])
         analysis = analyze(trace, unprofiled_step_us=unprofiled, ceilings=trace_ceilings(trace))
+        analysis = replace(analysis, memory_run=memory)
         diagnosis = diagnose(analysis)
     except GpudoctorError as err:
         console.print(f"[dim]the trace could not be analyzed: {err}[/]")

@@ -110,7 +110,12 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     observer = Observer(finder, all_devices=args.count_cpu_items)
     recorder = OutputRecorder(finder, args.record)
     options = LiveOptions(
-        warmup=args.warmup, light_steps=args.steps, light_seconds=0.0, light_only=True, nvml=False
+        warmup=args.warmup,
+        warmup_seconds=0.0,
+        light_steps=args.steps,
+        light_seconds=0.0,
+        light_only=True,
+        nvml=False,
     )
     capture = LiveCapture(Path(args.out).parent, options)
     compiling = any(f.startswith("compile") for f in fixes)

@@ -9,6 +9,7 @@ from rich.text import Text
 
 from gpudoctor.report.style import section
 from gpudoctor.rules.finding import Diagnosis, Finding, Severity
+from gpudoctor.util.units import fmt_bytes
 
 SEVERITY_STYLE = {
     Severity.CRITICAL: "bold white on red",
@@ -41,6 +42,8 @@ def _render_finding(f: Finding, console: Console, with_snippet: bool, of: str = 
     head.append(f" {f.severity.value.upper()} ", style=SEVERITY_STYLE[f.severity])
     head.append(f"  {f.title}", style="bold")
     saving = f"  up to {f.est_saving_pct:g}% of the {of}" if f.est_saving_pct > 0 else ""
+    if f.est_memory_bytes:
+        saving += f"  frees up to {fmt_bytes(f.est_memory_bytes)}"
     head.append(saving, style="bold green")
     head.append(f"  [{f.id}]", style="dim")
     console.print(head)

@@ -19,6 +19,7 @@ from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
 from gpudoctor.report.html_style import CSS, SORT_JS
+from gpudoctor.report.memory_view import html_section
 from gpudoctor.report.modules_view import modules_html
 from gpudoctor.report.ranks_svg import rank_distribution
 from gpudoctor.report.ranks_view import (
@@ -165,6 +166,8 @@ def _finding(f: Finding, open_: bool, of: str = "step") -> str:
         if f.est_saving_pct > 0
         else ""
     )
+    if f.est_memory_bytes:
+        saving += f'<span class="saving">frees up to {escape(fmt_bytes(f.est_memory_bytes))}</span>'
     evidence = "".join(f"<li>{escape(e)}</li>" for e in f.evidence)
     sources = "".join(f"<li><code>{escape(s)}</code></li>" for s in f.sources)
     sources = f'<p class="label">where</p><ul class="sources">{sources}</ul>' if sources else ""
@@ -192,6 +195,8 @@ def _figures(a: Analysis, d: Diagnosis, ranks: RanksView | None) -> str:
         tiles.append(("kernels", f"{a.kernels.count:,}"))
     if a.memory is not None:
         tiles.append(("peak memory", fmt_bytes(a.memory.peak_allocated)))
+    elif a.memory_run is not None and a.memory_run.peak_allocated:
+        tiles.append(("peak memory", fmt_bytes(a.memory_run.peak_allocated)))
     overhead = d.summary.get("profiler_overhead_pct")
     if overhead is not None:
         tiles.append(("profiler overhead", f"{overhead:.0f}%"))
@@ -408,6 +413,11 @@ def _transfers_syncs(a: Analysis) -> str:
 
 
 def _memory(a: Analysis) -> str:
+    run = _section("GPU memory by category", html_section(a.memory_run), "memory-run") if a.memory_run else ""
+    return run + _trace_memory(a)
+
+
+def _trace_memory(a: Analysis) -> str:
     m = a.memory
     if m is None:
         return _section("GPU memory", _na("no GPU memory events: record with profile_memory=True"))

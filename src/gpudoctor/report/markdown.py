@@ -52,6 +52,8 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis, ranks: RanksView |
         out += ["| severity | finding | up to | id |", "|---|---|--:|---|"]
         for f in diagnosis.findings:
             saving = f"{f.est_saving_pct:g}%" if f.est_saving_pct > 0 else "-"
+            if f.est_memory_bytes:
+                saving = f"frees {fmt_bytes(f.est_memory_bytes)}"
             out.append(f"| {f.severity.value} | {md_text(f.title)} | {saving} | `{f.id}` |")
     else:
         out.append("No bottleneck found that a change would shorten by 2% or more.")

@@ -14,6 +14,7 @@ from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
 from gpudoctor.report.findings_view import render_diagnosis, render_findings
+from gpudoctor.report.memory_view import render_memory_run
 from gpudoctor.report.modules_view import render_modules
 from gpudoctor.report.ranks_view import (
     COLLECTIVE_HEAD,
@@ -226,6 +227,8 @@ def _gpu_cells(b: TimeBreakdown, value: Any, with_share: bool) -> tuple[str, str
 
 
 def render_memory(analysis: Analysis, console: Console) -> None:
+    if analysis.memory_run is not None:
+        render_memory_run(analysis.memory_run, console)
     section(console, "Memory")
     m = analysis.memory
     if m is None:

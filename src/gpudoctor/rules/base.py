@@ -26,6 +26,7 @@ def finding(
     values: dict[str, float],
     sources: tuple[str, ...] = (),
     severity: Severity | None = None,
+    memory_bytes: int | None = None,
 ) -> Finding:
     saving = round(max(0.0, min(saving_pct, 100.0)), 1)
     return Finding(
@@ -37,6 +38,7 @@ def finding(
         fix=fix,
         values={k: round(float(v), 3) for k, v in values.items()},
         sources=sources,
+        est_memory_bytes=memory_bytes,
     )
 
 

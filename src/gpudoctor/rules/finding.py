@@ -47,6 +47,8 @@ class Finding:
     fix: Fix
     values: dict[str, float]  # the numbers behind the evidence, machine-readable
     sources: tuple[str, ...] = ()  # the user's Python frames involved, where the trace has stacks
+    # memory findings: the device memory the fix frees at most, in bytes (None for time findings)
+    est_memory_bytes: int | None = None
 
 
 @dataclass(frozen=True)

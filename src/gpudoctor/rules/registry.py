@@ -21,6 +21,7 @@ from gpudoctor.rules.input_pipeline import input_pipeline
 from gpudoctor.rules.launch_overhead import launch_overhead
 from gpudoctor.rules.layout import conv_layout
 from gpudoctor.rules.memory import memory_pressure
+from gpudoctor.rules.memory_registry import memory_findings
 from gpudoctor.rules.optimizer import optimizer_unfused
 from gpudoctor.rules.pageable_copy import pageable_copy
 from gpudoctor.rules.pipeline import pipeline_bubble
@@ -59,22 +60,25 @@ MIN_KERNELS_WITHOUT_STEPS = 20
 
 
 def diagnose(analysis: Analysis) -> Diagnosis:
+    """Time findings ranked by what they save, then the memory findings of a `gpudoctor run` (its own
+    order: `rules.memory_registry`)."""
+    memory = memory_findings(analysis.memory_run)
     facts = facts_of(analysis)
     if facts is None:
-        return Diagnosis(SCHEMA, (), "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
+        return Diagnosis(SCHEMA, memory, "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
     if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
         too_little = (
             f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no repeating step "
             f"(profile a few steps with torch.profiler's schedule and prof.step())."
         )
-        return Diagnosis(SCHEMA, (), too_little, _summary(facts), _saving_of(facts))
+        return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts))
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
         if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
-    return Diagnosis(SCHEMA, tuple(found), bound(analysis, facts), _summary(facts), _saving_of(facts))
+    return Diagnosis(SCHEMA, (*found, *memory), bound(analysis, facts), _summary(facts), _saving_of(facts))
 
 
 def _saving_of(f: Facts) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
+from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.modules import ModuleLabels
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.steps import StepDetector
@@ -48,15 +49,18 @@ class StopRun(BaseException):
     own `except Exception` does not swallow it."""
 
 
-MAX_MARKS = 5000  # the light phase ends after this many marks, however short its time
-MARK_EVERY_US = 500.0  # light-phase marks at least this far apart (steps shorter are marked in groups)
+MAX_MARKS = 20000  # the light phase ends after this many marks, however short its time
+MARK_EVERY_US = 1000.0  # light-phase marks at least this far apart (steps shorter are marked in groups)
 MAX_EVERY = 1000
+MEMORY_EVERY_S = 0.02  # light-phase memory statistics at most this often
 MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fall
+SETTLE_SLACK_S = 0.02  # a step within this of the fastest is warm whatever the ratio
 
 
 @dataclass(frozen=True)
 class LiveOptions:
     warmup: int = 3  # steps skipped before the light phase (more while step times still fall)
+    warmup_seconds: float = 1.0  # and at least this long (caches, clocks, the interpreter settle)
     light_steps: int = 20
     light_seconds: float = 2.0  # and at least this long
     steps: int = 5  # profiled (active) steps of the traced phase
@@ -69,6 +73,7 @@ class LiveOptions:
     nvml_interval_s: float = 0.1
     module_depth: int = 3  # module ranges in the traced phase to this depth (-1: none)
     trace_all: bool = False  # trace the whole script (no steps, no light phase): for a short script
+    memory_history: str = "outside-light"  # runner.memory: outside-light, always, off
 
 
 class _Clock:
@@ -156,6 +161,7 @@ class LiveCapture:
         self._cuda = False
         self._detector: StepDetector | None = None
         self._warm: list[float] = []  # host times of the warm-up boundaries
+        self._memory_at = 0.0  # when the allocator's statistics were last read
         self._light_start = 0.0
         self._light_calls = 0
         self._prof: Any = None
@@ -163,6 +169,10 @@ class LiveCapture:
         self._labels: ModuleLabels | None = None
         self._raw_trace: Path | None = None
         self._nvml: Any = None  # (backend, session)
+        timeline = options.profile_memory and options.record_shapes and options.with_stack
+        self.memory_recorder = MemoryRecorder(
+            MemoryOptions(options.memory_history, options.memory_history != "off", timeline)
+        )
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
@@ -170,6 +180,7 @@ class LiveCapture:
         self._detector = StepDetector(
             self.boundary, self._on_definition, self.script_files, discover=not self.options.trace_all
         ).install()
+        self.memory_recorder.install()
         _ACTIVE = self
         if self.options.trace_all:
             self._start_traced(schedule=False)
@@ -184,6 +195,9 @@ class LiveCapture:
             self.notes.extend(n for n in self._detector.notes if n not in self.notes)
             self._detector.uninstall()
         self.finish()
+        self.memory_recorder.uninstall()
+        with contextlib.suppress(OSError):
+            self.memory_recorder.write_files(self.out_dir)
 
     def explicit_step(self) -> None:
         if self._detector is not None:
@@ -198,6 +212,7 @@ class LiveCapture:
         if self.phase in ("warmup", "light"):
             self._stop_nvml()
             self.phase, self.steps_seen, self._clock, self._warm = "warmup", 0, None, []
+            self.memory_recorder.restart()
             self.notes.append(
                 f"the step is {definition.description}, not {previous.description}: started again"
             )
@@ -209,8 +224,18 @@ class LiveCapture:
         self.steps_seen += 1
         if self.phase == "done":
             return
+        ended = self.phase
+        # Reading the allocator's statistics costs tens of µs: in the light phase, per group of steps
+        # at least MEMORY_EVERY_S long (each group's peak), so that the step time keeps it out.
+        now = time.perf_counter()
+        memory = ended != "light" or now - self._memory_at >= MEMORY_EVERY_S
         try:
+            if memory:
+                self.memory_recorder.end_step(ended, self.steps_seen)
             self._advance()
+            if memory or self.phase != ended:
+                self.memory_recorder.begin_step(self.phase, ended)
+                self._memory_at = now
         except StopRun:
             raise
         except Exception as err:  # a failure of ours must not break the user's script
@@ -282,10 +307,13 @@ class LiveCapture:
         n = len(self._warm) - 1  # whole steps between boundaries
         if self.lockstep:
             return n >= max(self.options.warmup, 1)
+        if self._warm and self._warm[-1] - self._warm[0] < self.options.warmup_seconds:
+            return False
         if n < max(self.options.warmup, 1):
             return self.options.warmup == 0 and n >= 0
-        times = [b - a for a, b in zip(self._warm, self._warm[1:], strict=False)]
-        return times[-1] <= 2 * min(times) or n >= self.options.warmup + MAX_EXTRA_WARMUP
+        times = [b - a for a, b in itertools.pairwise(self._warm)]
+        settled = times[-1] <= max(2 * min(times), min(times) + SETTLE_SLACK_S)  # jitter is not warm-up
+        return settled or n >= self.options.warmup + MAX_EXTRA_WARMUP
 
     def _mark_every(self) -> int:
         """Mark every k-th boundary when the warm-up's steps are short, so that marks are at least
@@ -294,7 +322,9 @@ class LiveCapture:
         if not times:
             return 1
         step_us = 1e6 * statistics.median(times)
-        return max(1, min(MAX_EVERY, math.ceil(MARK_EVERY_US / max(step_us, 1e-3))))
+        # (no more than a third of --light-steps a group: a short light phase keeps its steps)
+        cap = max(1, min(MAX_EVERY, self.options.light_steps // 3))
+        return max(1, min(cap, math.ceil(MARK_EVERY_US / max(step_us, 1e-3))))
 
     def _start_light(self) -> None:
         import torch
@@ -329,6 +359,7 @@ class LiveCapture:
 
         def on_trace_ready(prof: Any) -> None:
             prof.export_chrome_trace(str(raw))
+            self.memory_recorder.on_trace_ready(prof)
             self._raw_trace = raw
 
         self._scheduled = schedule
@@ -392,6 +423,7 @@ class LiveCapture:
         elif self.phase == "traced" or self._prof is not None:
             self._stop_profiler()
         self._stop_nvml()
+        self.memory_recorder.finish()
         self.phase = "done"
 
     def _gzip_trace(self) -> None:
@@ -457,6 +489,7 @@ class LiveCapture:
             "environment": self.environment,
             "memory": self.memory,
             "memory_missing": self.memory_missing,
+            "memory_run": self.memory_recorder.result(),
             "nvml_samples": self.nvml_samples,
             "nvml_summary": self.nvml_summary,
             "nvml_missing": self.nvml_missing,

@@ -84,11 +84,16 @@ class RunRecord:
     light: StepTimes | None = None
     traced: StepTimes | None = None  # the profiled (active) steps, same clock as `light`
     trace_files: tuple[str, ...] = ()  # relative to the run directory
-    memory: dict[str, int] | None = None  # torch.cuda.memory_stats() subset at the end of the light phase
+    # torch.cuda.memory_stats() subset at the end of the light phase; its peaks are the last light
+    # step's (runner.memory resets them at every step boundary: memory_run has each step's)
+    memory: dict[str, int] | None = None
     memory_missing: str | None = None
     nvml_samples: tuple[dict[str, Any], ...] = ()  # GpuSample.to_json() during the light phase
     nvml_summary: dict[str, Any] | None = None  # MonitorSummary.to_json()
     nvml_missing: str | None = None
+    # runner.memory's record (schema gpudoctor.memory-run/1): per-step peaks, the detail step, the
+    # out-of-memory moment; the snapshots it names are under memory/ in the run directory
+    memory_run: dict[str, Any] | None = None
     error: str | None = None  # the script's exception, one line
     notes: tuple[str, ...] = ()
     step: StepFound | None = None  # how the script's step was found (None in records before it was)

@@ -24,3 +24,8 @@ class NotATraceError(TraceFormatError):
 
 class NoGpuError(GpudoctorError):
     """The operation needs a CUDA GPU and there is none (or torch cannot see it)."""
+
+
+class MemoryFormatError(GpudoctorError):
+    """A file that is not what gpudoctor's memory recording wrote: a torch allocator snapshot, a memory
+    timeline or a batch sweep, damaged or of another kind."""

@@ -1,0 +1,90 @@
+"""`gpudoctor batch [options] train.py [args...]`: sweep the script's batch size (its --batch-size-like
+option, else its DataLoaders' batch_size), each size in a fresh process; print and write what fits,
+where throughput stops growing and, with --latency-ms, the largest batch meeting a latency target
+(`batch.json`, schema gpudoctor.batch/1, and `batch.html` in --out)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from gpudoctor.analysis.batch_plan import SweepPlan, sweep
+from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.report.batch_view import render_html, render_sweep
+from gpudoctor.runner.sweep import measure_in_process
+
+RUNS_DIR = Path("gpudoctor-runs")
+
+
+def batch_command(
+    ctx: typer.Context,
+    command: Annotated[list[str], typer.Argument(help="script.py [args...] (or, with -m, module [args...])")],
+    module: Annotated[bool, typer.Option("-m", help="Run a module, as python -m does.")] = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", "-o", help="Where batch.json and batch.html go.")
+    ] = None,
+    start: Annotated[int, typer.Option("--start", min=1, help="The first batch size.")] = 1,
+    max_batch: Annotated[
+        int | None, typer.Option("--max", min=1, help="The largest batch size to try.")
+    ] = None,
+    max_runs: Annotated[int, typer.Option("--max-runs", min=1, help="Processes to run at most.")] = 14,
+    latency_ms: Annotated[
+        float | None,
+        typer.Option("--latency-ms", min=0.001, help="Inference: the largest batch within this latency."),
+    ] = None,
+    batch_arg: Annotated[
+        str | None,
+        typer.Option("--batch-arg", help="The script's batch-size option, if its name is unusual."),
+    ] = None,
+    warmup: Annotated[int, typer.Option("--warmup", min=0, help="Steps skipped before timing.")] = 2,
+    light_steps: Annotated[int, typer.Option("--light-steps", min=1, help="Steps timed per size.")] = 10,
+    timeout: Annotated[float, typer.Option("--timeout", min=1, help="Seconds one size may take.")] = 600.0,
+    debug: DebugOption = False,
+) -> None:
+    """Which batch size to run: `gpudoctor batch train.py --lr 3e-4`.
+
+    Sizes double from --start while throughput grows; then the largest size the memory model predicts
+    is tried with the next size up. Options after the script name are the script's.
+    """
+    set_debug(ctx, debug)
+    target, args = command[0], command[1:]
+    name = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
+    out = out or RUNS_DIR / f"{name}-batch-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    child = ["--warmup", str(warmup), "--light-steps", str(light_steps)]
+    child += ["--batch-arg", batch_arg] if batch_arg else []
+    plan = SweepPlan(
+        start=start,
+        max_batch=max_batch,
+        max_runs=max_runs,
+        latency_target_us=latency_ms * 1000 if latency_ms else None,
+    )
+    console = stdout_console()
+    measure = measure_in_process(target, args, module=module, timeout_s=timeout, child_args=child)
+
+    def measured(batch: int) -> dict:
+        console.print(f"[dim]batch {batch}…[/]", end=" ")
+        raw = measure(batch)
+        console.print(f"[dim]{raw.get('status')}[/]")
+        return raw
+
+    result = sweep(measured, plan, [target, *args])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "batch.json").write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
+    (out / "batch.html").write_text(render_html(result), encoding="utf-8")
+    render_sweep(result, console)
+    console.print(f"\nwrote {out / 'batch.json'} and {out / 'batch.html'}")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "batch",
+        context_settings={
+            "allow_extra_args": True,
+            "ignore_unknown_options": True,
+            "allow_interspersed_args": False,
+        },
+    )(batch_command)

@@ -1,0 +1,122 @@
+"""One point of a batch-size sweep, in its own process: `python -m gpudoctor.runner.batch --batch B
+--result FILE [options] -- script.py [args]` runs the script with its batch size set to B
+(`runner.batch_knob`), through a warm-up and a light phase only (step times from CUDA events, each
+step's peak memory; no profiler, no allocator history), stops it, and writes what it measured as JSON
+(schema `gpudoctor.batch-point/1`). A script that runs out of memory gives status `oom`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+POINT_SCHEMA = "gpudoctor.batch-point/1"
+
+
+def measure_batch(
+    target: str,
+    args: list[str],
+    batch: int,
+    *,
+    module: bool = False,
+    warmup: int = 2,
+    light_steps: int = 10,
+    light_seconds: float = 0.5,
+    warmup_seconds: float = 0.0,
+    option: str | None = None,
+) -> dict[str, Any]:
+    """Run the script at `batch` in this process; the point as a JSON-able dict."""
+    from gpudoctor.runner.batch_knob import BatchKnob
+    from gpudoctor.runner.capture import LiveCapture, LiveOptions
+    from gpudoctor.runner.launch import run_script
+
+    options = LiveOptions(
+        warmup=warmup,
+        warmup_seconds=warmup_seconds,
+        light_steps=light_steps,
+        light_seconds=light_seconds,
+        light_only=True,
+        nvml=False,
+        memory_history="off",
+    )
+    knob = BatchKnob(batch, option).install()
+    try:
+        with tempfile.TemporaryDirectory(prefix="gpudoctor-batch-") as tmp:
+            capture = LiveCapture(Path(tmp), options).install()
+            try:
+                end = run_script(target, args, module=module)
+            finally:
+                capture.uninstall()
+            captured = capture.result()
+    finally:
+        knob.uninstall()
+    return _point(batch, end, captured, knob.applied)
+
+
+def _point(batch: int, end: Any, captured: dict[str, Any], knob: dict[str, Any] | None) -> dict[str, Any]:
+    light = captured.get("light")
+    times = list(light.times_us) if light is not None else []
+    memory = captured.get("memory_run") or {}
+    steps = [s for s in memory.get("steps") or () if s.get("phase") == "light"]
+    env = captured.get("environment")
+    error = None if end.error is None else f"{type(end.error).__name__}: {end.error}"
+    if end.error is not None and type(end.error).__name__ == "OutOfMemoryError":
+        status = "oom"
+    elif times:
+        status = "ok"  # the light phase ended (and stopped the script) or the script ended after it
+    elif end.error is not None:
+        status = "error"
+    else:
+        status = "no_steps"
+    return {
+        "schema": POINT_SCHEMA,
+        "batch": batch,
+        "status": status,
+        "step_times_us": times,
+        "peak_allocated": max((s["peak_allocated"] for s in steps), default=None),
+        "peak_reserved": max((s["peak_reserved"] for s in steps), default=None),
+        "capacity": memory.get("capacity"),
+        "budget": memory.get("budget"),
+        "training": bool(memory.get("training")),
+        "device": getattr(env, "gpu_name", None) or getattr(env, "device", None),
+        "knob": knob,
+        "error": error,
+        "steps_seen": captured.get("steps_seen", 0),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpudoctor.runner.batch")
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--result", required=True)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--light-steps", type=int, default=10)
+    parser.add_argument("--light-seconds", type=float, default=0.5)
+    parser.add_argument("--warmup-seconds", type=float, default=0.0)
+    parser.add_argument("--batch-arg", default=None)
+    parser.add_argument("-m", dest="module", action="store_true")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    ns = parser.parse_args(argv)
+    command = ns.command[1:] if ns.command[:1] == ["--"] else ns.command
+    if not command:
+        parser.error("no script given")
+    point = measure_batch(
+        command[0],
+        command[1:],
+        ns.batch,
+        module=ns.module,
+        warmup=ns.warmup,
+        light_steps=ns.light_steps,
+        light_seconds=ns.light_seconds,
+        warmup_seconds=ns.warmup_seconds,
+        option=ns.batch_arg,
+    )
+    Path(ns.result).write_text(json.dumps(point, allow_nan=False, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
