@@ -3,25 +3,28 @@ summary, or the JSON of the analysis with --json (nothing else on stdout)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gpudoctor.analysis.summary import analyze
-from gpudoctor.cli.common import DebugOption, rank_index, set_debug, stdout_console, trace_ceilings
-from gpudoctor.cli.report import ranks_view, write_html
-from gpudoctor.report.json_out import report_json
-from gpudoctor.report.terminal import render_analysis, render_rank_overview
-from gpudoctor.rules import diagnose
-from gpudoctor.trace import load_traces
+from gpudoctor.cli.common import (
+    DebugOption,
+    MaxTraceSizeOption,
+    input_path,
+    parse_size,
+    rank_index,
+    set_debug,
+    stdout_console,
+    step_time_us,
+    trace_ceilings,
+)
 
 
 def analyze_command(
     ctx: typer.Context,
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
             metavar="PATH",
             help="A Kineto trace (.json or .json.gz) or a directory of rank traces.",
@@ -52,7 +55,6 @@ def analyze_command(
         typer.Option(
             "--step-time-ms",
             metavar="MS",
-            min=0.001,
             help="The step time measured without the profiler: the profiler's own overhead is then "
             "taken out of the diagnosis.",
             show_default=False,
@@ -67,6 +69,7 @@ def analyze_command(
             show_default=False,
         ),
     ] = None,
+    max_trace_size: MaxTraceSizeOption = "4G",
     debug: DebugOption = False,
 ) -> None:
     """Diagnose a torch.profiler trace.
@@ -77,8 +80,18 @@ def analyze_command(
     directory of rank traces.
     """
     set_debug(ctx, debug)
-    unprofiled = step_time_ms * 1000 if step_time_ms else None
-    traces = load_traces(path)
+    import json
+
+    from gpudoctor.analysis.summary import analyze
+    from gpudoctor.cli.report_source import ranks_view, write_html
+    from gpudoctor.report.json_out import report_json
+    from gpudoctor.report.terminal import render_analysis, render_rank_overview
+    from gpudoctor.rules import diagnose
+    from gpudoctor.trace import load_traces
+
+    source = input_path(path)
+    unprofiled = step_time_us(step_time_ms)
+    traces = load_traces(source, parse_size(max_trace_size))
     analyses = [
         analyze(
             trace,
@@ -94,7 +107,14 @@ def analyze_command(
     chosen, diagnosis = reports[index]
     view = ranks_view(reports, chosen.trace.rank)
     if html is not None:
-        write_html(html, chosen, diagnosis, traces[index], ranks=view)
+        write_html(
+            html,
+            chosen,
+            diagnosis,
+            traces[index],
+            ranks=view,
+            inputs=(source, *(t.meta.path for t in traces)),
+        )
     if as_json:
         doc = report_json([reports[index]] if rank is not None else reports)
         typer.echo(json.dumps(doc, indent=1, allow_nan=False))

@@ -32,6 +32,7 @@ from gpudoctor.timing.api import infer_dtype
 from gpudoctor.timing.compare import REGRESSION_THRESHOLD, match_baseline
 from gpudoctor.timing.measurement import FILE_SCHEMA, SCHEMA_VERSION, Measurement
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.outfile import check_target
 
 STMT_FILE = "<gpudoctor-stmt>"
 SETUP_FILE = "<gpudoctor-setup>"
@@ -136,6 +137,8 @@ def bench_command(
         if not stmts:
             return
     baselines = load_measurements(baseline) if baseline else None
+    if save:
+        check_target(save, inputs=[baseline] if baseline else [])
     namespace = run_setup("\n".join(setup or []))
     chosen = resolve_device(device if device != "auto" else guess_device(namespace, [*(setup or []), *stmts]))
     options = {"mode": "cold" if cold else "hot", "method": method, "min_time_s": min_time, "timeout_s": timeout,
@@ -159,7 +162,7 @@ def bench_command(
                 raise UsageError(f"{baseline} has no measurement labelled {m.label!r}")
             checks.append(check_regression(base, m, threshold))
     if save:
-        save_measurements(save, results)
+        save_measurements(save, results, inputs=(baseline,) if baseline else ())
     if as_json:
         doc = {"schema": FILE_SCHEMA, "schema_version": SCHEMA_VERSION, "measurements": [m.to_json() for m in results],
                "comparisons": [_comparison_json(c) for c in comparisons],

@@ -3,19 +3,18 @@ with --plot, where matplotlib is installed), with the size from which the GPU wi
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.common import DebugOption, set_debug, stderr_console, stdout_console
 from gpudoctor.report.bench_plot import matplotlib_available, plot_explore
 from gpudoctor.report.bench_table import render_explore
 from gpudoctor.timing.explore import OPS, explore
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.outfile import check_target, write_json
 
 
 def explore_command(
@@ -53,14 +52,16 @@ def explore_command(
         raise UsageError(
             "--plot needs matplotlib (pip install matplotlib); the table and --json work without it"
         )
-    err = Console(stderr=True)
+    for target in (json_path, plot):
+        if target is not None:  # before minutes of measuring, not after
+            check_target(target)
+    err = stderr_console()
     with err.status("measuring", spinner="dots") if err.is_terminal else nullcontext() as status:
         result = explore(names, quick=quick, sizes=size_list, dtype=dtype, transfers=transfers, gpu=not cpu_only,
                          progress=(lambda s: status.update(f"measuring {s}")) if status else None)  # fmt: skip
     render_explore(result, stdout_console())
     if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
+        write_json(json_path, result.to_json())
     if plot:
         plot_explore(result, plot)
 

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.live import Live
 
-from gpudoctor.cli.common import DebugOption, error_line, set_debug, stdout_console
+from gpudoctor.cli.common import DebugOption, error_line, set_debug, stderr_console, stdout_console
 from gpudoctor.monitor.alerts import AlertPolicy
 from gpudoctor.monitor.backend import NvmlBackend, open_backend
 from gpudoctor.monitor.logfile import SampleLog, log_format
@@ -27,6 +27,7 @@ from gpudoctor.monitor.session import MonitorSession, read_once
 from gpudoctor.monitor.summary import MonitorSummary, summarize_record
 from gpudoctor.report.monitor_view import alert_line, render_live, render_snapshot, render_summary
 from gpudoctor.util.errors import GpudoctorError, UsageError
+from gpudoctor.util.outfile import write_json
 from gpudoctor.util.serial import to_jsonable
 
 SNAPSHOT_SCHEMA = "gpudoctor.monitor-snapshot/1"
@@ -257,7 +258,7 @@ def _follow(
     policy: AlertPolicy,
 ) -> int:
     """Run `command`, sample while it runs, summarize on stderr; return its exit status."""
-    err = Console(stderr=True, highlight=False)
+    err = stderr_console()
     sample_log = _open_log(backend, devices, log, interval_s)
     try:
         proc = _spawn(command)
@@ -350,10 +351,7 @@ def _forward_signals(proc: subprocess.Popen[Any]) -> Any:
 
 def _emit_summary(summary: MonitorSummary, path: Path | None, *, as_json: bool, console: Console) -> None:
     if path is not None:
-        try:
-            path.write_text(json.dumps(summary.to_json(), indent=1, allow_nan=False))
-        except OSError as err:
-            raise UsageError(f"--summary {path}: {err.strerror or err}") from None
+        write_json(path, summary.to_json())
     if as_json:
         typer.echo(json.dumps(summary.to_json(), indent=1, allow_nan=False))
     else:

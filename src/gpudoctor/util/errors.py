@@ -24,3 +24,7 @@ class NotATraceError(TraceFormatError):
 
 class NoGpuError(GpudoctorError):
     """The operation needs a CUDA GPU and there is none (or torch cannot see it)."""
+
+
+class OutputError(GpudoctorError):
+    """A file the command was to write cannot be written (or would overwrite one of its inputs)."""
