@@ -32,7 +32,7 @@ def parse_size(text: str) -> int | None:
     """`--max-trace-size` as bytes: "4G", "512M", "1.5GiB", a plain number of bytes; 0 is no limit."""
     m = _SIZE.fullmatch(text.strip())
     if m is None:
-        raise typer.BadParameter(f"{text!r} is not a size (like 4G, 512M or 0 for no limit)")
+        raise UsageError(f"--max-trace-size: {text!r} is not a size (like 4G, 512M, or 0 for no limit)")
     n = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
     return n or None
 

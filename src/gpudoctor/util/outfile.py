@@ -134,8 +134,10 @@ def check_target(target: PathLike, *, inputs: Iterable[PathLike] = ()) -> None:
     check_not_input(target, inputs)
     try:
         st = os.stat(target)
-    except OSError:
+    except (FileNotFoundError, NotADirectoryError):
         st = None
+    except OSError as err:  # a name too long, a loop of links
+        raise output_error(target, err) from None
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise OutputError(f"cannot write {printable(os.fspath(target))}: it is a directory")
     _check_parents(target, Path(os.path.realpath(target)))
