@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -432,3 +433,103 @@ def test_a_traced_step_of_zero_length_is_diagnosed(tmp_path: Path) -> None:
     path = write_doc(tmp_path / "zero.json", zero_length_steps())
     assert run("analyze", path).exit_code == 0
     assert run("analyze", path, "--step-time-ms", "0.5").exit_code == 0
+
+
+# ---- run: the run directory exists from the first moment, and survives how the run ends --------------
+
+SLOW_TRAIN = """\
+import os, sys, time
+import torch
+model = torch.nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(int(sys.argv[1])):
+    loss = model(torch.randn(8, 16)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"step {i}", flush=True)
+    if len(sys.argv) > 2 and i == int(sys.argv[2]):
+        os._exit(3)
+    time.sleep(0.02)
+"""
+
+
+def gpudoctor(*args: str | Path, cwd: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "gpudoctor", *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    )
+
+
+def test_sigterm_mid_run_leaves_the_run_directory_with_what_was_measured(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SLOW_TRAIN)
+    proc = gpudoctor("run", "-o", "out", "--warmup", "1", "--light-steps", "3", "--steps", "100",
+                     "train.py", "100000", cwd=tmp_path)  # fmt: skip
+    assert proc.stdout is not None
+    for line in proc.stdout:  # the script prints every step: the traced phase starts after step 4
+        if line.strip() == "step 12":
+            break
+    else:
+        pytest.fail(f"the run ended early: {proc.communicate()}")
+    record = json.loads((tmp_path / "out" / "record.json").read_text())  # written long before the end
+    assert record["outcome"] == "running" and len(record["light"]["times_us"]) == 3
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Traceback" not in err and "what was measured is in out" in out
+    record = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert record["outcome"] == "terminated" and record["exit_code"] == 143
+    assert len(record["light"]["times_us"]) == 3 and len(record["traced"]["times_us"]) >= 5
+    assert record["trace_files"] == ["trace.json.gz"]
+    assert load_trace(tmp_path / "out" / "trace.json.gz").meta.profiler_config  # a whole trace
+    assert run("report", tmp_path / "out", "-o", tmp_path / "r.html").exit_code == 0
+
+
+def test_os_exit_mid_run_leaves_the_record_as_it_last_stood(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SLOW_TRAIN)
+    proc = gpudoctor("run", "-o", "out", "--warmup", "1", "--light-steps", "3", "--steps", "2",
+                     "--run-to-end", "train.py", "40", "15", cwd=tmp_path)  # fmt: skip
+    proc.communicate(timeout=120)
+    assert proc.returncode == 3  # os._exit(3): no Python cleanup at all ran
+    record = json.loads((tmp_path / "out" / "record.json").read_text())
+    assert record["outcome"] == "running" and "os._exit" in record["notes"][-1]
+    assert len(record["light"]["times_us"]) == 3 and record["trace_files"] == ["trace.json.gz"]
+
+
+def test_run_refuses_an_out_path_that_is_not_a_run_directory(tmp_path: Path) -> None:
+    (tmp_path / "train.py").write_text(SLOW_TRAIN)
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "trace.json.gz").write_bytes(b"someone's trace")
+    for out in (tmp_path / "notes.txt", tmp_path / "theirs"):
+        before = {p: digest(p) for p in [out, *out.glob("*")] if p.is_file()}
+        one_line_error(run("run", "-o", out, str(tmp_path / "train.py"), "5"), "--out")
+        assert {p: digest(p) for p in before} == before
+
+
+def test_a_missing_module_or_script_is_a_usage_error_and_makes_no_run_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    one_line_error(run("run", "-m", "no.such.module"), "no module named 'no.such.module'")
+    one_line_error(run("run", "no_such_script.py"), "no such script")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_trace_that_cannot_be_gzipped_is_kept_raw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpudoctor.runner import rundir
+
+    raw = tmp_path / "trace.json"
+    raw.write_text('{"traceEvents": []}')
+
+    def full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(rundir.shutil, "copyfileobj", full)
+    kept, note = rundir.keep_trace(raw, "trace.json.gz")
+    assert kept == "trace.json" and raw.exists() and "no space left" in str(note)
+    assert not (tmp_path / "trace.json.gz").exists()

@@ -5,23 +5,30 @@ the light phase's step time); print the summary. Exits with the script's own sta
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
-from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
+from gpudoctor.runner.launch import ScriptEnd, check_runnable, print_script_traceback, run_script
 from gpudoctor.runner.record import RunRecord
+from gpudoctor.runner.rundir import RunDir
 from gpudoctor.util.errors import GpudoctorError
+from gpudoctor.util.outfile import write_json
 from gpudoctor.util.units import fmt_bytes, fmt_us
 
 RUNS_DIR = Path("gpudoctor-runs")
+CPU_NOTE = (
+    "on the CPU: step times are the host's wall time, and the profiler's cost here says nothing about "
+    "a GPU run; the trace shows which ops and Python each step runs, not GPU busy or idle time, kernels, "
+    "copies or synchronizations (run it on a GPU for those)"
+)
 
 
 def run_command(
@@ -81,17 +88,24 @@ def run_and_report(
     target: str, args: list[str], *, module: bool, out: Path, options: LiveOptions, console: Console
 ) -> int:
     """Run the script under capture, write the run directory, print the summary; the script's exit status."""
+    check_runnable(target, module=module)  # a missing script or module: one line, before anything is made
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    rundir = RunDir(out, [target, *args], started, dict(vars(options))).open()  # record.json from now on
     capture = LiveCapture(out, options).install()
+    rundir.watch(capture.result)
+    capture.on_change = rundir.update
     try:
         end = run_script(target, args, module=module)
     finally:
         capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
-    record = _record(capture, end, [target, *args], started, options)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1, allow_nan=False))
+    record = rundir.finish(_record(capture, end, [target, *args], started, options))
     if end.error is not None:
         print_script_traceback(end.error)
+    if rundir.signum is not None:  # asked to stop: keep what was measured, analyze it later
+        console.print(
+            f"gpudoctor run: {record.outcome}; what was measured is in {out} (gpudoctor report {out})"
+        )
+        return end.exit_code
     _report(record, out, console)
     return end.exit_code
 
@@ -118,15 +132,20 @@ def _record(
 def _report(record: RunRecord, out: Path, console: Console) -> None:
     """The observer-effect lines, then the trace's analysis with the profiler's distortion taken out."""
     console.print(
-        f"\n[bold]gpudoctor run[/]: {' '.join(record.argv)} — {record.outcome}, {record.steps_seen} steps"
+        Text.assemble(
+            "\n",
+            ("gpudoctor run", "bold"),
+            f": {' '.join(record.argv)} — {record.outcome}, {record.steps_seen} steps",
+        )
     )
     for note in record.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"note: {note}", style="dim")
     light, traced = record.light, record.traced
     if light is None or not light.times_us:
         console.print(
-            f"[dim]no light-phase steps: the script ended after {record.steps_seen} step boundaries "
-            f"(optimizer.step() or gpudoctor.step()); lower --warmup?[/]"
+            f"no light-phase steps: the script ended after {record.steps_seen} step boundaries "
+            f"(optimizer.step() or gpudoctor.step()); lower --warmup?",
+            style="dim",
         )
     else:
         times = sorted(light.times_us)
@@ -135,7 +154,9 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
             f"light phase (no profiler): {len(times)} steps, median {fmt_us(light.median_us or 0)} "
             f"(p10 {fmt_us(p10)}, p90 {fmt_us(p90)}) by {light.clock}"
         )
-    if traced is not None and traced.median_us and light is not None and light.median_us:
+    if light is not None and light.clock == "perf_counter" and record.environment is not None:
+        console.print(CPU_NOTE, style="dim")  # the profiler's cost on the CPU says nothing about a GPU run
+    elif traced is not None and traced.median_us and light is not None and light.median_us:
         overhead = record.profiler_overhead or 0.0
         console.print(
             f"traced phase: {len(traced.times_us)} steps, median {fmt_us(traced.median_us)}: "
@@ -147,11 +168,10 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
             f"peak reserved {fmt_bytes(record.memory.get('reserved_bytes.all.peak', 0))}, "
             f"allocator retries {record.memory.get('num_alloc_retries', 0)}"
         )
-    console.print(
-        f"NVML: {len(record.nvml_samples)} samples"
-        if record.nvml_missing is None
-        else f"[dim]NVML: not recorded ({record.nvml_missing})[/]"
-    )
+    if record.nvml_missing is None:
+        console.print(f"NVML: {len(record.nvml_samples)} samples")
+    else:
+        console.print(f"NVML: not recorded ({record.nvml_missing})", style="dim")
     if record.trace_files:
         _analyze(out, record, console)
     console.print(f"\nrun directory: {out}")
@@ -170,12 +190,11 @@ def _analyze(out: Path, record: RunRecord, console: Console) -> None:
         analysis = analyze(trace, unprofiled_step_us=unprofiled, ceilings=trace_ceilings(trace))
         diagnosis = diagnose(analysis)
     except GpudoctorError as err:
-        console.print(f"[dim]the trace could not be analyzed: {err}[/]")
+        console.print(f"the trace could not be analyzed: {err}", style="dim")
         return
-    doc = report_json([(analysis, diagnosis)])
-    (out / "analysis.json").write_text(json.dumps(doc, indent=1, allow_nan=False))
+    write_json(out / "analysis.json", report_json([(analysis, diagnosis)]))
     observer = observer_effect(analysis, record)
-    (out / "observer.json").write_text(json.dumps(observer, indent=1, allow_nan=False))
+    write_json(out / "observer.json", observer)
     _write_html(out, analysis, diagnosis, trace, console)
     render_analysis(analysis, console, diagnosis=diagnosis)
     if observer["busy_pct_unprofiled"] is not None:
@@ -215,7 +234,7 @@ def _write_html(out: Path, analysis: Any, diagnosis: Any, trace: Any, console: C
     try:
         write_html(out / "report.html", analysis, diagnosis, trace, nvml=nvml_samples(out / RECORD_FILE))
     except Exception as err:  # the report is a by-product: the run's results are already written
-        console.print(f"[dim]report.html not written: {type(err).__name__}: {err}[/]")
+        console.print(f"report.html not written: {type(err).__name__}: {err}", style="dim")
 
 
 def register(app: typer.Typer) -> None:

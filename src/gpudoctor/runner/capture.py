@@ -10,17 +10,17 @@ profiler and sampler whatever state they are in. Nothing here runs at import.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import json
 import os
-import shutil
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepTimes
+from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 TRACE_NAME = "trace.json.gz"
@@ -112,6 +112,8 @@ class LiveCapture:
         self._prof_steps = 0
         self._raw_trace: Path | None = None
         self._nvml: Any = None  # (backend, session)
+        self.on_change: Any = None  # called at each phase change (runner.rundir: the record so far)
+        self._proflog: ProfilerLog | None = None
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
@@ -191,6 +193,7 @@ class LiveCapture:
         self.light = self._clock.times_us()
         self._read_memory()
         self._stop_nvml()
+        self._changed()
 
     def _start_traced(self) -> None:
         from torch.profiler import ProfilerActivity, profile, schedule
@@ -212,6 +215,7 @@ class LiveCapture:
             profile_memory=o.profile_memory,
             with_stack=o.with_stack,
         )
+        self._proflog = ProfilerLog(self.out_dir / PROFILER_LOG).start()  # Kineto's lines: to the log
         self._prof.start()
         for key in ("with_stack", "record_shapes", "profile_memory"):  # read back by the trace loader
             self._prof.add_metadata_json(key, json.dumps(getattr(o, key)))
@@ -233,6 +237,9 @@ class LiveCapture:
             if self._clock is not None and self._clock.marks:
                 self.traced = self._clock.times_us()
             self._gzip_trace()
+            if self._proflog is not None:
+                self._proflog.stop()
+            self._changed()
 
     def finish(self) -> None:
         """End every phase early (the script ended or failed): keep what was captured."""
@@ -248,11 +255,15 @@ class LiveCapture:
         if raw is None or not raw.exists():
             self.notes.append("the profiler produced no trace")
             return
-        dest = raw.with_name(TRACE_NAME)
-        with raw.open("rb") as src, gzip.GzipFile(dest, "wb", compresslevel=6, mtime=0) as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-        raw.unlink()
-        self.trace_files = (*self.trace_files, dest.name)
+        kept, note = keep_trace(raw, TRACE_NAME)  # gzipped, or left raw if that fails
+        self.trace_files = (*self.trace_files, kept)
+        if note:
+            self.notes.append(note)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            with contextlib.suppress(Exception):  # the record so far is a by-product of the run
+                self.on_change()
 
     # -- memory and NVML -----------------------------------------------------------------------------
     def _read_memory(self) -> None:
