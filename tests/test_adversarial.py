@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -533,3 +534,110 @@ def test_a_trace_that_cannot_be_gzipped_is_kept_raw(tmp_path: Path, monkeypatch:
     kept, note = rundir.keep_trace(raw, "trace.json.gz")
     assert kept == "trace.json" and raw.exists() and "no space left" in str(note)
     assert not (tmp_path / "trace.json.gz").exists()
+
+
+# ---- bench: the timeout holds while a call runs; a measurement prints short ---------------------------
+
+
+@pytest.mark.parametrize("stmt", ["time.sleep(30)", "while True: pass"])
+def test_bench_stops_a_statement_that_never_returns_at_the_timeout(stmt: str) -> None:
+    run("bench", "pass", "--device", "cpu", "--min-time", "0.01")  # torch imported before the clock starts
+    start = time.monotonic()
+    result = run("bench", stmt, "-s", "import time", "--timeout", "1", "--device", "cpu")
+    assert time.monotonic() - start < 5  # 1 s, a tenth more for the watchdog, and the CLI's own work
+    one_line_error(result, "no call finished within the 1 s timeout")
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # the watchdog's handler is gone
+
+
+def test_bench_reports_what_it_had_when_the_timeout_cuts_a_slow_call_short() -> None:
+    import gpudoctor
+
+    calls = []
+
+    def slow() -> None:  # quick at first, then one call that would take a minute
+        calls.append(1)
+        time.sleep(60 if len(calls) > 30 else 0.01)
+
+    m = gpudoctor.bench(
+        slow, device="cpu", timeout_s=1.0, min_time_s=10, warmup_max_s=0.2, host_latency=False
+    )
+    assert m.elapsed_s < 2  # the measuring itself: 1 s, a tenth more for the watchdog
+    assert m.stop_reason == "timeout" and len(m.samples_us) >= 1
+    assert m.median_us == pytest.approx(10_000, rel=0.5) and any("timeout" in n for n in m.notes)
+
+
+def test_the_watchdog_stops_a_measurement_in_another_thread_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    import ctypes
+
+    import gpudoctor
+    from gpudoctor.timing.runner import BenchTimeout
+
+    real = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    sent: list[object] = []
+
+    def set_async_exc(thread: object, exc: object) -> int:
+        sent.append(exc)
+        return real(thread, exc)
+
+    monkeypatch.setattr(ctypes.pythonapi, "PyThreadState_SetAsyncExc", set_async_exc)
+    errors: list[BaseException] = []
+
+    def spin() -> None:
+        while True:
+            pass
+
+    def measure() -> None:
+        try:
+            gpudoctor.bench(spin, device="cpu", timeout_s=0.5)
+        except BaseException as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=measure, daemon=True)
+    worker.start()
+    worker.join(timeout=10)
+    assert not worker.is_alive() and isinstance(errors[0], BenchTimeout) and "spin" in str(errors[0])
+    # one exception sent, and never a NULL one to "clear" it: CPython 3.11 then keeps the
+    # interpreter's pending flag up for good, and every thread runs slowly from then on
+    assert len(sent) == 1 and sent[0] is not None
+
+
+def test_a_measurement_prints_a_short_summary_not_its_samples() -> None:
+    import gpudoctor
+
+    m = gpudoctor.bench(lambda: sum(range(100)), device="cpu", min_time_s=0.05, label="sum")
+    text = repr(m)
+    assert text == str(m) and text.startswith("<gpudoctor.Measurement 'sum' on cpu")
+    assert len(text.splitlines()) <= 6 and len(text) < 600 and len(m.samples_us) > 20
+    assert f"{len(m.samples_us):,} samples" in text and "median" in text and "IQR" in text
+
+
+# ---- start fast ----------------------------------------------------------------------------------------
+
+
+def test_the_command_line_starts_without_importing_the_heavy_parts() -> None:
+    # `gpudoctor --help` and the parsing of every command import typer and gpudoctor's small modules;
+    # numpy, rich, msgspec, torch and the analysis come when a command runs
+    # (benchmarks/analyze_vs_hta.py measures the wall time)
+    code = (
+        "import sys; from gpudoctor.cli.main import app; import typer.main; typer.main.get_command(app); "
+        "print(' '.join(sorted(sys.modules)))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    ).stdout.split()
+    heavy = ("numpy", "rich", "msgspec", "torch", "gpudoctor.analysis", "gpudoctor.report", "gpudoctor.trace",
+             "gpudoctor.timing", "gpudoctor.monitor", "gpudoctor.rules")  # fmt: skip
+    assert [m for m in loaded if m.split(".")[0] in heavy or m.startswith(heavy)] == []
+    help_text = subprocess.run(
+        [sys.executable, "-m", "gpudoctor", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(SRC)},
+    ).stdout
+    assert all(
+        name in help_text for name in ("analyze", "report", "run", "demo", "bench", "explore", "monitor")
+    )

@@ -74,7 +74,7 @@ def test_a_read_only_place_is_one_line(tmp_path: Path, monkeypatch: pytest.Monke
     def read_only(*_: object, **__: object) -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(outfile.tempfile, "mkstemp", read_only)
+    monkeypatch.setattr(outfile, "_mkstemp", read_only)
     with pytest.raises(OutputError, match=r"cannot write .*r\.html: read-only file system"):
         write_text(tmp_path / "r.html", "x")
 

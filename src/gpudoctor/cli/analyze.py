@@ -83,7 +83,6 @@ def analyze_command(
     import json
 
     from gpudoctor.analysis.summary import analyze
-    from gpudoctor.cli.report_source import ranks_view, write_html
     from gpudoctor.report.json_out import report_json
     from gpudoctor.report.terminal import render_analysis, render_rank_overview
     from gpudoctor.rules import diagnose
@@ -105,7 +104,11 @@ def analyze_command(
     reports = [(a, diagnose(a)) for a in analyses]
     index = rank_index([a.trace.rank for a in analyses], rank)
     chosen, diagnosis = reports[index]
-    view = ranks_view(reports, chosen.trace.rank)
+    view = None
+    if len(reports) > 1 or html is not None:  # the report's module: only where it is needed
+        from gpudoctor.cli.report_source import ranks_view, write_html
+
+        view = ranks_view(reports, chosen.trace.rank)
     if html is not None:
         write_html(
             html,

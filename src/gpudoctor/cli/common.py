@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.text import printable
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from gpudoctor.device.ceilings import Ceilings
     from gpudoctor.trace.model import Trace
 

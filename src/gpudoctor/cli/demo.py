@@ -5,18 +5,15 @@ H100 (shipped with gpudoctor: `gpudoctor/workloads/recorded/`), so that a first 
 
 from __future__ import annotations
 
-from importlib import resources
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.rule import Rule
-from rich.text import Text
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.cli.run import run_and_report
-from gpudoctor.runner.capture import LiveOptions
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_WORKLOAD = "sync_every_step"  # an MLP trained with the usual host syncs planted in its loop
 WARMUP_STEPS = 3
@@ -49,7 +46,11 @@ def demo_command(
     record.json, analysis.json, report.html) under --out and prints the summary.
     """
     set_debug(ctx, debug)
+    from rich.text import Text
+
     from gpudoctor import workloads  # imports torch: only when the demo runs
+    from gpudoctor.cli.run import run_and_report
+    from gpudoctor.runner.capture import LiveOptions
 
     if list_workloads:
         for name in workloads.names():
@@ -85,6 +86,11 @@ def demo_command(
 def show_recorded(name: str, dest: Path, console: Console) -> None:
     """The recorded GPU run `name`, copied to `dest` (its trace and record), analyzed and shown in full
     as `gpudoctor run` shows a run, under a heading that says where it comes from."""
+    from importlib import resources
+
+    from rich.rule import Rule
+    from rich.text import Text
+
     from gpudoctor.cli import run as run_cli
     from gpudoctor.runner.record import RunRecord
     from gpudoctor.util.jsonfile import read_json_object

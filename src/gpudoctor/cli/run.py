@@ -7,11 +7,9 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.text import Text
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
 from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
@@ -22,6 +20,9 @@ from gpudoctor.runner.rundir import RunDir
 from gpudoctor.util.errors import GpudoctorError
 from gpudoctor.util.outfile import write_json
 from gpudoctor.util.units import fmt_bytes, fmt_us
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 RUNS_DIR = Path("gpudoctor-runs")
 CPU_NOTE = (
@@ -131,6 +132,8 @@ def _record(
 
 def _report(record: RunRecord, out: Path, console: Console) -> None:
     """The observer-effect lines, then the trace's analysis with the profiler's distortion taken out."""
+    from rich.text import Text
+
     console.print(
         Text.assemble(
             "\n",

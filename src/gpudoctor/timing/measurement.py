@@ -21,6 +21,7 @@ from gpudoctor.util.errors import GpudoctorError, UsageError
 from gpudoctor.util.jsonfile import read_json
 from gpudoctor.util.outfile import write_json
 from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.units import fmt_us
 
 SCHEMA = "gpudoctor.measurement"
 SCHEMA_VERSION = 1
@@ -257,6 +258,25 @@ class Measurement:
         if self.device.startswith("cuda") and s.median < 0.05:
             out.append("no GPU work measured: does the function launch kernels on this device?")
         return tuple(out)
+
+    def __repr__(self) -> str:
+        """A short summary, as torch.utils.benchmark's Measurement prints: the median, its spread and
+        interval, how it was measured, and the warnings; the samples stay in `samples_us`."""
+        s = self.stats
+        lines = [
+            f"<gpudoctor.Measurement {self.label!r} on {self.device} ({self.device_name})>",
+            f"  median {fmt_us(s.median)}  IQR {fmt_us(s.iqr)} ({fmt_us(s.q1)} to {fmt_us(s.q3)})  "
+            f"95% CI ±{s.rel_ci:.2%}",
+            f"  {s.n:,} samples × {self.calls_per_sample:,} calls, {self.method}, {self.mode} cache; "
+            f"stopped by {self.stop_reason} after {self.elapsed_s:.3g} s",
+        ]
+        host = self.host_stats
+        if host is not None:
+            lines.append(f"  host latency (call + sync) median {fmt_us(host.median)}")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    __str__ = __repr__
 
     # ---- JSON ----
     def to_json(self) -> dict[str, Any]:

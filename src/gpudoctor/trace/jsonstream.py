@@ -293,10 +293,17 @@ def _stream_events(
     return (yield from _finish(reader, pos, decode, bare))
 
 
-def _last_content(buf: bytearray, lo: int) -> int | None:
-    """The offset of the last byte at or after `lo` that is not whitespace or a comma."""
-    tail = bytes(buf[lo:]).rstrip(_WS + b",")
-    return lo + len(tail) - 1 if tail else None
+def _last_content(buf: bytearray, lo: int, step: int = 1 << 16) -> int | None:
+    """The offset of the last byte at or after `lo` that is not whitespace or a comma; a window at a
+    time from the end (a block usually ends inside an event: one byte looked at)."""
+    end = len(buf)
+    while end > lo:
+        start = max(lo, end - step)
+        kept = len(bytes(buf[start:end]).rstrip(_WS + b","))
+        if kept:
+            return start + kept - 1
+        end = start
+    return None
 
 
 def _events_ended(buf: bytearray, pos: int, err: _Corrupt) -> bool:

@@ -9,13 +9,10 @@ import stat
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.text import printable
 
 MAX_DOCUMENT_BYTES = 1 << 30  # gpudoctor's own documents are kilobytes to a few megabytes
-_decoder = msgspec.json.Decoder()
 
 
 def read_json(path: str | os.PathLike[str], what: str = "JSON document") -> Any:
@@ -43,8 +40,10 @@ def read_json(path: str | os.PathLike[str], what: str = "JSON document") -> Any:
 
 
 def decode_json(data: bytes, name: str, what: str = "JSON document") -> Any:
+    import msgspec  # here, not at import: the command line starts without it
+
     try:
-        return _decoder.decode(data.removeprefix(b"\xef\xbb\xbf"))
+        return msgspec.json.decode(data.removeprefix(b"\xef\xbb\xbf"))
     except RecursionError:
         raise UsageError(f"{name} is not a {what}: its JSON is nested too deeply") from None
     except (msgspec.DecodeError, UnicodeDecodeError) as err:

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gzip
 import io
 import os
 import stat
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -162,7 +160,7 @@ def open_output(
         if in_place:
             raw: IO[bytes] = open(real, "wb")  # noqa: SIM115 -- closed below
         else:
-            fd, tmp = tempfile.mkstemp(prefix=".gpudoctor-", suffix=".tmp", dir=real.parent)
+            fd, tmp = _mkstemp(prefix=".gpudoctor-", suffix=".tmp", dir=real.parent)
             raw = os.fdopen(fd, "wb")
         with raw:
             with _layers(raw, compress=compress, text=text) as f:
@@ -189,7 +187,7 @@ def _layers(raw: IO[bytes], *, compress: bool, text: bool) -> Iterator[IO[Any]]:
     inner: IO[bytes] = raw
     with contextlib.ExitStack() as stack:
         if compress:
-            inner = stack.enter_context(gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0))
+            inner = stack.enter_context(_gzip().GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0))
         if not text:
             yield inner
             return
@@ -199,6 +197,18 @@ def _layers(raw: IO[bytes], *, compress: bool, text: bool) -> Iterator[IO[Any]]:
             wrapper.flush()
         finally:
             wrapper.detach()
+
+
+def _mkstemp(**options: Any) -> tuple[int, str]:
+    import tempfile  # here, not at import: the command line starts faster
+
+    return tempfile.mkstemp(**options)
+
+
+def _gzip() -> Any:
+    import gzip
+
+    return gzip
 
 
 def _set_mode(tmp: str, real: Path) -> None:
@@ -226,7 +236,7 @@ def open_live(target: PathLike, *, inputs: Iterable[PathLike] = ()) -> IO[str]:
         raw: IO[bytes] = open(real, "wb")  # noqa: SIM115 -- the caller closes it
     except OSError as err:
         raise output_error(path, err) from None
-    inner: IO[bytes] = gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) if path.name.endswith(".gz") else raw
+    inner: IO[bytes] = _gzip().GzipFile(fileobj=raw, mode="wb", mtime=0) if path.name.endswith(".gz") else raw
     text = io.TextIOWrapper(inner, encoding="utf-8", errors="backslashreplace", newline="\n")  # type: ignore[arg-type]
     if inner is not raw:
         text._gpudoctor_raw = raw  # type: ignore[attr-defined]  # GzipFile(fileobj=) leaves it open
