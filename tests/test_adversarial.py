@@ -274,7 +274,7 @@ def test_a_gzip_bomb_stops_at_the_size_limit_and_the_limit_can_be_raised(tmp_pat
     )
     plain = tmp_path / "plain.json"
     plain.write_bytes(gzip.decompress(bomb.read_bytes()))
-    one_line_error(run("analyze", plain, "--max-trace-size", "16M"), "it is 65 MiB")
+    one_line_error(run("analyze", plain, "--max-trace-size", "16M"), "its JSON is 65 MiB")
     assert run("analyze", plain, "--max-trace-size", "0").exit_code == 0  # 0: no limit
     one_line_error(run("analyze", plain, "--max-trace-size", "lots"))
 

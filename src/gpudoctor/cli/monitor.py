@@ -117,7 +117,7 @@ def monitor_command(
     policy = AlertPolicy()
     if replay is not None:
         summary = summarize_record(MonitorRecord.read_jsonl(replay), policy)
-        _emit_summary(summary, summary_path, as_json=as_json, console=stdout_console())
+        _emit_summary(summary, summary_path, as_json=as_json, console=stdout_console(), inputs=(replay,))
         return
     backend = open_backend(gpm=not no_gpm, process_interval_s=max(interval_s, 0.5))
     try:

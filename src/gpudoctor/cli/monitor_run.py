@@ -222,9 +222,16 @@ def _forward_signals(proc: subprocess.Popen[Any]) -> Any:
     return restore
 
 
-def _emit_summary(summary: MonitorSummary, path: Path | None, *, as_json: bool, console: Console) -> None:
+def _emit_summary(
+    summary: MonitorSummary,
+    path: Path | None,
+    *,
+    as_json: bool,
+    console: Console,
+    inputs: tuple[Path, ...] = (),
+) -> None:
     if path is not None:
-        write_json(path, summary.to_json())
+        write_json(path, summary.to_json(), inputs=inputs)
     if as_json:
         typer.echo(json.dumps(summary.to_json(), indent=1, allow_nan=False))
     else:

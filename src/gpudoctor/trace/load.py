@@ -44,8 +44,9 @@ _TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NO_DIM = [0, 0, 0]
 _MAX_TIME_US = 1e18  # ~31,700 years; epoch µs are ~1.8e15 (even epoch ns, 1.8e18, would not fit in µs)
-# The JSON text a trace may hold, once decompressed: a 2 MB gzip can inflate to many GB. Ten profiled
-# ResNet-50 steps are 50 MB; the loader needs about 1.1 bytes of memory per byte of trace.
+# The most a trace may take: its JSON once decompressed (a 2 MB gzip can inflate to many GB), and half
+# of it for the columns built from it (each a fraction of the JSON in real traces: 0.3 for ten ResNet-50
+# steps; more in a crafted one), so that the loader's memory stays within it. 0 on the command line: none.
 DEFAULT_MAX_TRACE_BYTES = 4 << 30
 # Top-level keys only Kineto writes: a trace with them is PyTorch's even with no event of a known kind.
 _KINETO_KEYS = ("schemaVersion", "deviceProperties", "traceName", "baseTimeNanoseconds", "distributedInfo")
@@ -83,6 +84,8 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX
             try:
                 while True:
                     builder.add_chunk(next(gen))
+                    if max_bytes is not None and builder.column_bytes > max_bytes // 2:
+                        raise _too_large(max_bytes, "its events would take more than half of it in memory")
             except StopIteration as stop:
                 top: dict[str, Any] = stop.value
             for reason, count in repairs.counts.items():
@@ -171,14 +174,14 @@ def _open(p: Path, max_bytes: int | None) -> BinaryIO:
         return _Limited(_GzipReader(f), max_bytes)  # type: ignore[return-value]
     if max_bytes is not None and st.st_size > max_bytes:
         f.close()
-        raise _too_large(max_bytes, f"it is {fmt_bytes(st.st_size)}")
+        raise _too_large(max_bytes, f"its JSON is {fmt_bytes(st.st_size)}")
     return _Limited(f, max_bytes)  # type: ignore[return-value]
 
 
 def _too_large(limit: int, what: str) -> TraceTooLargeError:
     return TraceTooLargeError(
-        f"the trace's JSON is over the {fmt_bytes(limit)} limit ({what}): raise it with "
-        f"--max-trace-size (0 for none) if this is a real trace"
+        f"the trace is over the {fmt_bytes(limit)} limit ({what}); if it is a real trace, raise the "
+        f"limit with --max-trace-size (0: none)"
     )
 
 
@@ -196,7 +199,7 @@ class _Limited:
             self._left -= len(data)
             if self._left < 0:
                 assert self._limit is not None
-                raise _too_large(self._limit, "read so far once decompressed")
+                raise _too_large(self._limit, "that much JSON read, once decompressed, and more to come")
         return data
 
     def __enter__(self) -> _Limited:
@@ -230,6 +233,7 @@ class _Interner:
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.strings: list[str] = []
+        self.bytes = 0  # the characters of the strings (memory, about)
 
     def many(self, values: Sequence[Any]) -> np.ndarray:
         get = self.ids.get
@@ -249,6 +253,7 @@ class _Interner:
         if got is None:
             got = self.ids[key] = len(self.strings)
             self.strings.append(key)
+            self.bytes += len(key) + 50
         if key is not value:  # None, a number: look it up directly next time
             with contextlib.suppress(TypeError):
                 self.ids[value] = got
@@ -377,6 +382,14 @@ class _Builder:
             self._add_others(list(compress(events, map(not_, is_x))))
         if xs:
             self._add_durations(xs)
+
+    @property
+    def column_bytes(self) -> int:
+        """What the columns built so far hold (the strings interned included, about)."""
+        arrays = sum(
+            a.nbytes for blocks in (*self.blocks.values(), *self.mem_blocks.values()) for a in blocks
+        )
+        return arrays + self.names.bytes + self.labels.bytes
 
     def _add_durations(self, xs: list[Event]) -> None:
         n = len(xs)
