@@ -12,6 +12,13 @@ Run:
     .venv/bin/python benchmarks/analyze_vs_hta.py [--repeats 3] [TRACE ...]
 Default traces: the 10-step ResNet-50 benchmark trace (benchmarks/traces/, decompressed to
 benchmarks/data/) and every fixture in tests/fixtures/traces/. Results: benchmarks/results/analyze_vs_hta.json.
+
+`--cli` measures what a user feels instead: the wall time of whole processes, start-up and imports
+included — `gpudoctor analyze TRACE` against the script a user would write for HTA's view of the
+trace (benchmarks/hta_cli.py: load, the same four analyses, print them) — with `python -c pass` and
+`gpudoctor --help` beside them, run interleaved (one of each, then again), each process's CPU time
+too (less sensitive to a busy machine than wall time), and the load average around every round.
+Results: benchmarks/results/analyze_vs_hta_cli.json.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import gzip
 import json
 import os
 import platform
+import resource
 import shutil
 import statistics
 import subprocess
@@ -216,15 +224,93 @@ def print_tables(rows: list[dict[str, Any]]) -> None:
     print("ours@HTA = gpudoctor on HTA's window (last step dropped); ours = gpudoctor's own GPU window.")
 
 
+def gpudoctor_command() -> list[str]:
+    script = Path(sys.executable).with_name("gpudoctor")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "gpudoctor"]
+
+
+def timed_process(cmd: list[str]) -> dict[str, float]:
+    """Wall and CPU seconds of one whole process, its output thrown away (as a user reading a screen
+    would wait for it, not for a pipe)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"wall_s": wall, "cpu_s": cpu}
+
+
+def cli_compare(trace: Path, repeats: int) -> dict[str, Any]:
+    """Whole processes, interleaved round by round; medians, and the ratios of the medians."""
+    commands = {
+        "python_startup": [sys.executable, "-c", "pass"],
+        "gpudoctor_help": [*gpudoctor_command(), "--help"],
+        "gpudoctor_analyze": [*gpudoctor_command(), "analyze", str(trace)],
+        "hta_script": [str(HTA_PYTHON), str(ROOT / "benchmarks/hta_cli.py"), str(trace)],
+    }
+    for cmd in commands.values():  # once each first: files in the page cache, .pyc written
+        timed_process(cmd)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in commands}
+    load = []
+    for _ in range(repeats):
+        load.append(os.getloadavg()[0])
+        for name, cmd in commands.items():
+            runs[name].append(timed_process(cmd))
+    load.append(os.getloadavg()[0])
+    med = {
+        name: {k: statistics.median(r[k] for r in rs) for k in ("wall_s", "cpu_s")}
+        for name, rs in runs.items()
+    }
+    ours, theirs = med["gpudoctor_analyze"], med["hta_script"]
+    return {
+        "trace": str(trace.relative_to(ROOT)) if trace.is_relative_to(ROOT) else str(trace),
+        "json_bytes": trace.stat().st_size,
+        "commands": {name: " ".join(cmd) for name, cmd in commands.items()},
+        "median": med,
+        "speedup_wall": theirs["wall_s"] / ours["wall_s"],
+        "speedup_cpu": theirs["cpu_s"] / ours["cpu_s"],
+        "load_average_1min": {"min": min(load), "max": max(load), "each_round": load},
+        "runs": runs,
+    }
+
+
+def cli_main(args: argparse.Namespace) -> int:
+    trace = args.traces[0].resolve() if args.traces else default_traces()[0]
+    print(f"… {trace.name}: {args.repeats} interleaved rounds", file=sys.stderr, flush=True)
+    row = cli_compare(trace, args.repeats)
+    out = args.out if args.out != DEFAULT_OUT else ROOT / "benchmarks/results/analyze_vs_hta_cli.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    out.write_text(json.dumps({"environment": env, "repeats": args.repeats, **row}, indent=1))
+    print(f"\n{'process':20} {'wall s':>8} {'CPU s':>8}   (medians of {args.repeats}, interleaved)")
+    for name, m in row["median"].items():
+        print(f"{name:20} {m['wall_s']:8.3f} {m['cpu_s']:8.3f}")
+    print(f"HTA / gpudoctor: {row['speedup_wall']:.1f}x wall, {row['speedup_cpu']:.1f}x CPU; load average "
+          f"{row['load_average_1min']['min']:.1f}-{row['load_average_1min']['max']:.1f} on {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"full results: {out.relative_to(ROOT)}")
+    return 0
+
+
+DEFAULT_OUT = ROOT / "benchmarks/results/analyze_vs_hta.json"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("traces", nargs="*", type=Path)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/analyze_vs_hta.json")
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument(
+        "--cli", action="store_true", help="whole processes as a user runs them (see the docstring)"
+    )
     args = ap.parse_args()
     if not HTA_PYTHON.exists():
         print(f"HTA is not installed: see the set-up in {__file__}", file=sys.stderr)
         return 2
+    if args.cli:
+        return cli_main(args)
     traces = [t.resolve() for t in args.traces] or default_traces()
     rows = []
     for trace in traces:

@@ -159,10 +159,10 @@ def test_usage_errors_exit_2(args: tuple[str, ...]) -> None:
 
 
 def test_ctrl_c_exits_130_without_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(path: object) -> None:
+    def interrupted(path: object, *_: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("gpudoctor.cli.analyze.load_trace", interrupted)
+    monkeypatch.setattr("gpudoctor.trace.load_traces", interrupted)
     result = run("analyze", fixture("inference"))
     assert result.exit_code == 130
     assert "Traceback" not in result.output

@@ -4,8 +4,10 @@ its run directory."""
 from __future__ import annotations
 
 import json
+from importlib import resources
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from gpudoctor.analysis.summary import Analysis
@@ -37,3 +39,40 @@ def test_an_unknown_workload_is_a_one_line_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["demo", "--cpu", "--out", str(tmp_path), "--workload", "nope"])
     assert result.exit_code == 2
     assert "unknown workload 'nope'" in result.output and "Traceback" not in result.output
+
+
+DEMO_RUN = Path(__file__).parent / "fixtures" / "runs" / "demo_h100"
+
+
+def test_on_the_cpu_the_demo_also_shows_a_recorded_h100_run_labelled_as_such(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN no GPU (or --cpu) WHEN the demo runs
+    result = CliRunner().invoke(
+        app, ["demo", "--cpu", "--out", str(tmp_path), "--steps", "2", "--light-steps", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    # THEN after this machine's run comes the H100's, under a heading that says where it is from
+    here, recorded = result.output.split(
+        "No GPU here. The same workload, recorded on an NVIDIA H100 80GB HBM3"
+    )
+    assert "not this machine" in recorded and "torch 2.11.0+cu130" in recorded
+    assert "[tensor_cores_unused]" in recorded and "[host_sync]" in recorded and "CRITICAL" in recorded
+    assert "profiler slows each step by 2%" in recorded
+    # and this machine's part says what a CPU run can tell, with no overhead figure for a CPU profile
+    assert "the profiler slows each step" not in here and "on the CPU: step times are the host's" in here
+    # its report sits beside the run's own, and `gpudoctor report` reads it
+    assert "<!DOCTYPE html>" in (tmp_path / "recorded-h100" / "report.html").read_text()
+    analysis = json.loads((tmp_path / "recorded-h100" / "analysis.json").read_text())["analysis"]
+    assert analysis["device"]["name"] == "NVIDIA H100 80GB HBM3"
+    # the profiler's own log lines went to the run directory, not to the terminal
+    terminal = capfd.readouterr()
+    assert "profiler_start" not in terminal.out + terminal.err + result.output
+    assert "CPUAllocator" not in terminal.err
+    assert "profiler_start" in (tmp_path / "profiler.log").read_text()
+
+
+def test_the_shipped_recording_is_the_fixture_the_tests_use() -> None:
+    shipped = resources.files("gpudoctor.workloads") / "recorded" / "sync_every_step_h100"
+    for name in ("record.json", "trace.json.gz", "observer.json"):
+        assert (shipped / name).read_bytes() == (DEMO_RUN / name).read_bytes()

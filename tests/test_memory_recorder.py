@@ -125,6 +125,7 @@ def test_a_run_records_step_peaks_one_detail_step_and_the_snapshots_it_names(
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     fake.use(16 * MiB, [user(5, "<module>")])  # "parameters" allocated before the run
     recorder = MemoryRecorder(MemoryOptions()).install()
+    recorder.root_hint = lambda: model  # the step detector's root module, as under gpudoctor run
     assert fake.history == ["state"] and len(fake.observers) == 1  # at CUDA's start (already started)
     leak: list[int] = []
     phases = ["warmup"] * 2 + ["light"] * 4 + ["traced"] * 4 + ["done"]

@@ -33,7 +33,7 @@ from gpudoctor.monitor.clocks import ClockWatch
 from gpudoctor.monitor.logfile import CSV_COLUMNS, SampleLog, log_format
 from gpudoctor.monitor.procs import ProcessTree, parent_pid, process_name
 from gpudoctor.monitor.samples import SystemInfo
-from gpudoctor.util.errors import UsageError
+from gpudoctor.util.errors import OutputError, UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvml"
 H100 = GpuInfo(index=0, name="NVIDIA H100 80GB HBM3", sm_max_mhz=1980, mem_max_mhz=2619, power_limit_w=700.0,
@@ -373,9 +373,13 @@ def test_csv_rows_have_every_column(tmp_path: Path) -> None:
     assert rows[0]["sm_active_pct"] == "30.00" and rows[0]["pcie_tx_bytes_per_s"] == ""
 
 
-def test_an_unwritable_log_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="--log"):
-        SampleLog(tmp_path / "missing" / "s.csv", SystemInfo(), (H100,), 0.1)
+def test_an_unwritable_log_is_a_one_line_error_naming_it(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(OutputError, match=r"cannot write .*s\.csv: .*a-file is not a directory"):
+        SampleLog(tmp_path / "a-file" / "s.csv", SystemInfo(), (H100,), 0.1)
+    # a missing directory is made, as for every other output
+    SampleLog(tmp_path / "missing" / "s.csv", SystemInfo(), (H100,), 0.1).close()
+    assert (tmp_path / "missing" / "s.csv").read_text().startswith("unix_s")
 
 
 # --- clocks API ------------------------------------------------------------------------------------

@@ -7,7 +7,9 @@ torch.profiler driven from a Lightning Callback or a Trainer callback analyze in
 from __future__ import annotations
 
 import json
+import signal
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,17 @@ from gpudoctor.trace import load_trace
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
+
+
+@pytest.fixture(autouse=True)
+def signals_put_back() -> Iterator[None]:
+    """Lightning saves every signal handler when fit starts and puts them back at its end, ours among
+    them while discovery ticks: gpudoctor still leaves SIGALRM as it found it."""
+    before = signal.getsignal(signal.SIGALRM)
+    yield
+    assert signal.getsignal(signal.SIGALRM) == before
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+
 
 FAST = [
     "--warmup",

@@ -10,7 +10,7 @@ import numpy as np
 
 from gpudoctor.analysis import classify
 from gpudoctor.analysis.intervals import Disjoint, difference
-from gpudoctor.trace.links import gpu_rows_of_launch, op_parents, op_rows
+from gpudoctor.trace.links import gpu_rows_of_launch, op_parents, op_rows, op_subtrees
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, LAUNCH_KINDS, Kind, Trace
 from gpudoctor.trace.steps import Step
 
@@ -174,7 +174,7 @@ def op_report(
     ok = owner_pos >= 0
     gpu_self = np.bincount(owner_pos[ok], weights=trace.dur[gpu[owned]][ok], minlength=len(ops))
     kernels = np.bincount(owner_pos[ok], minlength=len(ops))
-    gpu_total = _roll_up(gpu_self, parent)
+    gpu_total = _roll_up(gpu_self, trace, ops)
     child_cpu = np.bincount(parent[parent >= 0], weights=trace.dur[ops[parent >= 0]], minlength=len(ops))
     cpu_self = np.maximum(trace.dur[ops] - child_cpu, 0.0)
     keep = np.ones(len(ops), dtype=bool)
@@ -188,7 +188,7 @@ def op_report(
 
     calls = np.bincount(inverse, minlength=len(ids))
     # An op nested in an op of the same name (aten::to inside aten::to) must not count twice.
-    outer = _not_inside_same_name(trace, ops, parent)
+    outer = _not_inside_same_name(trace, ops)
     g_total = np.bincount(inverse, weights=np.where(outer, gpu_total, 0.0)[keep], minlength=len(ids))
     c_total = np.bincount(inverse, weights=np.where(outer, trace.dur[ops], 0.0)[keep], minlength=len(ids))
     g_self, c_self, k = per_name(gpu_self), per_name(cpu_self), per_name(kernels.astype(float))
@@ -207,30 +207,29 @@ def op_report(
     )
 
 
-def _roll_up(values: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    """Each node's value plus all its descendants', children before parents (by depth)."""
-    depth = np.zeros(len(parent), dtype=np.int64)
-    has_parent = parent >= 0
-    current = parent.copy()
-    while has_parent.any():
-        depth[has_parent] += 1
-        current = np.where(has_parent, parent[np.maximum(current, 0)], -1)
-        has_parent = current >= 0
-    total = values.astype(np.float64).copy()
-    for d in range(int(depth.max()), 0, -1):
-        idx = np.flatnonzero(depth == d)
-        np.add.at(total, parent[idx], total[idx])
-    return total
+def _roll_up(values: np.ndarray, trace: Trace, ops: np.ndarray) -> np.ndarray:
+    """Each op's value plus all its descendants': a difference of prefix sums over the preorder, in
+    which every subtree is one stretch (linear however deep ops nest)."""
+    order, end = op_subtrees(trace, ops)
+    prefix = np.concatenate(([0.0], np.cumsum(values.astype(np.float64)[order])))
+    total = np.empty(len(ops), dtype=np.float64)
+    total[order] = prefix[end] - prefix[np.arange(len(ops))]
+    return np.maximum(total, values)  # no rounding below the op's own value
 
 
-def _not_inside_same_name(trace: Trace, ops: np.ndarray, parent: np.ndarray) -> np.ndarray:
-    names = trace.name[ops]
-    outer = np.ones(len(ops), dtype=bool)
-    current = parent.copy()
-    while (current >= 0).any():
-        alive = current >= 0
-        same = np.zeros(len(ops), dtype=bool)
-        same[alive] = names[current[alive]] == names[alive]
-        outer &= ~same
-        current = np.where(alive, parent[np.maximum(current, 0)], -1)
+def _not_inside_same_name(trace: Trace, ops: np.ndarray) -> np.ndarray:
+    """Whether each op has no ancestor of its own name. In preorder an op is inside an earlier op
+    iff its index is below that op's subtree end: per name, a running maximum of the ends."""
+    order, end = op_subtrees(trace, ops)
+    n = len(ops)
+    names = trace.name[ops][order]
+    by_name = np.lexsort((np.arange(n), names))  # each name's ops together, in preorder
+    group = np.concatenate(([0], np.cumsum(names[by_name[1:]] != names[by_name[:-1]])))
+    span = n + 1  # ends are at most n: an offset per name keeps one name's maximum from the next's
+    reach = np.maximum.accumulate(group * span + end[by_name])
+    before = np.concatenate(([-1], reach[:-1]))  # the furthest end among the name's earlier ops
+    first = np.concatenate(([True], group[1:] != group[:-1]))
+    inside = ~first & (before - group * span > by_name)
+    outer = np.ones(n, dtype=bool)
+    outer[order[by_name[inside]]] = False
     return outer

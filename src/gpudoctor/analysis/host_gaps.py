@@ -19,6 +19,7 @@ from gpudoctor.trace.steps import Step
 MIN_GAP_US = 20.0  # shorter stretches are the glue between ops: many, and nowhere in particular
 TOP = 5
 MAX_DEPTH = 64
+MAX_PARENT_WALK = 2000  # Python parent ids followed to the frame open at a time (cycles in crafted traces)
 
 
 @dataclass(frozen=True)
@@ -103,8 +104,14 @@ def _frame_at(trace: Trace, python: np.ndarray, thread: tuple[int, int], t: floa
         )
     i = int(np.searchsorted(starts, t, side="right")) - 1
     row: int | None = int(rows[i]) if i >= 0 else None
-    while row is not None and trace.ts[row] + trace.dur[row] < t:  # closed before t: up to the open one
+    # Closed before t: up to the open one. Python's own stacks are at most ~1,000 deep; a crafted
+    # trace's parent ids may run longer, or in a circle.
+    for _ in range(MAX_PARENT_WALK):
+        if row is None or trace.ts[row] + trace.dur[row] >= t:
+            break
         row = by_id.get(int(trace.python_parent_id[row]))
+    else:
+        return None
     if row is None:
         return None
     cache: dict[int, str | None] = trace._memo.setdefault("user_frame_of_python_row", {})

@@ -22,7 +22,7 @@ import numpy as np
 from gpudoctor.analysis import classify
 from gpudoctor.analysis.opwork import FAMILIES, OpWork, op_family, op_work
 from gpudoctor.device.ceilings import Ceilings
-from gpudoctor.trace.links import op_parents, op_rows
+from gpudoctor.trace.links import op_parents, op_rows, op_subtrees
 from gpudoctor.trace.model import Kind, Trace
 
 TOP_POINTS = 20
@@ -132,15 +132,7 @@ def _anchors(trace: Trace, kernels: np.ndarray) -> tuple[np.ndarray, list[OpWork
     parent = op_parents(trace, ops)
     # holds another op of known work of its kind (aten::linear around aten::addmm; not a convolution
     # around its bias add: that is other work)
-    shadowed = np.zeros(len(ops), dtype=bool)
-    for p in np.flatnonzero(known).tolist():
-        q = int(parent[p])
-        while q >= 0:
-            if family[q] == family[p]:
-                if shadowed[q]:
-                    break  # and so are the ones above it
-                shadowed[q] = True
-            q = int(parent[q])
+    shadowed = _holds_its_kind(trace, ops, family)
     # nearest op of known work, the op itself or its innermost enclosing one (pointer jumping)
     target = np.where(known, np.arange(len(ops)), parent)
     for _ in range(64):
@@ -172,20 +164,59 @@ def _op_work(trace: Trace, ops: np.ndarray) -> tuple[list[OpWork | None], np.nda
     flops = trace.flops[ops]
     if not (np.isfinite(flops) & (flops > 0)).any():
         return work, from_trace
-    parent = op_parents(trace, ops)
+    # the op's own FLOPs, else those of the nearest enclosing op of its kind, through ops of its kind
+    # only (aten::conv2d around cudnn_convolution)
+    source = _nearest_recorded(
+        op_parents(trace, ops), _name_families(trace, ops), np.isfinite(flops) & (flops > 0)
+    )
     for p in np.flatnonzero([w is not None for w in work]).tolist():
-        w = work[p]
+        w, q = work[p], int(source[p])
         assert w is not None
-        q = p
-        while q >= 0:  # the op, then enclosing ops of its kind (aten::conv2d around cudnn_convolution)
-            if np.isfinite(flops[q]) and flops[q] > 0:
-                work[p] = OpWork(float(flops[q]), w.bytes, w.family, w.dtype)
-                from_trace[p] = True
-                break
-            q = int(parent[q])
-            if q >= 0 and op_family(trace.name_of(int(ops[q]))) != w.family:
-                break
+        if q >= 0:
+            work[p] = OpWork(float(flops[q]), w.bytes, w.family, w.dtype)
+            from_trace[p] = True
     return work, from_trace
+
+
+def _holds_its_kind(trace: Trace, ops: np.ndarray, family: np.ndarray) -> np.ndarray:
+    """Per op of known work, whether one of its descendants has known work of the same family: in
+    preorder a descendant's index lies within the op's stretch, so a count between two bounds."""
+    order, end = op_subtrees(trace, ops)
+    rank = np.empty(len(ops), dtype=np.int64)
+    rank[order] = np.arange(len(ops))
+    out = np.zeros(len(ops), dtype=bool)
+    for f in np.unique(family[family >= 0]).tolist():
+        members = np.flatnonzero(family == f)
+        at = np.sort(rank[members])
+        inside = np.searchsorted(at, end[rank[members]], "left") - np.searchsorted(at, rank[members], "right")
+        out[members] = inside > 0
+    return out
+
+
+def _name_families(trace: Trace, ops: np.ndarray) -> np.ndarray:
+    """Per op, its family's index in FAMILIES by its name (-1: none), found once per distinct name."""
+    distinct, inverse = np.unique(trace.name[ops], return_inverse=True)
+    names = [op_family(trace.names[k]) for k in distinct.tolist()]
+    return np.array([FAMILIES.index(f) if f else -1 for f in names], dtype=np.int8)[inverse.reshape(-1)]
+
+
+def _nearest_recorded(parent: np.ndarray, family: np.ndarray, recorded: np.ndarray) -> np.ndarray:
+    """Per op, the op itself if `recorded`, else the nearest ancestor that is, reached through
+    ancestors of the op's family only; -1 where none. Pointer jumping: O(n log depth)."""
+    safe = np.maximum(parent, 0)
+    defer = ~recorded & (parent >= 0) & (family >= 0) & (family[safe] == family)
+    source = np.where(recorded, np.arange(len(parent)), -1)
+    ptr = np.where(defer, parent, -1)
+    done = ~defer
+    pending = np.flatnonzero(defer)
+    while len(pending):
+        up = ptr[pending]
+        ready = done[up]
+        source[pending[ready]] = source[up[ready]]
+        done[pending[ready]] = True
+        ptr[pending[~ready]] = ptr[up[~ready]]
+        pending = pending[~ready]
+    return source
 
 
 def _points(

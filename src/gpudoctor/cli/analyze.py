@@ -3,35 +3,30 @@ summary, or the JSON of the analysis with --json (nothing else on stdout)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from gpudoctor.analysis.modules import DEFAULT_DEPTH
-from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.common import (
     DebugOption,
     EngineOption,
+    MaxTraceSizeOption,
     WorkersOption,
+    input_path,
+    parse_size,
     rank_index,
     set_debug,
     stdout_console,
+    step_time_us,
     trace_ceilings,
 )
-from gpudoctor.cli.multirank import analyze_directory, check_rank, combined_doc
-from gpudoctor.cli.report import write_html
-from gpudoctor.report.json_out import report_json
-from gpudoctor.report.terminal import render_analysis, render_rank_overview
-from gpudoctor.rules import diagnose
-from gpudoctor.trace import load_trace
 
 
 def analyze_command(
     ctx: typer.Context,
     path: Annotated[
-        Path,
+        str,
         typer.Argument(
             metavar="PATH",
             help="A Kineto trace (.json or .json.gz) or a directory of rank traces.",
@@ -42,10 +37,7 @@ def analyze_command(
     step: Annotated[
         int | None,
         typer.Option(
-            "--step",
-            metavar="N",
-            help="Analyze step N alone (the N of ProfilerStep#N; inferred steps count from 1).",
-            show_default=False,
+            "--step", metavar="N", help="Analyze step N alone (the N of ProfilerStep#N).", show_default=False
         ),
     ] = None,
     rank: Annotated[
@@ -65,9 +57,17 @@ def analyze_command(
         typer.Option(
             "--step-time-ms",
             metavar="MS",
-            min=0.001,
             help="The step time measured without the profiler: the profiler's own overhead is then "
             "taken out of the diagnosis.",
+            show_default=False,
+        ),
+    ] = None,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            metavar="FILE",
+            help="Also write the HTML report (of the detailed rank).",
             show_default=False,
         ),
     ] = None,
@@ -80,16 +80,8 @@ def analyze_command(
             max=8,
             help="How deep below the model's root the module view goes (with_stack traces, gpudoctor run).",
         ),
-    ] = DEFAULT_DEPTH,
-    html: Annotated[
-        Path | None,
-        typer.Option(
-            "--html",
-            metavar="FILE",
-            help="Also write the HTML report (of the detailed rank).",
-            show_default=False,
-        ),
-    ] = None,
+    ] = 2,
+    max_trace_size: MaxTraceSizeOption = "4G",
     workers: WorkersOption = None,
     engine: EngineOption = "auto",
     debug: DebugOption = False,
@@ -102,33 +94,63 @@ def analyze_command(
     directory of rank traces.
     """
     set_debug(ctx, debug)
-    unprofiled = step_time_ms * 1000 if step_time_ms else None
-    if path.is_dir():
-        _analyze_ranks(path, as_json, step, rank, top, unprofiled, html, workers, engine)
+    import json
+
+    from gpudoctor.analysis.summary import analyze
+    from gpudoctor.report.json_out import report_json
+    from gpudoctor.report.terminal import render_analysis, render_rank_overview
+    from gpudoctor.rules import diagnose
+    from gpudoctor.trace import load_traces
+
+    source = input_path(path)
+    unprofiled = step_time_us(step_time_ms)
+    max_bytes = parse_size(max_trace_size)
+    if source.is_dir() and step is None:
+        _analyze_ranks(source, as_json, rank, top, unprofiled, html, workers, engine)
         return
-    trace = load_trace(path)
-    rank_index([trace.meta.rank], rank)  # a rank that is not this trace's is a user error
-    a = analyze(
-        trace,
-        step=step,
-        top=max(top, 15),
-        unprofiled_step_us=unprofiled,
-        ceilings=trace_ceilings(trace),
-        module_depth=module_depth,
-    )
-    d = diagnose(a)
+    traces = load_traces(source, max_bytes)
+    analyses = [
+        analyze(
+            trace,
+            step=step,
+            top=max(top, 15),
+            unprofiled_step_us=unprofiled,
+            ceilings=trace_ceilings(trace),
+            module_depth=module_depth,
+        )
+        for trace in traces
+    ]
+    reports = [(a, diagnose(a)) for a in analyses]
+    index = rank_index([a.trace.rank for a in analyses], rank)
+    chosen, diagnosis = reports[index]
+    view = None
+    if len(reports) > 1 or html is not None:  # the report's module: only where it is needed
+        from gpudoctor.cli.report_source import ranks_view, write_html
+
+        view = ranks_view(reports, chosen.trace.rank)
     if html is not None:
-        write_html(html, a, d, trace)
+        write_html(
+            html,
+            chosen,
+            diagnosis,
+            traces[index],
+            ranks=view,
+            inputs=(source, *(t.meta.path for t in traces)),
+        )
     if as_json:
-        typer.echo(json.dumps(report_json([(a, d)]), indent=1, allow_nan=False))
+        doc = report_json([reports[index]] if rank is not None else reports)
+        typer.echo(json.dumps(doc, indent=1, allow_nan=False))
         return
-    render_analysis(a, stdout_console(), top=top, diagnosis=d)
+    console = stdout_console()
+    if view is not None:
+        render_rank_overview(view, console)
+        console.print()
+    render_analysis(chosen, console, top=top, diagnosis=diagnosis)
 
 
 def _analyze_ranks(
     path: Path,
     as_json: bool,
-    step: int | None,
     rank: int | None,
     top: int,
     unprofiled: float | None,
@@ -137,9 +159,14 @@ def _analyze_ranks(
     engine: str,
 ) -> None:
     """A directory of rank traces: every rank (in parallel where there are many), then one in detail."""
-    if step is not None:  # one step of every rank: each analyzed whole here, the ranks are few
-        _analyze_ranks_step(path, as_json, step, rank, top, unprofiled, html)
-        return
+    import json
+
+    from gpudoctor.cli.multirank import analyze_directory, check_rank, combined_doc
+    from gpudoctor.cli.report_source import write_html
+    from gpudoctor.report.json_out import report_json
+    from gpudoctor.report.terminal import render_analysis, render_rank_overview
+    from gpudoctor.trace import load_trace
+
     run = analyze_directory(
         path, unprofiled_us=unprofiled, detailed=rank, all_reports=as_json and rank is None,
         workers=workers, engine=engine, top=max(top, 15),
@@ -148,46 +175,11 @@ def _analyze_ranks(
     a, d = run.reports[chosen]
     view = run.view(chosen) if len(run.summaries) > 1 else None
     if html is not None:
-        write_html(html, a, d, load_trace(run.trace_paths[chosen]), ranks=view)
+        inputs = (path, *run.trace_paths.values())
+        write_html(html, a, d, load_trace(run.trace_paths[chosen]), ranks=view, inputs=inputs)
     if as_json:
         doc = report_json([(a, d)]) if rank is not None or view is None else combined_doc(run)
         typer.echo(json.dumps(doc, indent=1, allow_nan=False))
-        return
-    console = stdout_console()
-    if view is not None:
-        render_rank_overview(view, console)
-        console.print()
-    render_analysis(a, console, top=top, diagnosis=d)
-
-
-def _analyze_ranks_step(
-    path: Path,
-    as_json: bool,
-    step: int,
-    rank: int | None,
-    top: int,
-    unprofiled: float | None,
-    html: Path | None,
-) -> None:
-    from gpudoctor.cli.multirank import ranks_from_reports
-    from gpudoctor.trace import load_traces
-
-    traces = load_traces(path)
-    reports = []
-    for t in traces:
-        a = analyze(t, step=step, top=max(top, 15), unprofiled_step_us=unprofiled, ceilings=trace_ceilings(t))
-        reports.append((a, diagnose(a)))
-    index = rank_index([a.trace.rank for a, _ in reports], rank)
-    a, d = reports[index]
-    view = ranks_from_reports(reports).view(a.trace.rank) if len(reports) > 1 else None
-    if html is not None:
-        write_html(html, a, d, traces[index], ranks=view)
-    if as_json:
-        typer.echo(
-            json.dumps(
-                report_json([reports[index]] if rank is not None else reports), indent=1, allow_nan=False
-            )
-        )
         return
     console = stdout_console()
     if view is not None:

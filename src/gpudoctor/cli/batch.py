@@ -12,10 +12,7 @@ from typing import Annotated
 
 import typer
 
-from gpudoctor.analysis.batch_plan import SweepPlan, sweep
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.report.batch_view import render_html, render_sweep
-from gpudoctor.runner.sweep import measure_in_process
 
 RUNS_DIR = Path("gpudoctor-runs")
 
@@ -50,6 +47,10 @@ def batch_command(
     Sizes double from --start while throughput grows; then the largest size the memory model predicts
     is tried with the next size up. Options after the script name are the script's.
     """
+    from gpudoctor.analysis.batch_plan import SweepPlan, sweep
+    from gpudoctor.report.batch_view import render_html, render_sweep
+    from gpudoctor.runner.sweep import measure_in_process
+
     set_debug(ctx, debug)
     target, args = command[0], command[1:]
     name = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
@@ -66,9 +67,9 @@ def batch_command(
     measure = measure_in_process(target, args, module=module, timeout_s=timeout, child_args=child)
 
     def measured(batch: int) -> dict:
-        console.print(f"[dim]batch {batch}…[/]", end=" ")
+        console.print(f"batch {batch}…", end=" ", style="dim")
         raw = measure(batch)
-        console.print(f"[dim]{raw.get('status')}[/]")
+        console.print(f"{raw.get('status')}", style="dim")
         return raw
 
     result = sweep(measured, plan, [target, *args])

@@ -8,30 +8,16 @@ import json
 import textwrap
 from pathlib import Path
 from types import TracebackType
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.report.bench_table import (
-    render_ceilings,
-    render_comparisons,
-    render_measurements,
-    render_regressions,
-)
-from gpudoctor.timing import (
-    bench,
-    check_regression,
-    compare,
-    load_measurements,
-    measured_ceilings,
-    resolve_device,
-    save_measurements,
-)
-from gpudoctor.timing.api import infer_dtype
-from gpudoctor.timing.compare import REGRESSION_THRESHOLD, match_baseline
-from gpudoctor.timing.measurement import FILE_SCHEMA, SCHEMA_VERSION, Measurement
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.outfile import check_target
+
+if TYPE_CHECKING:
+    from gpudoctor.timing.measurement import Measurement
 
 STMT_FILE = "<gpudoctor-stmt>"
 SETUP_FILE = "<gpudoctor-setup>"
@@ -104,8 +90,14 @@ def bench_command(
         typer.Option("--compare", metavar="FILE", help="Compare with saved measurements (same labels)."),
     ] = None,
     threshold: Annotated[
-        float, typer.Option("--threshold", metavar="FRACTION", help="Slowdown that counts as a regression.")
-    ] = REGRESSION_THRESHOLD,
+        float | None,
+        typer.Option(
+            "--threshold",
+            metavar="FRACTION",
+            help="Slowdown that counts as a regression (default 0.05: timing.compare.REGRESSION_THRESHOLD).",
+            show_default=False,
+        ),
+    ] = None,
     ceilings: Annotated[
         bool,
         typer.Option("--ceilings", help="Show the device's measured ceilings (measured once, then cached)."),
@@ -122,6 +114,26 @@ def bench_command(
     shown apart. Sampling stops once the median is known to ±--noise.
     """
     set_debug(ctx, debug)
+    # the timing core and its renderers: imported when a benchmark runs, not when the CLI starts
+    from gpudoctor.report.bench_table import (
+        render_ceilings,
+        render_comparisons,
+        render_measurements,
+        render_regressions,
+    )
+    from gpudoctor.timing import (
+        check_regression,
+        compare,
+        load_measurements,
+        measured_ceilings,
+        resolve_device,
+        save_measurements,
+    )
+    from gpudoctor.timing.api import infer_dtype
+    from gpudoctor.timing.compare import REGRESSION_THRESHOLD, match_baseline
+    from gpudoctor.timing.measurement import FILE_SCHEMA, SCHEMA_VERSION
+
+    threshold = REGRESSION_THRESHOLD if threshold is None else threshold
     console = stdout_console()
     stmts = stmts or []
     if not stmts and not ceilings:
@@ -136,6 +148,8 @@ def bench_command(
         if not stmts:
             return
     baselines = load_measurements(baseline) if baseline else None
+    if save:
+        check_target(save, inputs=[baseline] if baseline else [])
     namespace = run_setup("\n".join(setup or []))
     chosen = resolve_device(device if device != "auto" else guess_device(namespace, [*(setup or []), *stmts]))
     options = {"mode": "cold" if cold else "hot", "method": method, "min_time_s": min_time, "timeout_s": timeout,
@@ -159,7 +173,7 @@ def bench_command(
                 raise UsageError(f"{baseline} has no measurement labelled {m.label!r}")
             checks.append(check_regression(base, m, threshold))
     if save:
-        save_measurements(save, results)
+        save_measurements(save, results, inputs=(baseline,) if baseline else ())
     if as_json:
         doc = {"schema": FILE_SCHEMA, "schema_version": SCHEMA_VERSION, "measurements": [m.to_json() for m in results],
                "comparisons": [_comparison_json(c) for c in comparisons],
@@ -221,6 +235,8 @@ def guess_device(namespace: dict[str, Any], sources: list[str]) -> str:
 
 
 def _run(fn: Any, stmt: str, **kwargs: Any) -> Measurement:
+    from gpudoctor.timing import bench
+
     try:
         return bench(fn, **kwargs)
     except Exception as err:

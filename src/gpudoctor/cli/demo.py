@@ -1,20 +1,26 @@
 """`gpudoctor demo`: a built-in workload run under `gpudoctor run` — on the GPU if there is one, else on
-the CPU — its run directory written and its summary printed. The README's first command."""
+the CPU — its run directory written and its summary printed. The README's first command. On a machine
+without a GPU it then shows, labelled as such, the full diagnosis of the same workload recorded on an
+H100 (shipped with gpudoctor: `gpudoctor/workloads/recorded/`), so that a first try shows what it does."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.cli.run import run_and_report
-from gpudoctor.runner.capture import LiveOptions
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 DEFAULT_WORKLOAD = "sync_every_step"  # an MLP trained with the usual host syncs planted in its loop
 WARMUP_STEPS = 3
 DRIVER = "gpudoctor.workloads.drive"  # runs a built-in workload as a plain script
+# Workloads with a GPU run shipped in gpudoctor/workloads/recorded/, shown where there is no GPU.
+RECORDED = {"sync_every_step": "sync_every_step_h100"}
+RECORDED_DIR = "recorded-h100"
 
 
 def demo_command(
@@ -40,7 +46,11 @@ def demo_command(
     record.json, analysis.json, report.html) under --out and prints the summary.
     """
     set_debug(ctx, debug)
+    from rich.text import Text
+
     from gpudoctor import workloads  # imports torch: only when the demo runs
+    from gpudoctor.cli.run import run_and_report
+    from gpudoctor.runner.capture import LiveOptions
 
     if list_workloads:
         for name in workloads.names():
@@ -51,9 +61,10 @@ def demo_command(
     workloads.get(workload)  # an unknown name: one line and exit 2, before anything runs
     device = torch.device("cuda" if torch.cuda.is_available() and not cpu else "cpu")
     console = stdout_console()
+    size = "full size" if device.type == "cuda" else "CPU size"
     console.print(
-        f"[bold]gpudoctor demo[/]: {workload} on {device} ({'full size' if device.type == 'cuda' else 'CPU size'})"
-        f" — as `gpudoctor run -m {DRIVER} {workload}`"
+        Text.assemble(("gpudoctor demo", "bold"), f": {workload} on {device} ({size})"),
+        f"— as `gpudoctor run -m {DRIVER} {workload}`",
     )
     options = LiveOptions(
         warmup=WARMUP_STEPS,
@@ -69,8 +80,45 @@ def demo_command(
     total = WARMUP_STEPS + light_steps + steps + 2 + 20
     args = [workload, "--steps", str(total), *(["--cpu"] if cpu else [])]
     code = run_and_report(DRIVER, args, module=True, out=out, options=options, console=console)
+    if device.type == "cpu" and workload in RECORDED:
+        show_recorded(RECORDED[workload], out / RECORDED_DIR, console)
     if code:
         raise typer.Exit(code)
+
+
+def show_recorded(name: str, dest: Path, console: Console) -> None:
+    """The recorded GPU run `name`, copied to `dest` (its trace and record), analyzed and shown in full
+    as `gpudoctor run` shows a run, under a heading that says where it comes from."""
+    from importlib import resources
+
+    from rich.rule import Rule
+    from rich.text import Text
+
+    from gpudoctor.cli import run as run_cli
+    from gpudoctor.runner.record import RunRecord
+    from gpudoctor.util.jsonfile import read_json_object
+    from gpudoctor.util.outfile import write_bytes
+
+    source = resources.files("gpudoctor.workloads") / "recorded" / name
+    for file in ("record.json", "trace.json.gz"):
+        write_bytes(dest / file, (source / file).read_bytes())
+    record = RunRecord.from_json(read_json_object(dest / "record.json", "gpudoctor run record"))
+    env = record.environment
+    gpu = env.gpu_name if env and env.gpu_name else "a GPU"
+    where = f"{gpu}, torch {env.torch if env else '?'}, {record.started_at[:10]}"
+    console.print()
+    console.print(Rule(Text(f"No GPU here. The same workload, recorded on an {gpu}", style="bold yellow")))
+    console.print(
+        f"What follows is not this machine: it is the run of `gpudoctor demo` on an {where}, shipped with "
+        "gpudoctor, diagnosed now as it was there.",
+        style="yellow",
+    )
+    run_cli._report(record, dest, console)  # as `gpudoctor run` reports its own run
+    console.print(
+        f"(recorded on an {where}; its report: {dest / 'report.html'}. On a machine with a GPU, "
+        "`gpudoctor demo` runs it live.)",
+        style="yellow",
+    )
 
 
 def register(app: typer.Typer) -> None:

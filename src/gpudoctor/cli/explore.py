@@ -3,26 +3,25 @@ with --plot, where matplotlib is installed), with the size from which the GPU wi
 
 from __future__ import annotations
 
-import json
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.report.bench_plot import matplotlib_available, plot_explore
-from gpudoctor.report.bench_table import render_explore
-from gpudoctor.timing.explore import OPS, explore
+from gpudoctor.cli.common import DebugOption, set_debug, stderr_console, stdout_console
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.outfile import check_target, write_json
+
+# The ops of timing.explore.OPS, named here so that the CLI starts without importing the timing core.
+OP_NAMES = ("matmul", "add", "sum", "conv2d", "softmax", "sort")
 
 
 def explore_command(
     ctx: typer.Context,
     ops: Annotated[
-        str, typer.Option("--ops", metavar="A,B", help=f"Comma-separated ops: {', '.join(OPS)}.")
-    ] = ",".join(OPS),
+        str, typer.Option("--ops", metavar="A,B", help=f"Comma-separated ops: {', '.join(OP_NAMES)}.")
+    ] = ",".join(OP_NAMES),
     quick: Annotated[bool, typer.Option("--quick", help="Fewer sizes (about a third of the time).")] = False,
     sizes: Annotated[
         str | None, typer.Option("--sizes", metavar="N,M", help="Sizes to use for every op chosen.")
@@ -47,20 +46,26 @@ def explore_command(
     GPU: device time with the data already there, one synchronized call, and with the copies in and out.
     """
     set_debug(ctx, debug)
+    from gpudoctor.report.bench_plot import matplotlib_available, plot_explore
+    from gpudoctor.report.bench_table import render_explore
+    from gpudoctor.timing.explore import explore
+
     names = [n.strip() for n in ops.split(",") if n.strip()]
     size_list = _parse_sizes(sizes) if sizes else None
     if plot and not matplotlib_available():  # say so before minutes of measuring, not after
         raise UsageError(
             "--plot needs matplotlib (pip install matplotlib); the table and --json work without it"
         )
-    err = Console(stderr=True)
+    for target in (json_path, plot):
+        if target is not None:  # before minutes of measuring, not after
+            check_target(target)
+    err = stderr_console()
     with err.status("measuring", spinner="dots") if err.is_terminal else nullcontext() as status:
         result = explore(names, quick=quick, sizes=size_list, dtype=dtype, transfers=transfers, gpu=not cpu_only,
                          progress=(lambda s: status.update(f"measuring {s}")) if status else None)  # fmt: skip
     render_explore(result, stdout_console())
     if json_path:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
+        write_json(json_path, result.to_json())
     if plot:
         plot_explore(result, plot)
 

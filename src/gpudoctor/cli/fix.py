@@ -11,22 +11,22 @@ import os
 import re
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-from gpudoctor.fixes.api import FixTarget, load_from_run, run_fix
-from gpudoctor.fixes.catalog import title_of, validate
-from gpudoctor.fixes.diagnose import RunInputs
-from gpudoctor.fixes.patches.compile import MODES
-from gpudoctor.fixes.result import FixReport
-from gpudoctor.fixes.session import FixOptions
-from gpudoctor.fixes.session import Progress as Step
-from gpudoctor.report.fix_view import render_fix_html, render_fix_markdown, render_fix_terminal
 from gpudoctor.util.errors import UsageError
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpudoctor.fixes.api import FixTarget
+    from gpudoctor.fixes.diagnose import RunInputs
+    from gpudoctor.fixes.result import FixReport
+    from gpudoctor.fixes.session import FixOptions
+
+MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # fixes.patches.compile's, not imported
 
 FIXES_DIR = Path("gpudoctor-fixes")
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|min|h)?\s*$")
@@ -42,6 +42,8 @@ def parse_duration(text: str) -> float:
 
 
 def _ids(text: str | None) -> tuple[str, ...]:
+    from gpudoctor.fixes.catalog import validate
+
     return tuple(validate(f.strip()) for f in (text or "").split(",") if f.strip())
 
 
@@ -71,6 +73,10 @@ def fix_command(
     diff. Options after the script name are the script's.
     """
     set_debug(ctx, debug)
+    from gpudoctor.fixes.api import FixTarget, load_from_run
+    from gpudoctor.fixes.session import FixOptions
+    from gpudoctor.report.fix_view import render_fix_terminal
+
     if compile_mode is not None and compile_mode not in MODES:
         raise UsageError(f"--compile-mode must be one of {', '.join(MODES)}")
     inputs = None
@@ -109,6 +115,11 @@ def _run(
     diagnose: bool,
     console: Console,
 ) -> FixReport:
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gpudoctor.fixes.api import run_fix
+    from gpudoctor.fixes.session import Progress as Step
+
     bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                     console=console, transient=True)  # fmt: skip
     task = bars.add_task("starting", total=None)
@@ -131,6 +142,8 @@ def _run(
 
 
 def _titles(fix: str | None) -> str:
+    from gpudoctor.fixes.catalog import title_of
+
     return " + ".join(title_of(f) for f in (fix or "").split("+") if f)
 
 
@@ -141,6 +154,8 @@ def _write(path: Path, text: str) -> None:
 
 
 def _write_all(out: Path, report: FixReport) -> None:
+    from gpudoctor.report.fix_view import render_fix_html, render_fix_markdown
+
     _write(out / "fix.json", json.dumps(report.to_json(), indent=1, allow_nan=False))
     _write(out / "fix.md", render_fix_markdown(report))
     _write(out / "fix.html", render_fix_html(report))

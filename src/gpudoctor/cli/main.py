@@ -5,6 +5,7 @@ errors exit 2; Ctrl-C exits 130). Commands live one per module, listed in `COMMA
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import traceback
 from typing import Any
@@ -69,7 +70,33 @@ for _name in COMMANDS:
 
 def main(argv: list[str] | None = None) -> None:
     """The console script (and `python -m gpudoctor`)."""
+    if _stdout_closed():
+        print("gpudoctor: error: stdout is closed: redirect it (> /dev/null to discard)", file=sys.stderr)
+        sys.exit(2)
     try:
         app(args=argv, prog_name="gpudoctor")
     except KeyboardInterrupt:  # outside typer's own handling, e.g. while starting up
         sys.exit(130)
+    except BrokenPipeError:  # `gpudoctor analyze t.json | head`: the reader has all it wanted
+        _quiet_stdout()
+        sys.exit(1)
+
+
+def _stdout_closed() -> bool:
+    """Started with file descriptor 1 closed (`gpudoctor analyze t.json >&-`): nothing can be shown."""
+    if sys.stdout is None:
+        return True
+    try:
+        os.fstat(sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        return not hasattr(sys.stdout, "getvalue")  # a StringIO (tests) has no descriptor, and is open
+    return False
+
+
+def _quiet_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null so that flushing at exit does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass

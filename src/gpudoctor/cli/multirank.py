@@ -7,6 +7,7 @@ slowest only)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +74,12 @@ def analyze_directory(
             f"{path}: no trace files (*.json, *.json.gz) in this directory ({others}: JSON of another kind)"
         )
     results.sort(key=lambda r: r.summary.rank)
+    for a, b in itertools.pairwise(results):
+        if a.summary.rank == b.summary.rank:
+            names = f"{Path(a.summary.path).name} and {Path(b.summary.path).name}"
+            raise TraceFormatError(
+                f"{path}: {names} both claim rank {a.summary.rank}: keep one run's rank traces in a directory"
+            )
     summaries = tuple(r.summary for r in results)
     reports = {r.summary.rank: r.report for r in results if r.report is not None}
     across = across_ranks(summaries)

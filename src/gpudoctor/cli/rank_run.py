@@ -53,7 +53,7 @@ def launch(
     env = {**os.environ, **{k: v for k, v in NVML_OFF_ENV.items() if k not in os.environ}}
     code = subprocess.call(argv, env=env)
     if not (out / ANALYSIS).is_file() and any(out.glob("rank-*/trace*.json*")):
-        console.print("[dim]no rank combined the ranks (one ended early): combining them now[/]")
+        console.print("no rank combined the ranks (one ended early): combining them now", style="dim")
         combine(out, console)
     return code
 
@@ -65,7 +65,7 @@ def finish_rank(rank: RankRun, console: Console) -> None:
         if elected:
             combine(rank.out, console)
         else:
-            console.print(f"[dim]rank {rank.env.rank}: {rank.dir}[/]")
+            console.print(f"rank {rank.env.rank}: {rank.dir}", style="dim")
     finally:
         rank.close()
 
@@ -80,7 +80,7 @@ def combine(out: Path, console: Console) -> dict[str, Any] | None:
     try:
         run = analyze_directory(out, all_reports=len(list(out.glob("rank-*"))) <= FULL_REPORTS_MAX)
     except GpudoctorError as err:
-        console.print(f"[dim]the ranks could not be analyzed together: {err}[/]")
+        console.print(f"the ranks could not be analyzed together: {err}", style="dim")
         return None
     doc = combined_doc(run)
     doc["run"] = alignment(out)
@@ -91,7 +91,7 @@ def combine(out: Path, console: Console) -> dict[str, Any] | None:
     try:
         write_html(out / REPORT, a, d, load_trace(run.trace_paths[first]), ranks=view)
     except Exception as err:  # the report is a by-product: the results are written
-        console.print(f"[dim]{REPORT} not written: {type(err).__name__}: {err}[/]")
+        console.print(f"{REPORT} not written: {type(err).__name__}: {err}", style="dim")
     if view is not None:
         render_rank_overview(view, console)
         console.print()
@@ -135,7 +135,7 @@ def _alignment_line(info: dict[str, Any], console: Console) -> None:
             f"{steps['done']} recorded, after one profiler warm-up step"
         )
     elif steps:
-        console.print(f"\n[bold red]the ranks did not enter their phases at the same steps[/]: {steps}")
+        console.print(f"\nthe ranks did not enter their phases at the same steps: {steps}", style="bold red")
     missing = sorted(set(range(info.get("world_size", 0))) - set(traced))
     if missing:
-        console.print(f"[yellow]ranks without a trace: {missing}[/]")
+        console.print(f"ranks without a trace: {missing}", style="yellow")

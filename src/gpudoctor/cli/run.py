@@ -5,29 +5,34 @@ the light phase's step time); print the summary. Exits with the script's own sta
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from datetime import datetime, timezone
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console, trace_ceilings
-from gpudoctor.cli.rank_run import finish_rank, launch
-from gpudoctor.cli.report import RECORD_FILE, nvml_samples, write_html
-from gpudoctor.cli.run_memory import memory_of_run, render_without_trace
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
-from gpudoctor.runner.launch import ScriptEnd, print_script_traceback, run_script
-from gpudoctor.runner.ranks import RankRun
+from gpudoctor.runner.launch import ScriptEnd, check_runnable, print_script_traceback, run_script
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 from gpudoctor.util.units import fmt_bytes, fmt_us
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from gpudoctor.analysis.memory_run import MemoryAnalysis
+    from gpudoctor.runner.ranks import RankRun
+
 RUNS_DIR = Path("gpudoctor-runs")
+RECORD_FILE = "record.json"
+CPU_NOTE = (
+    "on the CPU: step times are the host's wall time, and the profiler's cost here says nothing about "
+    "a GPU run; the trace shows which ops and Python each step runs, not GPU busy or idle time, kernels, "
+    "copies or synchronizations (run it on a GPU for those)"
+)
 
 
 class MemoryHistory(str, Enum):
@@ -112,6 +117,8 @@ def run_command(
         memory_history=memory_history.value,
     )
     if nproc:  # several ranks: torchrun runs this command in each (cli.rank_run)
+        from gpudoctor.cli.rank_run import launch
+
         raise typer.Exit(launch(nproc, out, options, module, command, stdout_console()))
     code = run_and_report(target, args, module=module, out=out, options=options, console=stdout_console())
     if code:
@@ -124,32 +131,43 @@ def run_and_report(
     """Run the script under capture, write the run directory, print the summary; the script's exit status.
     A script that ends before anything was traced runs a second time, traced to fit what it does (not
     as one rank of several: the ranks combine what they have)."""
+    from gpudoctor.runner.ranks import RankRun
+
+    check_runnable(target, module=module)  # a missing script or module: one line, before anything is made
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     rank = RankRun.start(out, [target, *args], started, dict(vars(options)))  # one of several ranks?
     if rank is not None:
-        record, error = _capture(target, args, module=module, out=rank.dir, options=options, rank=rank)
+        from gpudoctor.cli.rank_run import finish_rank
+
+        record, error, _ = _capture(target, args, module=module, out=rank.dir, options=options, rank=rank)
         _write_record(rank.dir, record)
         if error is not None:
             print_script_traceback(error)
         finish_rank(rank, console)  # the last rank to finish combines them all
         return record.exit_code
-    record, error = _capture(target, args, module=module, out=out, options=options)
-    again = None if error is not None or options.light_only else fitted_options(record, options)
+    record, error, signum = _capture(target, args, module=module, out=out, options=options)
+    again = None if error is not None or options.light_only or signum else fitted_options(record, options)
     if again is not None:
         console.print(
-            f"[dim]the script ended after {record.steps_seen} steps, before tracing: running it again, "
-            f"{_describe_fit(again)}[/]"
+            f"the script ended after {record.steps_seen} steps, before tracing: running it again, "
+            f"{_describe_fit(again)}",
+            style="dim",
         )
         first = record
-        record, error = _capture(target, args, module=module, out=out, options=again)
+        record, error, signum = _capture(target, args, module=module, out=out, options=again)
         record = replace(
             record, notes=(*record.notes, f"second run: the first ended after {first.steps_seen} steps")
         )
         if record.light is None and first.light is not None:
             record = replace(record, light=first.light)
-    _write_record(out, record)
+        _write_record(out, record)
     if error is not None:
         print_script_traceback(error)
+    if signum is not None:  # asked to stop: keep what was measured, analyze it later
+        console.print(
+            f"gpudoctor run: {record.outcome}; what was measured is in {out} (gpudoctor report {out})"
+        )
+        return record.exit_code
     _report(record, out, console)
     return record.exit_code
 
@@ -162,20 +180,35 @@ def _capture(
     out: Path,
     options: LiveOptions,
     rank: RankRun | None = None,
-) -> tuple[RunRecord, BaseException | None]:
+) -> tuple[RunRecord, BaseException | None, int | None]:
+    """One run of the script under capture; its record (written as the run goes, by `RunDir`), the
+    exception it ended with, and the signal that stopped it, if one did."""
+    from gpudoctor.runner.rundir import RunDir
+
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    argv = [target, *args]
+    rundir = None if rank is not None else RunDir(out, argv, started, dict(vars(options))).open()
     on_phase = rank.on_phase if rank is not None else None
     capture = LiveCapture(out, options, script_files(target, module), on_phase=on_phase).install()
+    if rundir is not None:
+        rundir.watch(capture.result)
+        capture.on_change = rundir.update
     try:
         end = run_script(target, args, module=module)
     finally:
         capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
-    return _record(capture, end, [target, *args], started, options), end.error
+    record = _record(capture, end, argv, started, options)
+    if rundir is not None:
+        record = rundir.finish(record)
+        return record, end.error, rundir.signum
+    return record, end.error, None
 
 
 def _write_record(out: Path, record: RunRecord) -> None:
+    from gpudoctor.util.outfile import write_json
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1, allow_nan=False))
+    write_json(out / RECORD_FILE, record.to_json())
 
 
 def fitted_options(record: RunRecord, options: LiveOptions) -> LiveOptions | None:
@@ -233,15 +266,23 @@ def _record(
 
 def _report(record: RunRecord, out: Path, console: Console) -> None:
     """The observer-effect lines, then the trace's analysis with the profiler's distortion taken out."""
+    from rich.text import Text
+
+    from gpudoctor.cli.run_memory import memory_of_run, render_without_trace
+
     console.print(
-        f"\n[bold]gpudoctor run[/]: {' '.join(record.argv)} — {record.outcome}, {record.steps_seen} steps"
+        Text.assemble(
+            "\n",
+            ("gpudoctor run", "bold"),
+            f": {' '.join(record.argv)} — {record.outcome}, {record.steps_seen} steps",
+        )
     )
     for note in record.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"note: {note}", style="dim")
     console.print(f"step = {_step_line(record)}")
     light, traced = record.light, record.traced
     if light is None or not light.times_us:
-        console.print(f"[dim]no light-phase steps: the script ended after {record.steps_seen} steps[/]")
+        console.print(f"no light-phase steps: the script ended after {record.steps_seen} steps", style="dim")
     else:
         times = sorted(light.times_us)
         p10, p90 = times[len(times) // 10], times[(len(times) * 9) // 10 - (len(times) >= 10)]
@@ -255,7 +296,9 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
                 f"  {per_call:.1f} calls of {record.step.module}.forward per step: "  # type: ignore[union-attr]
                 f"{fmt_us(light.mean_us / per_call)} per call"
             )
-    if traced is not None and traced.median_us and light is not None and light.median_us:
+    if light is not None and light.clock == "perf_counter" and record.environment is not None:
+        console.print(CPU_NOTE, style="dim")  # the profiler's cost on the CPU says nothing about a GPU run
+    elif traced is not None and traced.median_us and light is not None and light.median_us:
         overhead = record.profiler_overhead or 0.0
         console.print(
             f"traced phase: {len(traced.times_us)} steps, median {fmt_us(traced.median_us)}: "
@@ -267,11 +310,10 @@ def _report(record: RunRecord, out: Path, console: Console) -> None:
             f"peak reserved {fmt_bytes(record.memory.get('reserved_bytes.all.peak', 0))}, "
             f"allocator retries {record.memory.get('num_alloc_retries', 0)}"
         )
-    console.print(
-        f"NVML: {len(record.nvml_samples)} samples"
-        if record.nvml_missing is None
-        else f"[dim]NVML: not recorded ({record.nvml_missing})[/]"
-    )
+    if record.nvml_missing is None:
+        console.print(f"NVML: {len(record.nvml_samples)} samples")
+    else:
+        console.print(f"NVML: not recorded ({record.nvml_missing})", style="dim")
     memory = memory_of_run(out, record, console)
     if record.trace_files:
         _analyze(out, record, console, memory)
@@ -286,6 +328,7 @@ def _analyze(out: Path, record: RunRecord, console: Console, memory: MemoryAnaly
     from gpudoctor.report.terminal import render_analysis
     from gpudoctor.rules import diagnose
     from gpudoctor.trace import load_trace
+    from gpudoctor.util.outfile import write_json
 
     unprofiled = unprofiled_step_us(record)
     try:
@@ -294,12 +337,11 @@ def _analyze(out: Path, record: RunRecord, console: Console, memory: MemoryAnaly
         analysis = replace(analysis, memory_run=memory)
         diagnosis = diagnose(analysis)
     except GpudoctorError as err:
-        console.print(f"[dim]the trace could not be analyzed: {err}[/]")
+        console.print(f"the trace could not be analyzed: {err}", style="dim")
         return
-    doc = report_json([(analysis, diagnosis)])
-    (out / "analysis.json").write_text(json.dumps(doc, indent=1, allow_nan=False))
+    write_json(out / "analysis.json", report_json([(analysis, diagnosis)]))
     observer = observer_effect(analysis, record)
-    (out / "observer.json").write_text(json.dumps(observer, indent=1, allow_nan=False))
+    write_json(out / "observer.json", observer)
     _write_html(out, analysis, diagnosis, trace, console)
     render_analysis(analysis, console, diagnosis=diagnosis)
     if observer["busy_pct_unprofiled"] is not None:
@@ -352,10 +394,12 @@ def observer_effect(analysis: object, record: RunRecord) -> dict[str, float | No
 
 def _write_html(out: Path, analysis: Any, diagnosis: Any, trace: Any, console: Console) -> None:
     """report.html through `gpudoctor report`'s writer, with the run's NVML series."""
+    from gpudoctor.cli.report_source import nvml_samples, write_html
+
     try:
         write_html(out / "report.html", analysis, diagnosis, trace, nvml=nvml_samples(out / RECORD_FILE))
     except Exception as err:  # the report is a by-product: the run's results are already written
-        console.print(f"[dim]report.html not written: {type(err).__name__}: {err}[/]")
+        console.print(f"report.html not written: {type(err).__name__}: {err}", style="dim")
 
 
 def register(app: typer.Typer) -> None:

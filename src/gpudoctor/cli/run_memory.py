@@ -45,7 +45,7 @@ def memory_of_run(out: Path, record: RunRecord, console: Console) -> MemoryAnaly
         step_us = record.light.median_us if record.light else None
         memory = analyze_memory(run, {k: v for k, v in snapshots.items() if v is not None}, timeline, step_us)
     except GpudoctorError as err:
-        console.print(f"[dim]the memory recording could not be analyzed: {err}[/]")
+        console.print(f"the memory recording could not be analyzed: {err}", style="dim")
         return None
     doc = {**memory.to_json(), "findings": [to_jsonable(f) for f in memory_findings(memory)]}
     (out / MEMORY_FILE).write_text(json.dumps(doc, indent=1, allow_nan=False))

@@ -4,14 +4,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import time
 from pathlib import Path
 from typing import IO, Any
 
-from gpudoctor.monitor.samples import GPM_FIELDS, GpuInfo, GpuSample, MonitorRecord, SystemInfo, open_text
+from gpudoctor.monitor.samples import GPM_FIELDS, GpuInfo, GpuSample, MonitorRecord, SystemInfo
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.outfile import close_live, open_live, output_error
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 FLUSH_EVERY_S = 1.0
@@ -61,10 +63,7 @@ class SampleLog:
         self.path = path
         self.format = log_format(path)
         self._max_mhz = {d.index: d.sm_max_mhz for d in devices}
-        try:
-            self._file: IO[str] = open_text(path, "w")
-        except OSError as err:
-            raise UsageError(f"--log {path}: {err.strerror or err}") from None
+        self._file: IO[str] = open_live(path)
         self._last_flush = time.monotonic()
         self._start_s: float | None = None
         self.rows = 0
@@ -79,6 +78,14 @@ class SampleLog:
     def write(self, sample: GpuSample) -> None:
         if self._file.closed:
             return
+        try:
+            self._write(sample)
+        except OSError as err:  # a full disk mid-run: one line naming the log, the samples so far kept
+            with contextlib.suppress(OSError):
+                close_live(self._file)
+            raise output_error(self.path, err) from None
+
+    def _write(self, sample: GpuSample) -> None:
         if self._csv is None:
             self._file.write(json.dumps(sample.to_json(), separators=(",", ":"), allow_nan=False) + "\n")
         else:
@@ -95,7 +102,10 @@ class SampleLog:
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                close_live(self._file)
+            except OSError as err:
+                raise output_error(self.path, err) from None
 
     def __enter__(self) -> SampleLog:
         return self

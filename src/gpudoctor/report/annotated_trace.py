@@ -11,6 +11,7 @@ from typing import Any
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline_view import IdleSpans
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.util.text import has_unsafe, printable
 
 PID = 9_999_999  # above any Linux pid (at most 2**22), so it cannot clash with a profiled process
 CATEGORY = "gpudoctor"
@@ -33,10 +34,28 @@ GAP_NS = 2
 def annotate(
     original: dict[str, Any], spans: IdleSpans, analysis: Analysis, diagnosis: Diagnosis
 ) -> dict[str, Any]:
-    """A new trace document: `original` with gpudoctor's events appended (the original is not changed)."""
-    events = list(original.get("traceEvents") or [])
+    """A new trace document: `original` with gpudoctor's events appended (the original is not changed).
+    The viewers show event names, categories and string args as they are: control characters in them
+    (from a crafted trace) are written escaped."""
+    events = [_viewable(e) for e in original.get("traceEvents") or []]
     events.extend(gpudoctor_events(spans, analysis, diagnosis))
     return {**original, "traceEvents": events}
+
+
+def _viewable(event: Any) -> Any:
+    """The event with control characters in its name, category and string args shown escaped; the
+    same object when there are none (the common case costs a search per string)."""
+    if not isinstance(event, dict):
+        return event
+    changed = {
+        k: printable(v) for k in ("name", "cat") if isinstance(v := event.get(k), str) and has_unsafe(v)
+    }
+    args = event.get("args")
+    if isinstance(args, dict):
+        bad = {k: printable(v) for k, v in args.items() if isinstance(v, str) and has_unsafe(v)}
+        if bad:
+            changed["args"] = {**args, **bad}
+    return {**event, **changed} if changed else event
 
 
 def gpudoctor_events(spans: IdleSpans, analysis: Analysis, diagnosis: Diagnosis) -> list[dict[str, Any]]:
@@ -89,15 +108,15 @@ def _finding_events(diagnosis: Diagnosis, at_ns: int) -> list[dict[str, Any]]:
             "id": f.id,
             "severity": f.severity.value,
             "est_saving_pct": f.est_saving_pct,
-            "evidence": list(f.evidence),
-            "fix": f.fix.summary,
+            "evidence": [printable(e) for e in f.evidence],
+            "fix": printable(f.fix.summary),
         }
         out.append(
             {
                 "ph": "i",
                 "s": "t",  # on the "findings" thread: both viewers draw them on that track
                 "cat": CATEGORY,
-                "name": f"{f.severity.value}: {f.title}",
+                "name": printable(f"{f.severity.value}: {f.title}"),
                 "pid": PID,
                 "tid": TID_FINDINGS,
                 "ts": _us(at_ns),

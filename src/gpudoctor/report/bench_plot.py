@@ -4,10 +4,12 @@ where the GPU starts to win. Needs matplotlib (optional): `matplotlib_available(
 from __future__ import annotations
 
 import importlib.util
+import io
 from pathlib import Path
 
 from gpudoctor.timing.explore import SCENARIO_LABELS, ExploreResult
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.outfile import write_bytes
 
 STYLES = {"cpu": "o-", "gpu": "s-", "gpu_sync": "^--", "gpu_transfer": "v:"}
 
@@ -52,9 +54,12 @@ def plot_explore(result: ExploreResult, path: str | Path) -> Path:
     title = f"CPU {result.cpu_name}" + (f" vs {result.device_name}" if result.device_name else "")
     fig.suptitle(f"{title}, {result.dtype}", fontsize=10)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    return path
+    image = io.BytesIO()
+    try:
+        fig.savefig(image, dpi=120, format=path.suffix.lstrip(".").lower() or "png")
+    except ValueError as err:  # a suffix matplotlib cannot write
+        raise UsageError(f"--plot {path}: {err} (use .png, .svg or .pdf)") from None
+    return write_bytes(path, image.getvalue())
 
 
 def _unit(op: str) -> str:

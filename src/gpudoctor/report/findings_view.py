@@ -9,6 +9,7 @@ from rich.text import Text
 
 from gpudoctor.report.style import section
 from gpudoctor.rules.finding import Diagnosis, Finding, Severity
+from gpudoctor.util.text import printable, printable_block
 from gpudoctor.util.units import fmt_bytes
 
 SEVERITY_STYLE = {
@@ -22,7 +23,7 @@ SNIPPETS_SHOWN = 3  # the code of the first few findings; the rest show their on
 
 def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
     section(console, "Diagnosis")
-    console.print(Text(f"  {diagnosis.bound}", style="bold"))
+    console.print(Text(f"  {printable(diagnosis.bound)}", style="bold"))
     if not diagnosis.findings:
         console.print(Text("  No bottleneck found that a change would shorten by 2% or more.", style="green"))
         return
@@ -40,7 +41,7 @@ def _render_finding(f: Finding, console: Console, with_snippet: bool, of: str = 
     console.print()
     head = Text("  ")
     head.append(f" {f.severity.value.upper()} ", style=SEVERITY_STYLE[f.severity])
-    head.append(f"  {f.title}", style="bold")
+    head.append(f"  {printable(f.title)}", style="bold")
     saving = f"  up to {f.est_saving_pct:g}% of the {of}" if f.est_saving_pct > 0 else ""
     if f.est_memory_bytes:
         saving += f"  frees up to {fmt_bytes(f.est_memory_bytes)}"
@@ -48,11 +49,17 @@ def _render_finding(f: Finding, console: Console, with_snippet: bool, of: str = 
     head.append(f"  [{f.id}]", style="dim")
     console.print(head)
     for sentence in f.evidence:
-        console.print(Text(f"    • {sentence}"))
+        console.print(Text(f"    • {printable(sentence)}"))
     fix = Text("    fix: ", style="bold cyan")
-    fix.append(f.fix.summary)
+    fix.append(printable(f.fix.summary))
     console.print(fix)
     if with_snippet:
         console.print(
-            Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default", padding=(0, 6))
+            Syntax(
+                printable_block(f.fix.snippet),
+                "python",
+                theme="ansi_dark",
+                background_color="default",
+                padding=(0, 6),
+            )
         )

@@ -20,14 +20,16 @@ from gpudoctor.report.ranks_view import (
 )
 from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.util.text import printable, printable_block
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 TOP_KERNELS = 5
 
 
 def md_text(text: str) -> str:
-    """Inline text that renders as itself: HTML and Markdown syntax characters escaped."""
-    text = text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """Inline text that renders as itself: control characters shown escaped, HTML and Markdown syntax
+    characters escaped."""
+    text = printable(" ".join(text.split())).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     for ch in "\\`*_[]|#":
         text = text.replace(ch, "\\" + ch)
     return " ".join(text.split())
@@ -153,4 +155,4 @@ def _figures(a: Analysis) -> list[tuple[str, str]]:
 
 
 def _fence_safe(code: str) -> str:
-    return code.replace("```", "`\u200b``")
+    return printable_block(code).replace("```", "`\u200b``")

@@ -15,6 +15,7 @@ from gpudoctor.monitor.samples import GpuInfo, GpuSample, fmt_memory
 from gpudoctor.monitor.session import Snapshot
 from gpudoctor.monitor.summary import DeviceSummary, MonitorSummary
 from gpudoctor.report.style import cut, dim_line, line, not_available, section, table
+from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_rate
 
 SEVERITY_STYLE = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
@@ -167,7 +168,7 @@ def alert_text(alert: Alert, *, hint: bool = True) -> Text:
     out = Text()
     out.append(f"{alert.severity:8}", style=SEVERITY_STYLE.get(alert.severity, ""))
     out.append(f" {ALERT_LABELS.get(alert.kind, alert.kind)}: ", style="bold")
-    out.append(alert.message)
+    out.append(printable(alert.message))
     if hint:
         out.append(f"\n          {alert.hint}", style="dim")
     return out
@@ -175,7 +176,9 @@ def alert_text(alert: Alert, *, hint: bool = True) -> Text:
 
 def alert_line(alert: Alert) -> str:
     """One plain line for an alert raised while following a command (printed on stderr)."""
-    return f"gpudoctor: {alert.severity}: {ALERT_LABELS.get(alert.kind, alert.kind)}: {alert.message}"
+    return printable(
+        f"gpudoctor: {alert.severity}: {ALERT_LABELS.get(alert.kind, alert.kind)}: {alert.message}"
+    )
 
 
 def render_live(snap: Snapshot, *, footer: str = "") -> RenderableType:

@@ -10,6 +10,7 @@ from rich.rule import Rule
 from rich.table import Table
 from rich.text import Text
 
+from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_pct, fmt_us
 
 IDLE_LABELS = {"host_wait": "host wait", "sync": "sync", "launch_gap": "launch gap", "other": "other"}
@@ -21,11 +22,11 @@ def section(console: Console, title: str) -> None:
 
 
 def not_available(console: Console, reason: str) -> None:
-    console.print(Text(f"  not available: {reason}", style="dim"))
+    console.print(Text(f"  not available: {printable(reason)}", style="dim"))
 
 
 def dim_line(console: Console, text: str) -> None:
-    console.print(Text(f"  {text}", style="dim"))
+    console.print(Text(f"  {printable(text)}", style="dim"))
 
 
 def line(console: Console, *parts: str | Text) -> None:
@@ -34,7 +35,7 @@ def line(console: Console, *parts: str | Text) -> None:
     for i, part in enumerate(parts):
         if i:
             out.append(" · ", style="dim")
-        out.append(part if isinstance(part, Text) else Text(part))
+        out.append(part if isinstance(part, Text) else Text(printable(part)))
     console.print(out)
 
 
@@ -49,8 +50,8 @@ def table(*headers: str, first_left: int = 1, flexible: int | None = None) -> Ta
 
 
 def cut(text: str) -> Text:
-    """A cell that is cut with an ellipsis rather than wrapped."""
-    return Text(text, no_wrap=True, overflow="ellipsis")
+    """A cell that is cut with an ellipsis rather than wrapped (control characters shown escaped)."""
+    return Text(printable(text), no_wrap=True, overflow="ellipsis")
 
 
 def dur(us: float | None) -> str:

@@ -13,6 +13,7 @@ from gpudoctor.analysis.syncs import SyncReport
 from gpudoctor.analysis.transfers import TransferReport
 from gpudoctor.report.style import count, cut, dim_line, dur, line, not_available, section, table
 from gpudoctor.util.names import short_kernel_name
+from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 
 _CATEGORY = {"convolution": "conv", "communication": "comm"}
@@ -171,8 +172,8 @@ def render_syncs(s: SyncReport, console: Console) -> None:
     for site in s.sites:
         op = site.op if site.op == site.inner_op or site.inner_op is None else f"{site.op} > {site.inner_op}"
         t.add_row(
-            Text(site.call),
-            Text(op or "-"),
+            Text(printable(site.call)),
+            Text(printable(op or "-")),
             cut(site.source.rsplit("/", 1)[-1] if site.source else "-"),
             count(site.count),
             fmt_us(site.total_us),

@@ -41,6 +41,7 @@ from gpudoctor.report.style import (
 )
 from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 
 MAX_STEP_ROWS = 12
@@ -74,8 +75,8 @@ def render_analysis(
 def render_header(analysis: Analysis, console: Console) -> None:
     t = analysis.trace
     title = Text("gpudoctor ", style="bold")
-    title.append(Path(t.path).name, style="bold cyan")
-    title.append(f"  {t.path}", style="dim")
+    title.append(printable(Path(t.path).name), style="bold cyan")
+    title.append(f"  {printable(t.path)}", style="dim")
     console.print(title)
     rank = f"rank {t.rank}" + (f" of {t.world_size}" if t.world_size else "")
     line(console, _device_text(analysis), rank)
@@ -100,7 +101,7 @@ def render_header(analysis: Analysis, console: Console) -> None:
     if t.skipped:
         dim_line(console, "not kept: " + ", ".join(f"{count(n)} {why}" for why, n in t.skipped.items()))
     for note in analysis.notes:
-        console.print(Text("  note: ", style="yellow") + Text(note))
+        console.print(Text("  note: ", style="yellow") + Text(printable(note)))
 
 
 def _device_text(analysis: Analysis) -> str:

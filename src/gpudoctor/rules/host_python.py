@@ -29,7 +29,7 @@ for step, (inputs, targets) in enumerate(loader):
 
 def host_python(a: Analysis, f: Facts) -> Finding | None:
     python_us = f.host_python_us
-    if python_us < MIN_SHARE * f.traced_step_us:
+    if python_us < MIN_SHARE * f.traced_step_us or f.traced_step_us <= 0:
         return None
     wait_us = f.launch_wait_us  # the GPU's real wait for a host that was not loading data or syncing
     saving_us = min(python_us, wait_us)

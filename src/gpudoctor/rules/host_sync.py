@@ -38,7 +38,8 @@ def host_sync(a: Analysis, f: Facts) -> Finding | None:
     # runs ahead and hides them, as long as its own work fits in the step: the step cannot get shorter
     # than the host's work (its time less the time it sat blocked) nor than the GPU's.
     blocked = f.per_step(sum(s.total_us for s in sites))
-    host_work = (f.traced_step_us - blocked) * f.step_us / f.traced_step_us
+    # (a traced step of zero length, from overlapping or empty ProfilerStep spans, scales nothing)
+    host_work = (f.traced_step_us - blocked) * f.step_us / f.traced_step_us if f.traced_step_us > 0 else 0.0
     serialized = (f.sync_idle_us + f.host_wait_us) * f.host_scale
     drained = max(0.0, min(serialized, f.step_us - max(host_work, f.busy_us)))
     top = sites[:3]

@@ -28,7 +28,7 @@ with profile(activities=[ProfilerActivity.CUDA],          # GPU activity only: l
 
 def profiler_distortion(a: Analysis, f: Facts) -> Finding | None:
     overhead = f.profiler_overhead
-    if overhead is None or overhead < MIN_OVERHEAD:
+    if overhead is None or overhead < MIN_OVERHEAD or f.traced_step_us <= 0:
         return None
     options = [k for k, v in a.trace.profiler_config.items() if v]
     evidence = [

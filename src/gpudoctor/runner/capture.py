@@ -10,11 +10,9 @@ profiler and sampler whatever state they are in. Nothing here runs at import.
 from __future__ import annotations
 
 import contextlib
-import gzip
 import itertools
 import json
 import math
-import shutil
 import statistics
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +24,9 @@ from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
 from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.modules import ModuleLabels
+from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
+from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 TRACE_NAME = "trace.json.gz"
@@ -173,6 +173,8 @@ class LiveCapture:
         self.memory_recorder = MemoryRecorder(
             MemoryOptions(options.memory_history, options.memory_history != "off", timeline)
         )
+        self.on_change: Any = None  # called at each phase change (runner.rundir: the record so far)
+        self._proflog: ProfilerLog | None = None
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
@@ -180,6 +182,8 @@ class LiveCapture:
         self._detector = StepDetector(
             self.boundary, self._on_definition, self.script_files, discover=not self.options.trace_all
         ).install()
+        detector = self._detector
+        self.memory_recorder.root_hint = lambda: detector.root_module
         self.memory_recorder.install()
         _ACTIVE = self
         if self.options.trace_all:
@@ -345,6 +349,7 @@ class LiveCapture:
             self.calls_per_step = (self._detector.calls - self._light_calls) / len(self.light.times_us)
         self._read_memory()
         self._stop_nvml()
+        self._changed()
 
     def _start_traced(self, schedule: bool = True) -> None:
         import torch
@@ -371,6 +376,7 @@ class LiveCapture:
             profile_memory=o.profile_memory,
             with_stack=o.with_stack,
         )
+        self._proflog = ProfilerLog(self.out_dir / PROFILER_LOG).start()  # Kineto's lines: to the log
         self._prof.start()
         for key in ("with_stack", "record_shapes", "profile_memory"):  # read back by the trace loader
             self._prof.add_metadata_json(key, json.dumps(getattr(o, key)))
@@ -415,6 +421,9 @@ class LiveCapture:
             if self._clock is not None and self._clock.marks:
                 self.traced = self._clock.times_us()
             self._gzip_trace()
+            if self._proflog is not None:
+                self._proflog.stop()
+            self._changed()
 
     def finish(self) -> None:
         """End every phase early (the script ended or failed): keep what was captured."""
@@ -431,11 +440,15 @@ class LiveCapture:
         if raw is None or not raw.exists():
             self.notes.append("the profiler produced no trace")
             return
-        dest = raw.with_name(TRACE_NAME)
-        with raw.open("rb") as src, gzip.GzipFile(dest, "wb", compresslevel=6, mtime=0) as dst:
-            shutil.copyfileobj(src, dst, length=1 << 20)
-        raw.unlink()
-        self.trace_files = (*self.trace_files, dest.name)
+        kept, note = keep_trace(raw, TRACE_NAME)  # gzipped, or left raw if that fails
+        self.trace_files = (*self.trace_files, kept)
+        if note:
+            self.notes.append(note)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            with contextlib.suppress(Exception):  # the record so far is a by-product of the run
+                self.on_change()
 
     # -- memory and NVML -----------------------------------------------------------------------------
     def _read_memory(self) -> None:

@@ -25,16 +25,12 @@ class ScriptEnd:
 
 def run_script(target: str, args: list[str], *, module: bool = False) -> ScriptEnd:
     """Run `target` (a path, or a module name with `module=True`) with `args` as its command line."""
-    if not module and not Path(target).is_file():
-        raise UsageError(f"no such script: {target}")
+    spec = check_runnable(target, module=module)
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     try:
-        if module:
+        if spec is not None:
             sys.argv = [target, *args]  # runpy replaces argv[0] with the module's file
             sys.path.insert(0, str(Path.cwd()))
-            spec = _find_module(target)
-            if spec is None:
-                raise UsageError(f"no module named {target!r}")
             if not hasattr(spec.loader, "get_code") and spec.origin and spec.origin.endswith(".py"):
                 # an import hook that cannot hand runpy the code (pytest's assertion rewriter): run the file
                 sys.argv[0] = spec.origin
@@ -58,6 +54,25 @@ def run_script(target: str, args: list[str], *, module: bool = False) -> ScriptE
         sys.argv[:] = saved_argv
         sys.path[:] = saved_path
     return ScriptEnd("completed", 0)
+
+
+def check_runnable(target: str, *, module: bool = False) -> ModuleSpec | None:
+    """A `UsageError` (one line, exit 2) unless `target` names a script file, or with `module` a
+    module that can be found as `python -m` would find it (the current directory first); the
+    module's spec."""
+    if not module:
+        if not Path(target).is_file():
+            raise UsageError(f"no such script: {target}")
+        return None
+    saved = sys.path[:]
+    sys.path.insert(0, str(Path.cwd()))
+    try:
+        spec = _find_module(target)
+    finally:
+        sys.path[:] = saved
+    if spec is None:
+        raise UsageError(f"no module named {target!r}")
+    return spec
 
 
 def _find_module(name: str) -> ModuleSpec | None:

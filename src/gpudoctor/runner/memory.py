@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class MemoryOptions:
 class MemoryRecorder:
     def __init__(self, options: MemoryOptions = MemoryOptions()) -> None:
         self.options = options
+        self.root_hint: Callable[[], Any] | None = None  # the model the steps call, once known
         self.notes: list[str] = []
         self.steps: list[dict[str, Any]] = []
         self.snapshots: dict[str, tuple[int, Any]] = {}  # name -> (steps seen, torch's snapshot dict)
@@ -154,6 +156,12 @@ class MemoryRecorder:
                 record(enabled="all", context="alloc", stacks="python", max_entries=HISTORY_ENTRIES)
 
     # -- step boundaries ----------------------------------------------------------------------------
+    def _find_roots(self, collect: bool = True) -> list[Any]:
+        """The script's models: the one its steps call, where the step detector knows it (a gc scan
+        would also count models that only something else keeps alive), else every root module."""
+        hinted = self.root_hint() if self.root_hint is not None else None
+        return [hinted] if hinted is not None else find_roots(collect)
+
     def end_step(self, phase: str, steps_seen: int) -> None:
         """A step of `phase` has just ended (called before the capture moves to its next phase)."""
         self._steps_seen = steps_seen
@@ -207,14 +215,14 @@ class MemoryRecorder:
 
     def _light_ended(self, phase: str) -> None:
         if not self._cuda:
-            self.census = census(self._watch.optimizers, find_roots(), self._device, self._steps_seen)
+            self.census = census(self._watch.optimizers, self._find_roots(), self._device, self._steps_seen)
             return
         if self.options.history == "outside-light":
             self._set_history("state")
         if phase == "traced" and self.options.detail:
             self._start_detail()
         else:
-            self.census = census(self._watch.optimizers, find_roots(), self._device, self._steps_seen)
+            self.census = census(self._watch.optimizers, self._find_roots(), self._device, self._steps_seen)
 
     def restart(self) -> None:
         """The capture starts its warm-up again (the step was found to be another): forget the steps."""
@@ -231,7 +239,7 @@ class MemoryRecorder:
 
     # -- the detail step ----------------------------------------------------------------------------
     def _start_detail(self) -> None:
-        self._roots = find_roots()
+        self._roots = self._find_roots()
         self.census_start = census(self._watch.optimizers, self._roots, self._device, self._steps_seen)
         self.snapshots["detail_start"] = (self._steps_seen, self._snapshot())
         self._set_history("all")
@@ -353,7 +361,7 @@ class MemoryRecorder:
             }
             self.snapshots["oom"] = (self._steps_seen, self._snapshot())
             # no gc.collect() here: it could run the script's finalizers in the middle of an allocation
-            roots = find_roots(collect=False)
+            roots = self._find_roots(collect=False)
             self.oom["census"] = census(find_optimizers(), roots, device_obj, self._steps_seen)
         except Exception as err:
             self.notes.append(f"the out-of-memory snapshot failed: {type(err).__name__}: {err}")
@@ -368,7 +376,7 @@ class MemoryRecorder:
         try:
             if self._device is None:
                 self._start()
-            roots = find_roots()
+            roots = self._find_roots()
             names = module_names(roots)
             self.timeline = timeline_doc(prof, names, module_types(roots, names), self._device)
         except Exception as err:

@@ -6,12 +6,11 @@ torch is imported here only, and only when `profile_steps` runs.
 
 from __future__ import annotations
 
-import gzip
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudoctor.runner.rundir import keep_trace
 from gpudoctor.util.errors import GpudoctorError
 
 
@@ -65,7 +64,5 @@ def profile_steps(
             prof.step()
     if not exported:
         raise GpudoctorError("the profiler produced no trace")
-    with raw.open("rb") as src, gzip.GzipFile(dest, "wb", compresslevel=6, mtime=0) as dst:
-        shutil.copyfileobj(src, dst, length=1 << 20)
-    raw.unlink()
-    return dest
+    kept, _ = keep_trace(raw, dest.name)  # gzipped through the one writer; left raw if that fails
+    return dest.with_name(kept)

@@ -4,7 +4,6 @@ and how the script ended. Serializable (`to_json`/`from_json`, schema `gpudoctor
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +26,8 @@ class StepTimes:
 
     @property
     def median_us(self) -> float | None:
+        import statistics  # here: it imports decimal and fractions, and the command line starts without
+
         return statistics.median(self.times_us) if self.times_us else None
 
     @property

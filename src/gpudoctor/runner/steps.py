@@ -64,6 +64,7 @@ class StepDetector:
         self._loops: LoopWatcher | None = None
         self._call_hook: CallHook | None = None
         self._alarm: Any = None  # the SIGALRM handler we replaced, while ours is in
+        self._alarm_found: Any = None  # the handler there was when ours first went in
         self._in_alarm = False
         self._warning_filter: Any = None
         self._idle_iterations: dict[LoopKey, int] = {}  # loop iterations since the last step
@@ -110,6 +111,10 @@ class StepDetector:
             self._loader_next = None
         self._stop_discovery(keep_loop=False)
         self._stop_alarm()
+        if self._alarm_found is not None and signal.getsignal(signal.SIGALRM) == self._on_alarm:
+            # put back by someone who saved the handlers while ours was in (Lightning's signal connector)
+            with contextlib.suppress(ValueError):
+                signal.signal(signal.SIGALRM, self._alarm_found)
         if self._warning_filter is not None:
             with contextlib.suppress(ValueError):
                 warnings.filters.remove(self._warning_filter)
@@ -243,6 +248,8 @@ class StepDetector:
                 self.notes.append("the script handles SIGALRM itself: no timed discovery or windows")
                 return
             self._alarm = current
+            if self._alarm_found is None:
+                self._alarm_found = current
             signal.signal(signal.SIGALRM, self._on_alarm)
             signal.siginterrupt(signal.SIGALRM, False)  # restart system calls the tick interrupts
         signal.setitimer(signal.ITIMER_REAL, interval_s, interval_s)

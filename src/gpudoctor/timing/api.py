@@ -14,7 +14,7 @@ from gpudoctor.device.ceilings import Ceilings
 from gpudoctor.timing.clock import ClockSensor, HostClock, NoSensor, PerfCounterClock, open_nvml_sensor
 from gpudoctor.timing.cpu_backend import CpuBackend
 from gpudoctor.timing.measurement import BenchOptions, ClockInfo, Environment, Measurement
-from gpudoctor.timing.runner import Backend, run
+from gpudoctor.timing.runner import Backend, BenchTimeout, run
 from gpudoctor.util.errors import NoGpuError, UsageError
 from gpudoctor.util.gcpause import gc_paused
 
@@ -74,6 +74,8 @@ def bench(
             if opts.disable_gc:
                 stack.enter_context(gc_paused())
             outcome = run(backend, opts, clock, sensor)
+    except BenchTimeout as err:
+        raise BenchTimeout(f"{name}: {err}") from None
     finally:
         backend.close()
         if own_sensor:

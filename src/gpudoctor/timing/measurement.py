@@ -4,7 +4,6 @@ as versioned JSON (`save_measurements` / `load_measurements`); derived figures a
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -19,7 +18,10 @@ from gpudoctor.device.ceilings import Ceilings
 from gpudoctor.timing.clock import ClockReading
 from gpudoctor.timing.stats import Stats, summarize
 from gpudoctor.util.errors import GpudoctorError, UsageError
+from gpudoctor.util.jsonfile import read_json
+from gpudoctor.util.outfile import write_json
 from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.units import fmt_us
 
 SCHEMA = "gpudoctor.measurement"
 SCHEMA_VERSION = 1
@@ -257,6 +259,25 @@ class Measurement:
             out.append("no GPU work measured: does the function launch kernels on this device?")
         return tuple(out)
 
+    def __repr__(self) -> str:
+        """A short summary, as torch.utils.benchmark's Measurement prints: the median, its spread and
+        interval, how it was measured, and the warnings; the samples stay in `samples_us`."""
+        s = self.stats
+        lines = [
+            f"<gpudoctor.Measurement {self.label!r} on {self.device} ({self.device_name})>",
+            f"  median {fmt_us(s.median)}  IQR {fmt_us(s.iqr)} ({fmt_us(s.q1)} to {fmt_us(s.q3)})  "
+            f"95% CI ±{s.rel_ci:.2%}",
+            f"  {s.n:,} samples × {self.calls_per_sample:,} calls, {self.method}, {self.mode} cache; "
+            f"stopped by {self.stop_reason} after {self.elapsed_s:.3g} s",
+        ]
+        host = self.host_stats
+        if host is not None:
+            lines.append(f"  host latency (call + sync) median {fmt_us(host.median)}")
+        lines += [f"  warning: {w}" for w in self.warnings]
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
     # ---- JSON ----
     def to_json(self) -> dict[str, Any]:
         doc: dict[str, Any] = {"schema": SCHEMA, **to_jsonable(self)}
@@ -288,27 +309,27 @@ class Measurement:
             raise BenchFileError(f"malformed measurement {data.get('label')!r}: {err}") from None
 
 
-def save_measurements(path: str | Path, measurements: list[Measurement] | tuple[Measurement, ...]) -> Path:
-    path = Path(path)
+def save_measurements(
+    path: str | Path, measurements: list[Measurement] | tuple[Measurement, ...], inputs: tuple[Path, ...] = ()
+) -> Path:
+    """Write the measurements through `util.outfile` (atomically; never over one of `inputs`)."""
     doc = {
         "schema": FILE_SCHEMA,
         "schema_version": SCHEMA_VERSION,
         "measurements": [m.to_json() for m in measurements],
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, allow_nan=False))
-    return path
+    return write_json(path, doc, inputs=inputs)
 
 
 def load_measurements(path: str | Path) -> list[Measurement]:
     """A file written by `save_measurements` (or one measurement's JSON)."""
     path = Path(path)
+    if not path.exists():
+        raise BenchFileError(f"{path}: no such file")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise BenchFileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise BenchFileError(f"{path}: not JSON ({err})") from None
+        data = read_json(path, "gpudoctor benchmark file")
+    except UsageError as err:
+        raise BenchFileError(str(err)) from None
     if isinstance(data, dict) and data.get("schema") == SCHEMA:
         return [Measurement.from_json(data)]
     if not isinstance(data, dict) or data.get("schema") != FILE_SCHEMA:

@@ -6,7 +6,7 @@ noise target, timeout), NVML clock readings after every sample, then host latenc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
@@ -14,6 +14,8 @@ import numpy as np
 from gpudoctor.timing.clock import ClockReading, ClockSensor, HostClock, reason_names
 from gpudoctor.timing.measurement import BenchOptions, KernelTimes, Warmup
 from gpudoctor.timing.stats import summarize
+from gpudoctor.timing.watchdog import TimeLimit, watchdog
+from gpudoctor.util.errors import GpudoctorError
 
 HOST_MIN_SAMPLES = 5
 HOST_MAX_SAMPLES = 1000
@@ -22,6 +24,14 @@ HOST_MAX_TIME_S = 0.25
 WARMUP_SHARE_OF_TIMEOUT = 0.4  # warm-up may use at most this much of the time still left
 MAX_REST_US = 50_000.0
 KERNEL_CALLS = 20
+# The watchdog stops a run this long after its timeout: the loop's own check between samples ends
+# it in time when calls return; the watchdog is for the call that does not.
+HARD_LIMIT_FACTOR = 1.1
+HARD_LIMIT_GRACE_S = 0.1
+
+
+class BenchTimeout(GpudoctorError):
+    """Not one call of the function finished within the timeout."""
 
 
 @dataclass(frozen=True)
@@ -158,12 +168,19 @@ def _sample(backend: Backend, cooldown: float) -> float:
     return t
 
 
-def warm_up(backend: Backend, clock: HostClock, options: BenchOptions, deadline_us: float) -> Warmup:
+def warm_up(
+    backend: Backend,
+    clock: HostClock,
+    options: BenchOptions,
+    deadline_us: float,
+    times: list[float] | None = None,
+) -> Warmup:
     """Sample until the timings are steady (`is_steady`), after at least `warmup_min_s`; give up at
-    `warmup_max_s` or at a share of the time left before the deadline."""
+    `warmup_max_s` or at a share of the time left before the deadline. The samples go into `times`
+    as they come (a watchdog may stop this midway)."""
     start = clock.now_us()
     limit = min(start + options.warmup_max_s * 1e6, start + (deadline_us - start) * WARMUP_SHARE_OF_TIMEOUT)
-    times: list[float] = []
+    times = [] if times is None else times
     cooldown = cooldown_of(backend, options)
     while True:
         times.append(_sample(backend, cooldown))
@@ -176,56 +193,128 @@ def warm_up(backend: Backend, clock: HostClock, options: BenchOptions, deadline_
             return Warmup(samples=len(times), time_us=now - start, steady=False)
 
 
-def run(backend: Backend, options: BenchOptions, clock: HostClock, sensor: ClockSensor) -> RunOutcome:
-    t0 = clock.now_us()
-    deadline = t0 + options.timeout_s * 1e6
-    before = sensor.read()
-    first = backend.first_call()
-    estimate = backend.estimate_call_us()
-    plan = backend.prepare(choose_calls(estimate, options))
-    warm = warm_up(backend, clock, options, deadline)
-    backend.start_measuring()
+@dataclass
+class _Progress:
+    """What a run has measured so far: a watchdog that stops it midway finds it here."""
 
+    before: ClockReading
+    first: float | None = None
+    estimate: float = math.nan
+    plan: Plan | None = None
+    warm: Warmup | None = None
+    warm_times: list[float] = field(default_factory=list)
+    warm_started_us: float = math.nan
+    times: list[float] = field(default_factory=list)
+    readings: list[ClockReading] = field(default_factory=list)
+    throttled: list[bool] = field(default_factory=list)
+    seen: int = 0
+    host: tuple[float, ...] = ()
+    kernels: KernelTimes | str | None = None
+    stop: str = "timeout"
+
+
+def run(backend: Backend, options: BenchOptions, clock: HostClock, sensor: ClockSensor) -> RunOutcome:
+    """Measure; past the timeout (plus a tenth), a watchdog stops the run wherever it is, even inside
+    a call that never returns to the loop, and the outcome is what was measured by then."""
+    t0 = clock.now_us()
+    got = _Progress(before=sensor.read())
+    stopped = False
+    try:
+        with watchdog(options.timeout_s * HARD_LIMIT_FACTOR + HARD_LIMIT_GRACE_S):
+            _measure(backend, options, clock, sensor, t0 + options.timeout_s * 1e6, got)
+    except TimeLimit:
+        stopped = True
+    return _outcome(
+        got, sensor.read(), (clock.now_us() - t0) / 1e6, backend, stopped=stopped, options=options
+    )
+
+
+def _measure(
+    backend: Backend,
+    options: BenchOptions,
+    clock: HostClock,
+    sensor: ClockSensor,
+    deadline: float,
+    got: _Progress,
+) -> None:
+    got.first = backend.first_call()
+    got.estimate = backend.estimate_call_us()
+    got.plan = backend.prepare(choose_calls(got.estimate, options))
+    got.warm_started_us = clock.now_us()
+    got.warm = warm_up(backend, clock, options, deadline, got.warm_times)
+    backend.start_measuring()
     rule = StoppingRule(options)
-    times: list[float] = []
-    readings: list[ClockReading] = []
-    throttled: list[bool] = []
-    seen = 0
     previous = sensor.read()
     cooldown = cooldown_of(backend, options)
     sampling_start = clock.now_us()
     while True:
-        times.append(_sample(backend, cooldown) / plan.calls)
+        sample = _sample(backend, cooldown) / got.plan.calls
         reading = sensor.read()
-        readings.append(reading)
         # the readings on both sides of a sample bracket it: throttled at either end flags it
-        throttled.append(reading.throttled or previous.throttled)
-        seen |= reading.reasons or 0
+        got.times.append(sample)
+        got.readings.append(reading)
+        got.throttled.append(reading.throttled or previous.throttled)
+        got.seen |= reading.reasons or 0
         previous = reading
         now = clock.now_us()
-        stop = rule.reason(times, now - sampling_start, now >= deadline)
+        stop = rule.reason(got.times, now - sampling_start, now >= deadline)
         if stop:
+            got.stop = stop
             break
-    host = _host_latency(backend, clock, options) if options.host_latency and backend.has_host_latency else ()
-    kernels = backend.kernel_times(KERNEL_CALLS) if options.kernel_time else None
-    kernel_note = (kernels,) if isinstance(kernels, str) else ()
-    after = sensor.read()
+    if options.host_latency and backend.has_host_latency:
+        got.host = _host_latency(backend, clock, options)
+    got.kernels = backend.kernel_times(KERNEL_CALLS) if options.kernel_time else None
+
+
+def _outcome(
+    got: _Progress,
+    after: ClockReading,
+    elapsed_s: float,
+    backend: Backend,
+    *,
+    stopped: bool,
+    options: BenchOptions,
+) -> RunOutcome:
+    """The run's outcome from what it measured; stopped by the watchdog, from the samples it had, else
+    the warm-up's, else the first call alone (each said in a note); none at all is a `BenchTimeout`."""
+    notes: list[str] = []
+    plan = got.plan or Plan("first_call", 1)
+    times, readings, throttled = got.times, got.readings, got.throttled
+    n = min(len(times), len(readings), len(throttled))  # stopped between appending one and the next
+    times, readings, throttled = times[:n], readings[:n], throttled[:n]
+    warm = got.warm or Warmup(samples=len(got.warm_times), time_us=0.0, steady=False)
+    limit = f"{options.timeout_s:g} s"
+    if stopped:
+        if times:
+            notes.append(f"stopped by the {limit} timeout in the middle of a call: the samples before it")
+        elif got.warm_times and got.plan is not None:
+            times = [t / plan.calls for t in got.warm_times]
+            readings, throttled = [got.before] * len(times), [False] * len(times)
+            notes.append(f"stopped by the {limit} timeout during warm-up: its samples, not yet steady")
+        elif got.first is not None:
+            times, readings, throttled = [got.first], [got.before], [False]
+            notes.append(
+                f"stopped by the {limit} timeout after one call: its host time, first-call costs included"
+            )
+        else:
+            raise BenchTimeout(f"no call finished within the {limit} timeout (--timeout / timeout_s)")
+    kernels = got.kernels
     return RunOutcome(
         plan=plan,
-        first_call_us=first,
-        estimate_us=estimate,
+        first_call_us=got.first if got.first is not None else math.nan,
+        estimate_us=got.estimate,
         warmup=warm,
         samples_us=tuple(times),
         readings=tuple(readings),
         throttled=tuple(throttled),
-        before=before,
+        before=got.before,
         after=after,
-        reasons_seen=reason_names(seen),
-        host_latency_us=host,
+        reasons_seen=reason_names(got.seen),
+        host_latency_us=got.host,
         kernels=kernels if isinstance(kernels, KernelTimes) else None,
-        stop_reason=stop,
-        elapsed_s=(clock.now_us() - t0) / 1e6,
-        notes=plan.notes + backend.notes() + kernel_note,
+        stop_reason="timeout" if stopped else got.stop,
+        elapsed_s=elapsed_s,
+        notes=plan.notes + backend.notes() + ((kernels,) if isinstance(kernels, str) else ()) + tuple(notes),
     )
 
 

@@ -10,6 +10,7 @@ and is reported with its byte offset.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Callable, Generator
 from typing import Any, BinaryIO
@@ -23,10 +24,14 @@ _HEADER_LIMIT = 256 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
 _WS = b" \t\r\n"
+_BOM = b"\xef\xbb\xbf"  # a UTF-8 byte-order mark: some editors and Windows tools write one
 
 _BYTE = re.compile(r"\(byte (\d+)\)")
 _AFTER_EVENTS = re.compile(rb'\]\s*(,\s*"|\})')  # the events' `]` and what follows it in the object form
 _untyped = msgspec.json.Decoder()
+MAX_DEPTH = 64  # Kineto nests 4 deep; msgspec (like json) recurses, and fails at about 1,000
+# A JSON string (escapes included) or a bracket: what `shallow` walks over.
+_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 # msgspec raises UnicodeDecodeError (not a DecodeError) for invalid UTF-8 inside a string
 _JSON_ERRORS = (msgspec.DecodeError, UnicodeDecodeError)
 
@@ -35,14 +40,16 @@ Decode = Callable[[bytes], Events]
 
 
 def read_trace_json(
-    stream: BinaryIO, decode: Decode = _untyped.decode
+    stream: BinaryIO, decode: Decode | None = None
 ) -> Generator[Events, None, dict[str, Any]]:
     """Yield the trace's events chunk by chunk, each as `decode` turns the bytes of a JSON array
     into a list; return the top-level object without `traceEvents`.
 
     Accepts the JSON object form (`{"traceEvents": [...], ...}`) and the bare array form (`[...]`).
-    Raises `TraceFormatError` for empty, truncated, corrupt or non-trace JSON.
+    Raises `TraceFormatError` for empty, truncated, corrupt or non-trace JSON. Values nested deeper
+    than `MAX_DEPTH` are read as null (see `shallow`).
     """
+    decode = decode or decode_untyped
     reader = _BlockReader(stream)
     first = reader.first_byte()
     if first is None:
@@ -61,6 +68,39 @@ def read_trace_json(
     header.update(trailer)
     header.pop("traceEvents", None)  # after the update: the trailer's parse puts a null there too
     return header
+
+
+def decode_untyped(data: bytes | bytearray | memoryview) -> Any:
+    """JSON as Python values; values nested deeper than `MAX_DEPTH` become null instead of a
+    RecursionError."""
+    try:
+        return _untyped.decode(data)
+    except RecursionError:
+        return _untyped.decode(shallow(data))
+
+
+def shallow(data: bytes | bytearray | memoryview, max_depth: int = MAX_DEPTH) -> bytes:
+    """`data` with every array or object nested deeper than `max_depth` replaced by `null`, found by
+    one pass over its strings and brackets (no recursion, so no depth is too deep). Left unbalanced
+    at the end (a truncated document), it stays truncated there."""
+    out: list[bytes | memoryview] = []
+    view = memoryview(data)
+    depth, cut, last = 0, -1, 0
+    for m in _TOKEN.finditer(view):
+        c = view[m.start()]
+        if c == 0x22:  # '"': a string, brackets inside it do not count
+            continue
+        if c in (0x5B, 0x7B):  # '[', '{'
+            depth += 1
+            if depth == max_depth + 1:
+                cut = m.start()
+        else:
+            if depth == max_depth + 1 and cut >= 0:
+                out += (view[last:cut], b"null")
+                last, cut = m.end(), -1
+            depth = max(depth - 1, 0)
+    out.append(view[last : cut if cut >= 0 else len(view)])
+    return b"".join(out)
 
 
 class _BlockReader:
@@ -89,10 +129,17 @@ class _BlockReader:
         return True
 
     def first_byte(self) -> int | None:
+        """The document's first byte. A UTF-8 byte-order mark and the whitespace before the document
+        are dropped as they are read: leading whitespace costs one pass over it and no memory."""
+        while len(self.buf) < len(_BOM) and self.fill():
+            pass
+        if self.buf.startswith(_BOM):
+            self.drop(len(_BOM))
         while True:
-            stripped = self.buf.lstrip(_WS)
-            if stripped:
-                return stripped[0]
+            leading = len(self.buf) - len(self.buf.lstrip(_WS))
+            self.drop(leading)
+            if self.buf:
+                return self.buf[0]
             if not self.fill():
                 return None
 
@@ -102,6 +149,21 @@ class _BlockReader:
         except BufferError:  # as in fill: the old buffer lives on while the views that pin it do
             self.buf = self.buf[upto:]
         self.consumed += upto
+
+    def squeeze(self, at: int) -> int:
+        """Remove the whitespace that starts at `at` (between tokens: the caller knows it is); how
+        many bytes went."""
+        end = _WS_RUN.match(self.buf, at).end()  # type: ignore[union-attr]  # matches the empty run
+        if end > at:
+            try:
+                del self.buf[at:end]
+            except BufferError:
+                self.buf = self.buf[:at] + self.buf[end:]
+            self.consumed += end - at
+        return end - at
+
+
+_WS_RUN = re.compile(rb"[ \t\r\n]*")
 
 
 def _read_header(reader: _BlockReader) -> tuple[dict[str, Any] | None, int]:
@@ -122,7 +184,7 @@ def _read_header(reader: _BlockReader) -> tuple[dict[str, Any] | None, int]:
     if not prefix.endswith((b"{", b",")):
         return None, 0
     try:
-        header = _untyped.decode(prefix + b'"traceEvents": null}')
+        header = decode_untyped(prefix + b'"traceEvents": null}')
     except _JSON_ERRORS:
         return None, 0
     return header, m.end()
@@ -160,7 +222,7 @@ def _error_byte(err: Exception, doc: bytes | memoryview) -> int | None:
         return 0
     if isinstance(err, msgspec.ValidationError):  # well-formed JSON of unexpected types
         try:
-            _untyped.decode(doc)
+            decode_untyped(doc)
         except msgspec.ValidationError:  # a number out of range: msgspec names its path, not its byte
             return 0
         except _JSON_ERRORS as syntax:
@@ -186,14 +248,26 @@ class _Corrupt(Exception):
 def _stream_events(
     reader: _BlockReader, start: int, decode: Decode, bare: bool
 ) -> Generator[Events, None, dict[str, Any]]:
+    """Each time a block is read, parse the events up to the last `},{` in the buffer. Every byte is
+    searched once: a block of only whitespace and commas cannot complete a split and is not searched,
+    and only a `}` followed by nothing but whitespace and commas (`pending`) is searched again.
+    Whitespace between events is dropped as it comes."""
     pos = start  # offset in reader.buf just after the last complete event's ',' (or the '[')
     min_end = 0  # a failed split means the next try must reach further than this
-    while True:
-        grew = reader.fill()
-        if not grew:
-            break
+    pending: int | None = None  # a `}` whose split may complete with the next block
+    searched = pos  # bytes before this were searched (or were whitespace and commas)
+    while reader.fill():
+        removed = reader.squeeze(pos)
+        begin = max(pos, searched - removed)
+        if pending is not None:
+            pending -= removed
         buf = reader.buf
-        split = _last_split(buf, max(pos, min_end), len(buf))
+        searched = len(buf)
+        last = _last_content(buf, begin)
+        if last is None:
+            continue  # only whitespace and commas: no `{`, so no new split
+        split = _last_split(buf, max(pos, min_end, begin if pending is None else pending), len(buf))
+        pending = last if buf[last] == 0x7D else None  # '}'
         if split is None:
             continue
         try:
@@ -209,11 +283,27 @@ def _stream_events(
             yield events
         del events
         # keep the comma: the next chunk's '[' goes in its place
-        reader.drop(buf.index(b",", split + 1))
-        pos, min_end = 1, 0
+        comma = buf.index(b",", split + 1)
+        reader.drop(comma)
+        pos, min_end, searched = 1, 0, searched - comma
+        if pending is not None:
+            pending -= comma
     while reader.fill():
         pass
     return (yield from _finish(reader, pos, decode, bare))
+
+
+def _last_content(buf: bytearray, lo: int, step: int = 1 << 16) -> int | None:
+    """The offset of the last byte at or after `lo` that is not whitespace or a comma; a window at a
+    time from the end (a block usually ends inside an event: one byte looked at)."""
+    end = len(buf)
+    while end > lo:
+        start = max(lo, end - step)
+        kept = len(bytes(buf[start:end]).rstrip(_WS + b","))
+        if kept:
+            return start + kept - 1
+        end = start
+    return None
 
 
 def _events_ended(buf: bytearray, pos: int, err: _Corrupt) -> bool:
@@ -239,6 +329,7 @@ def _finish(
     reader: _BlockReader, pos: int, decode: Decode, bare: bool
 ) -> Generator[Events, None, dict[str, Any]]:
     """At end of file: parse the last events, the array's `]` and the keys after it."""
+    _trim_end(reader.buf, pos)
     buf = reader.buf
     end = len(buf)
     corrupt: _Corrupt | None = None
@@ -254,7 +345,7 @@ def _finish(
             trailer: dict[str, Any] = {}
         else:
             try:
-                trailer = _untyped.decode(b'{"traceEvents": null' + tail)
+                trailer = decode_untyped(b'{"traceEvents": null' + tail)
             except _JSON_ERRORS:
                 continue
             if not isinstance(trailer, dict):
@@ -278,6 +369,22 @@ def _finish(
     )
 
 
+def _trim_end(buf: bytearray, lo: int, step: int = 1 << 20) -> None:
+    """Cut the whitespace at the end of the document (after its last token, so outside any string),
+    a block at a time from the end: no copy of a long run of it."""
+    end = len(buf)
+    while end > lo:
+        start = max(lo, end - step)
+        kept = len(bytes(buf[start:end]).rstrip(_WS))
+        if kept:
+            end = start + kept
+            break
+        end = start
+    if end < len(buf):
+        with contextlib.suppress(BufferError):  # decoded events may pin it: then it stays
+            del buf[end:]
+
+
 def _corrupt_error(reader: _BlockReader, pos: int, err: _Corrupt) -> TraceFormatError:
     offset = reader.consumed + pos + max(err.pos - 1, 0)
     return TraceFormatError(f"corrupt JSON near byte {offset:,}: {err.msg}")
@@ -288,7 +395,7 @@ def _whole_document(reader: _BlockReader, decode: Decode) -> Generator[Events, N
     while reader.fill():
         pass
     try:
-        doc = _untyped.decode(reader.buf)
+        doc = decode_untyped(reader.buf)
     except _JSON_ERRORS as err:
         pos = _error_byte(err, bytes(reader.buf))
         if pos is None:

@@ -57,35 +57,42 @@ def enclosing_rows(
     """For each query row, the innermost (or outermost) row of `candidates` on the same thread whose
     span contains it; -1 where none does. `candidates` must be one kind's rows (e.g. all CPU ops).
 
-    Finds the last candidate that starts before the query, then walks up its parents until one
-    contains the query: O(log n + depth) per query once the nesting is known.
+    Finds the last candidate that starts before the query, then the first (or last) of it and its
+    ancestors that contains the query, by binary lifting over the ancestor chains: O(log n) per
+    query however deep the nesting (ops started at one timestamp can nest thousands deep).
     """
     out = np.full(len(queries), -1, dtype=np.int64)
     if not len(candidates) or not len(queries):
         return out
     nest = _nesting(trace, candidates)
-    for i, q in enumerate(queries.tolist()):
-        thread = (int(trace.pid[q]), int(trace.tid[q]))
-        seg = nest.segments.get(thread)
-        if seg is None:
-            continue
-        lo, hi = seg
-        t0, t1 = float(trace.ts[q]), float(trace.ts[q] + trace.dur[q])
-        p = lo + int(np.searchsorted(nest.ts[lo:hi], t0, side="right")) - 1
-        found = -1
-        while p >= lo:
-            row = int(nest.rows[p])
-            if row != q and nest.end[p] >= t1:
-                found = row
-                if not outermost:
-                    break
-            p = int(nest.parent[p])
-        out[i] = found
+    queries = np.asarray(queries, dtype=np.int64)
+    start = nest.last_started(trace, queries)
+    t1 = trace.ts[queries] + trace.dur[queries]
+    found = nest.outermost_containing(start, t1) if outermost else nest.innermost_containing(start, t1)
+    out[found >= 0] = nest.rows[found[found >= 0]]
+    itself = np.flatnonzero(out == queries)  # a query that is also a candidate does not enclose itself
+    for i in itself.tolist():
+        out[i] = _walk(nest, int(start[i]), int(queries[i]), float(t1[i]), outermost)
     return out
 
 
+def _walk(nest: _Nesting, p: int, q: int, t1: float, outermost: bool) -> int:
+    """The slow walk up a chain, for the rare query that is a candidate itself."""
+    result = -1
+    while p >= 0:
+        row = int(nest.rows[p])
+        if row != q and nest.end[p] >= t1:
+            result = row
+            if not outermost:
+                break
+        p = int(nest.parent[p])
+    return result
+
+
 class _Nesting:
-    """Candidates sorted by (thread, start, longest first) with each one's parent position."""
+    """Candidates sorted by (thread, start, longest first) with each one's parent position, and the
+    ancestor tables for binary lifting: `up[k][i]`, the 2**k-th ancestor of i (-1 above the root);
+    `reach[k][i]`, the latest end among i and its next 2**k - 1 ancestors."""
 
     def __init__(self, trace: Trace, candidates: np.ndarray) -> None:
         ts, dur = trace.ts[candidates], trace.dur[candidates]
@@ -102,6 +109,58 @@ class _Nesting:
             bounds = np.concatenate(([0], change, [len(self.rows)]))
             for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist(), strict=True):
                 self.segments[(int(pid[a]), int(tid[a]))] = (a, b)
+        self._up: list[np.ndarray] | None = None
+        self._reach: list[np.ndarray] = []
+
+    def last_started(self, trace: Trace, queries: np.ndarray) -> np.ndarray:
+        """Per query, the position of the last candidate on its thread starting at or before it."""
+        out = np.full(len(queries), -1, dtype=np.int64)
+        threads = np.stack((trace.pid[queries], trace.tid[queries]), axis=1)
+        distinct, which = np.unique(threads, axis=0, return_inverse=True)
+        which = which.reshape(-1)
+        for t, (pid, tid) in enumerate(distinct.tolist()):
+            seg = self.segments.get((pid, tid))
+            if seg is None:
+                continue
+            lo, hi = seg
+            mine = np.flatnonzero(which == t)
+            p = lo + np.searchsorted(self.ts[lo:hi], trace.ts[queries[mine]], side="right") - 1
+            out[mine] = np.where(p >= lo, p, -1)
+        return out
+
+    def _tables(self) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        if self._up is None:
+            up, reach = [self.parent], [self.end]
+            while (up[-1] >= 0).any():  # one level more per doubling of the deepest chain
+                prev_up, prev_reach = up[-1], reach[-1]
+                has = prev_up >= 0
+                safe = np.maximum(prev_up, 0)
+                up.append(np.where(has, prev_up[safe], -1))
+                reach.append(np.where(has, np.maximum(prev_reach, prev_reach[safe]), prev_reach))
+            self._up, self._reach = up, reach
+        return self._up, self._reach
+
+    def innermost_containing(self, start: np.ndarray, t1: np.ndarray) -> np.ndarray:
+        """Per start position, the first of it and its ancestors that ends at or after t1 (-1: none)."""
+        up, reach = self._tables()
+        cur = start.copy()
+        for k in range(len(up) - 1, -1, -1):
+            live = cur >= 0
+            skip = live & (reach[k][np.maximum(cur, 0)] < t1)  # none of these 2**k ends late enough
+            cur = np.where(skip, up[k][np.maximum(cur, 0)], cur)
+        ok = (cur >= 0) & (self.end[np.maximum(cur, 0)] >= t1)
+        return np.where(ok, cur, -1)
+
+    def outermost_containing(self, start: np.ndarray, t1: np.ndarray) -> np.ndarray:
+        """Per start position, the last of it and its ancestors that ends at or after t1 (-1: none)."""
+        up, reach = self._tables()
+        whole = reach[-1]  # the latest end on the whole chain from a position to its root
+        cur = np.where((start >= 0) & (whole[np.maximum(start, 0)] >= t1), start, -1)
+        for k in range(len(up) - 1, -1, -1):
+            nxt = up[k][np.maximum(cur, 0)]
+            climb = (cur >= 0) & (nxt >= 0) & (whole[np.maximum(nxt, 0)] >= t1)
+            cur = np.where(climb, nxt, cur)
+        return cur
 
 
 def _nesting(trace: Trace, candidates: np.ndarray) -> _Nesting:
@@ -209,3 +268,42 @@ def _parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     # back to the caller's order of rows
     parent[order] = np.where(parent_sorted >= 0, order[np.maximum(parent_sorted, 0)], -1)
     return parent
+
+
+def op_subtrees(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`rows` as the forest `op_parents` makes of them, laid out so that every subtree is one stretch:
+    `order`, the positions of `rows` in preorder (thread, start, longest first: a parent comes before
+    its children, and all of a row's descendants come right after it); and `end`, per preorder index,
+    one past the last preorder index of its subtree. Subtree sums are then differences of a prefix
+    sum, and "inside an op like this one" a comparison of indices: O(n log depth) in all."""
+    key = ("subtrees", len(rows), hash(rows.tobytes()))
+    memo = trace._memo
+    if key not in memo:
+        memo[key] = _subtrees(trace, rows)
+    return memo[key]
+
+
+def _subtrees(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    n = len(rows)
+    order = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    rank = np.empty(n, dtype=np.int64)
+    rank[order] = np.arange(n)
+    parent = op_parents(trace, rows)[order]  # positions in rows -> preorder indices
+    parent = np.where(parent >= 0, rank[np.maximum(parent, 0)], -1)
+    # A subtree ends where the next sibling of its root starts; a last child's where its parent's
+    # ends. Top-level rows are siblings of one another; the last one's subtree ends at n.
+    by_parent = np.argsort(parent, kind="stable")  # siblings together, in preorder
+    same = parent[by_parent[1:]] == parent[by_parent[:-1]]
+    end = np.full(n, -1, dtype=np.int64)
+    end[by_parent[:-1][same]] = by_parent[1:][same]
+    end[(parent < 0) & (end < 0)] = n
+    # Pointer jumping up the chains of last children: O(log depth) rounds.
+    ptr = parent.copy()
+    pending = np.flatnonzero(end < 0)
+    while len(pending):
+        up = ptr[pending]
+        known = end[up] >= 0
+        end[pending[known]] = end[up[known]]
+        ptr[pending[~known]] = ptr[up[~known]]
+        pending = pending[~known]
+    return order, end

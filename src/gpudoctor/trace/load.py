@@ -11,10 +11,11 @@ import contextlib
 import gzip
 import os
 import re
+import stat
 import zlib
 from collections import Counter
 from collections.abc import Sequence
-from itertools import compress, repeat
+from itertools import compress, pairwise, repeat
 from operator import attrgetter, eq, is_, not_
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -23,7 +24,7 @@ import msgspec
 import numpy as np
 
 from gpudoctor.device import DeviceInfo
-from gpudoctor.trace.jsonstream import read_trace_json
+from gpudoctor.trace.jsonstream import decode_untyped, read_trace_json
 from gpudoctor.trace.model import (
     CATEGORY_KINDS,
     SHAPED_OPS,
@@ -39,28 +40,54 @@ from gpudoctor.trace.rankdir import rank_files
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
 from gpudoctor.util.errors import NotATraceError, TraceFormatError
 from gpudoctor.util.gcpause import gc_paused
+from gpudoctor.util.units import fmt_bytes
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NO_DIM = [0, 0, 0]
 COMM_OP = "record_param_comms"  # the CPU op torch.distributed records each collective call as
 _MAX_TIME_US = 1e18  # ~31,700 years; epoch µs are ~1.8e15 (even epoch ns, 1.8e18, would not fit in µs)
+# The most a trace may take: its JSON once decompressed (a 2 MB gzip can inflate to many GB), and half
+# of it for the columns built from it (each a fraction of the JSON in real traces: 0.3 for ten ResNet-50
+# steps; more in a crafted one), so that the loader's memory stays within it. 0 on the command line: none.
+DEFAULT_MAX_TRACE_BYTES = 4 << 30
+# Top-level keys only Kineto writes: a trace with them is PyTorch's even with no event of a known kind.
+_KINETO_KEYS = ("schemaVersion", "deviceProperties", "traceName", "baseTimeNanoseconds", "distributedInfo")
 
 
-def load_trace(path: str | os.PathLike[str]) -> Trace:
-    """Load one trace file. Raises `TraceFormatError` when the file is not a usable trace."""
+_BROWSER_CATEGORIES = frozenset(
+    {"devtools.timeline", "blink", "blink.user_timing", "v8", "v8.execute", "toplevel", "cc", "viz",
+     "renderer.scheduler", "loading", "navigation", "input", "latencyinfo", "benchmark", "netlog"}
+)  # fmt: skip
+
+
+class TraceTooLargeError(TraceFormatError):
+    """The trace's JSON is larger than the limit it was loaded with."""
+
+
+class ForeignTraceError(NotATraceError):
+    """A Chrome trace-format file that is not PyTorch's (JAX, a browser): nothing here to analyze."""
+
+
+def load_trace(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES) -> Trace:
+    """Load one trace file. Raises `TraceFormatError` when the file is not a usable trace, and
+    `TraceTooLargeError` when its JSON (decompressed) is over `max_bytes` (None: no limit)."""
     p = Path(path)
+    if not os.fspath(path):
+        raise TraceFormatError("no trace given (an empty path)")
     if not p.exists():
         raise TraceFormatError(f"no such file: {p}")
     if p.is_dir():
         raise TraceFormatError(f"{p} is a directory: use load_traces() for a directory of rank files")
     try:
-        with gc_paused(), _open(p) as stream:
+        with gc_paused(), _open(p, max_bytes) as stream:
             builder = _Builder()
             repairs = Repairs()
             gen = read_trace_json(stream, decoder(repairs))
             try:
                 while True:
                     builder.add_chunk(next(gen))
+                    if max_bytes is not None and builder.column_bytes > max_bytes // 2:
+                        raise _too_large(max_bytes, "its events would take more than half of it in memory")
             except StopIteration as stop:
                 top: dict[str, Any] = stop.value
             for reason, count in repairs.counts.items():
@@ -68,43 +95,129 @@ def load_trace(path: str | os.PathLike[str]) -> Trace:
         return builder.build(str(p), top)
     except TraceFormatError as err:
         raise type(err)(f"{p}: {err}") from None
+    except RecursionError:  # nesting beyond what even `jsonstream.shallow` was given to read
+        raise TraceFormatError(f"{p}: JSON nested too deeply to be a trace") from None
     except OSError as err:
         raise TraceFormatError(f"{p}: cannot read: {err.strerror or err}") from None
 
 
-def load_traces(path: str | os.PathLike[str]) -> list[Trace]:
+def load_traces(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES) -> list[Trace]:
     """Load a trace file, or every trace file of a directory (one per rank, or one per `rank-K/`
     folder of a `gpudoctor run` of several ranks), sorted by rank. In a directory, JSON of another kind
-    (a run's record.json, a manifest) is passed over; a damaged trace is not."""
+    (a run's record.json, a manifest) is passed over; a damaged trace is not, nor are two files that claim
+    the same rank."""
     p = Path(path)
-    if not p.is_dir():
-        return [load_trace(p)]
+    if not os.fspath(path) or not p.is_dir():
+        return [load_trace(path, max_bytes)]
     files = [f.trace for f in rank_files(p)]
     traces, others = [], []
     for f in files:
         try:
-            traces.append(load_trace(f))
+            traces.append(load_trace(f, max_bytes))
         except NotATraceError:
             others.append(f.name)
     if not traces:
         also = f" ({', '.join(others)}: JSON of another kind)" if others else ""
         raise TraceFormatError(f"{p}: no trace files (*.json, *.json.gz) in this directory{also}")
-    return sorted(traces, key=lambda t: t.meta.rank)
+    traces.sort(key=lambda t: t.meta.rank)
+    for a, b in pairwise(traces):
+        if a.meta.rank == b.meta.rank:
+            raise TraceFormatError(
+                f"{p}: {Path(a.meta.path).name} and {Path(b.meta.path).name} both claim rank "
+                f"{a.meta.rank}: keep one run's rank traces in a directory"
+            )
+    return traces
 
 
-def _open(p: Path) -> BinaryIO:
-    with open(p, "rb") as probe:
-        magic = probe.read(2)
+def load_document(
+    path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES
+) -> dict[str, Any]:
+    """A trace's whole JSON document as Python values (for a tool that rewrites it), read the way
+    `load_trace` reads it: regular files only, gzip or not, a byte-order mark allowed, `max_bytes`
+    enforced, values nested deeper than `jsonstream.MAX_DEPTH` read as null. The bare array form
+    comes back as `{"traceEvents": [...]}`."""
+    p = Path(path)
+    try:
+        with _open(p, max_bytes) as stream:
+            chunks = []
+            while block := stream.read(8 << 20):
+                chunks.append(block)
+        data = b"".join(chunks).removeprefix(b"\xef\xbb\xbf")
+        del chunks
+        try:
+            doc = decode_untyped(data)
+        except (msgspec.DecodeError, UnicodeDecodeError) as err:
+            raise TraceFormatError(f"not readable JSON: {' '.join(str(err).split())[:120]}") from None
+    except TraceFormatError as err:
+        raise type(err)(f"{p}: {err}") from None
+    except OSError as err:
+        raise TraceFormatError(f"{p}: cannot read: {err.strerror or err}") from None
+    if isinstance(doc, list):
+        doc = {"traceEvents": doc}
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        raise NotATraceError(f"{p}: JSON is not a trace: it has no 'traceEvents' array")
+    return doc
+
+
+def _open(p: Path, max_bytes: int | None) -> BinaryIO:
+    """The file's bytes, decompressed when it is gzip, counted against `max_bytes`. Only a regular
+    file is opened: reading a FIFO would wait for a writer, a device may never end."""
+    fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise TraceFormatError("not a regular file (a FIFO, device or socket): give a trace file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    magic = f.read(2)
+    f.seek(0)
     if magic == b"\x1f\x8b":
-        return _GzipReader(p)  # type: ignore[return-value]
-    return open(p, "rb")
+        return _Limited(_GzipReader(f), max_bytes)  # type: ignore[return-value]
+    if max_bytes is not None and st.st_size > max_bytes:
+        f.close()
+        raise _too_large(max_bytes, f"its JSON is {fmt_bytes(st.st_size)}")
+    return _Limited(f, max_bytes)  # type: ignore[return-value]
+
+
+def _too_large(limit: int, what: str) -> TraceTooLargeError:
+    return TraceTooLargeError(
+        f"the trace is over the {fmt_bytes(limit)} limit ({what}); if it is a real trace, raise the "
+        f"limit with --max-trace-size (0: none)"
+    )
+
+
+class _Limited:
+    """Counts the bytes read and stops at the limit (a gzip bomb inflates to far more than its size)."""
+
+    def __init__(self, f: Any, max_bytes: int | None) -> None:
+        self._f = f
+        self._left = max_bytes
+        self._limit = max_bytes
+
+    def read(self, n: int) -> bytes:
+        data = self._f.read(n)
+        if self._left is not None:
+            self._left -= len(data)
+            if self._left < 0:
+                assert self._limit is not None
+                raise _too_large(self._limit, "that much JSON read, once decompressed, and more to come")
+        return data
+
+    def __enter__(self) -> _Limited:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._f.close()
 
 
 class _GzipReader:
     """Reads a (possibly multi-member) gzip file, turning zlib/EOF errors into TraceFormatError."""
 
-    def __init__(self, p: Path) -> None:
-        self._f = gzip.open(p, "rb")  # noqa: SIM115 -- closed by __exit__
+    def __init__(self, f: BinaryIO) -> None:
+        self._raw = f
+        self._f = gzip.GzipFile(fileobj=f, mode="rb")
 
     def read(self, n: int) -> bytes:
         try:
@@ -112,11 +225,9 @@ class _GzipReader:
         except (zlib.error, gzip.BadGzipFile, EOFError) as err:
             raise TraceFormatError(f"corrupt or truncated gzip: {err}") from None
 
-    def __enter__(self) -> _GzipReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def close(self) -> None:
         self._f.close()
+        self._raw.close()
 
 
 class _Interner:
@@ -125,6 +236,7 @@ class _Interner:
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.strings: list[str] = []
+        self.bytes = 0  # the characters of the strings (memory, about)
 
     def many(self, values: Sequence[Any]) -> np.ndarray:
         get = self.ids.get
@@ -144,6 +256,7 @@ class _Interner:
         if got is None:
             got = self.ids[key] = len(self.strings)
             self.strings.append(key)
+            self.bytes += len(key) + 50
         if key is not value:  # None, a number: look it up directly next time
             with contextlib.suppress(TypeError):
                 self.ids[value] = got
@@ -254,6 +367,7 @@ class _Builder:
         self.mem_blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._MEMORY}
         self.thread_names: dict[tuple[int, int], str] = {}
         self.comm_calls: list[tuple[Any, ...]] = []  # record_param_comms rows, see _add_comm_calls
+        self.process_names: list[str] = []
         self.skipped: dict[str, int] = {}
         self.unknown_categories: dict[str, int] = {}
         self.n_events = 0
@@ -272,6 +386,14 @@ class _Builder:
             self._add_others(list(compress(events, map(not_, is_x))))
         if xs:
             self._add_durations(xs)
+
+    @property
+    def column_bytes(self) -> int:
+        """What the columns built so far hold (the strings interned included, about)."""
+        arrays = sum(
+            a.nbytes for blocks in (*self.blocks.values(), *self.mem_blocks.values()) for a in blocks
+        )
+        return arrays + self.names.bytes + self.labels.bytes
 
     def _add_durations(self, xs: list[Event]) -> None:
         n = len(xs)
@@ -400,8 +522,12 @@ class _Builder:
                 self.skip(f"events of phase {str(ph)[:8]!r}", count)
 
     def _add_metadata(self, e: Event) -> None:
-        if e.name == "thread_name" and e.args is not None and e.args.name is not None:
+        if e.args is None or e.args.name is None:
+            return
+        if e.name == "thread_name":
             self.thread_names[(self._id(e.pid), self._id(e.tid))] = e.args.name
+        elif e.name == "process_name" and len(self.process_names) < 1000:
+            self.process_names.append(e.args.name)
 
     def _add_memory(self, evs: list[Event]) -> None:
         args = [e.args or NO_ARGS for e in evs]
@@ -413,11 +539,31 @@ class _Builder:
         m["device_type"].append(_num([a.device_type for a in args], np.int8, -1))
         m["device_id"].append(_num([a.device_id for a in args], np.int16, -1))
 
+    def _foreign_kind(self) -> str:
+        """What a trace with no PyTorch event is, from its process, thread and category names."""
+        names = " ".join([*self.process_names, *self.thread_names.values()]).lower()
+        if any(mark in names for mark in ("/device:", "/host:", "xla", "tpu:", "jax")):
+            return "a JAX (XLA profiler)"
+        cats = set(self.unknown_categories)
+        if (
+            cats & _BROWSER_CATEGORIES
+            or any(c.startswith("disabled-by-default-") for c in cats)
+            or any(mark in names for mark in ("crbrowsermain", "crrenderermain", "crgpumain"))
+        ):
+            return "a Chrome browser (DevTools)"
+        return "a Chrome trace-format"
+
     # ---- the whole trace -------------------------------------------------------------------
     def build(self, path: str, top: dict[str, Any]) -> Trace:
         if self.n_events == 0 and not top:
             raise TraceFormatError("no events: the trace is empty")
         cols = {c: _concat(blocks, c) for c, blocks in self.blocks.items()}
+        if len(cols["kind"]) and not cols["kind"].any() and not any(k in top for k in _KINETO_KEYS):
+            raise ForeignTraceError(
+                f"this is {self._foreign_kind()} trace, not a PyTorch Kineto trace with GPU activity: "
+                f"none of its {len(cols['kind']):,} events is a PyTorch op, kernel or CUDA call "
+                f"(gpudoctor reads the traces torch.profiler writes)"
+            )
         mem = {c: _concat(blocks, "m" + c) for c, blocks in self.mem_blocks.items()}
         # NaN (no ts) fails these too. One event at ts=-1e308 would otherwise become the origin and
         # push every other row to ~1e308, where float64 has no resolution left.

@@ -14,6 +14,8 @@ from typing import Any
 
 import msgspec
 
+from gpudoctor.trace.jsonstream import MAX_DEPTH, shallow
+
 _NAN = math.nan
 NO_RAW = msgspec.Raw()
 # record_shapes args of cpu ops, kept as raw JSON (a Raw is a view of the decoded buffer: copy it out)
@@ -92,9 +94,18 @@ def decoder(repairs: Repairs) -> Any:
     def decode(data: bytes) -> list[Event]:
         try:
             return _typed.decode(data)
+        except RecursionError:  # msgspec recurses even to skip a value it does not keep
+            return flattened(data)
         except msgspec.ValidationError:
-            raw = _untyped.decode(data)  # a syntax error propagates to the stream reader
+            try:
+                raw = _untyped.decode(data)  # a syntax error propagates to the stream reader
+            except RecursionError:
+                return flattened(data)
             return [e for item in raw if (e := _repair(item, repairs)) is not None]
+
+    def flattened(data: bytes) -> list[Event]:
+        repairs.add(f"values nested deeper than {MAX_DEPTH} levels (read as null)")
+        return decode(shallow(data))
 
     return decode
 

@@ -29,3 +29,7 @@ class NoGpuError(GpudoctorError):
 class MemoryFormatError(GpudoctorError):
     """A file that is not what gpudoctor's memory recording wrote: a torch allocator snapshot, a memory
     timeline or a batch sweep, damaged or of another kind."""
+
+
+class OutputError(GpudoctorError):
+    """A file the command was to write cannot be written (or would overwrite one of its inputs)."""

@@ -10,8 +10,6 @@ import typing
 from enum import Enum
 from typing import Any
 
-import numpy as np
-
 
 def to_jsonable(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
@@ -24,15 +22,28 @@ def to_jsonable(obj: Any) -> Any:
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [to_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return [to_jsonable(v) for v in obj.tolist()]
     if isinstance(obj, Enum):
         return obj.value
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (float, np.floating)):
+    if isinstance(obj, float):  # numpy's float64 too
         f = float(obj)
         return f if math.isfinite(f) else None
+    if type(obj).__module__ == "numpy":  # numpy is imported by whoever made one: not here, at import
+        return _numpy_jsonable(obj)
+    return obj
+
+
+def _numpy_jsonable(obj: Any) -> Any:
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return [to_jsonable(v) for v in obj.tolist()]
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.floating):
+        f = float(obj)
+        return f if math.isfinite(f) else None
+    if isinstance(obj, np.bool_):
+        return bool(obj)
     return obj
 
 

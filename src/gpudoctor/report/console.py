@@ -1,0 +1,39 @@
+"""The terminal edge: a rich `Console` for text that may come from a trace or a user's script. Markup
+and emoji codes are off (a name like `[bold]`, `[link=…]` or `:x:` prints as itself), and every
+control character in the text it writes is shown escaped (`\\x1b`), so a crafted name cannot set the
+window title, write the clipboard or clear the screen. The escape codes rich itself writes for styles
+pass through: they are not part of any text."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from rich.console import Console
+from rich.segment import Segment
+
+from gpudoctor.util.text import has_unsafe, printable_block
+
+
+class SafeConsole(Console):
+    def __init__(self, **options: Any) -> None:
+        options.setdefault("markup", False)
+        options.setdefault("emoji", False)
+        options.setdefault("highlight", False)
+        super().__init__(**options)
+
+    def render_str(self, text: str, **options: Any) -> Any:
+        # str cells and lines become Text here: escaped before rich measures them, so tables align
+        return super().render_str(printable_block(text), **options)
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(_safe_segments(buffer))
+
+
+def _safe_segments(buffer: Iterable[Segment]) -> Iterable[Segment]:
+    for segment in buffer:
+        text, style, control = segment
+        if control is None and text and has_unsafe(text):
+            yield Segment(printable_block(text), style, control)
+        else:
+            yield segment
