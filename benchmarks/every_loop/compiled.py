@@ -6,7 +6,7 @@ import _window
 import torch
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--steps", type=int, default=400)
+parser.add_argument("--steps", type=int, default=1000)
 parser.add_argument("--small", action="store_true")
 args = parser.parse_args()
 device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -52,7 +52,8 @@ class StopRun(BaseException):
 MAX_MARKS = 20000  # the light phase ends after this many marks, however short its time
 MARK_EVERY_US = 1000.0  # light-phase marks at least this far apart (steps shorter are marked in groups)
 MAX_EVERY = 1000
-MEMORY_EVERY_S = 0.02  # light-phase memory statistics at most this often
+MEMORY_EVERY_S = 0.02  # light-phase memory statistics at most this often (each group's peak),
+MEMORY_EACH_STEPS = 5  # after the first steps of the phase, each read alone
 MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fall
 SETTLE_SLACK_S = 0.02  # a step within this of the fastest is warm whatever the ratio
 
@@ -162,6 +163,7 @@ class LiveCapture:
         self._detector: StepDetector | None = None
         self._warm: list[float] = []  # host times of the warm-up boundaries
         self._memory_at = 0.0  # when the allocator's statistics were last read
+        self._memory_rows = 0  # light-phase steps whose statistics were read
         self._light_start = 0.0
         self._light_calls = 0
         self._prof: Any = None
@@ -216,6 +218,7 @@ class LiveCapture:
         if self.phase in ("warmup", "light"):
             self._stop_nvml()
             self.phase, self.steps_seen, self._clock, self._warm = "warmup", 0, None, []
+            self._memory_rows = 0
             self.memory_recorder.restart()
             self.notes.append(
                 f"the step is {definition.description}, not {previous.description}: started again"
@@ -232,7 +235,10 @@ class LiveCapture:
         # Reading the allocator's statistics costs tens of µs: in the light phase, per group of steps
         # at least MEMORY_EVERY_S long (each group's peak), so that the step time keeps it out.
         now = time.perf_counter()
-        memory = ended != "light" or now - self._memory_at >= MEMORY_EVERY_S
+        light_rows = self._memory_rows if ended == "light" else 0
+        memory = ended != "light" or light_rows < MEMORY_EACH_STEPS or now - self._memory_at >= MEMORY_EVERY_S
+        if ended == "light" and memory:
+            self._memory_rows += 1
         try:
             if memory:
                 self.memory_recorder.end_step(ended, self.steps_seen)
