@@ -42,8 +42,20 @@ def test_the_planted_cause_is_the_first_memory_finding(case: str) -> None:
     assert findings and findings[0].id == CASES[case]["expected_first"], [f.id for f in findings]
 
 
+# The leak recording (H100, 2026-11-25) was made while the light phase read the allocator's statistics in
+# groups and its last group went unread: the detail step's number was one off there (fixed since in
+# runner.capture; `tools/record_memory.py --only leak` re-records it, and this mark must then go).
+STALE = {"leak": "recorded with the detail step one off (fixed since): re-record the leak case"}
+
+
 @needs_fixtures
-@pytest.mark.parametrize("case", sorted(c for c in CASES if c != "oom"))
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=STALE[c])) if c in STALE else c
+        for c in sorted(c for c in CASES if c != "oom")
+    ],
+)
 def test_the_categories_account_for_the_measured_peak_of_the_detail_step(case: str) -> None:
     m = analysis_of(case)
     b = m.breakdown

@@ -243,7 +243,10 @@ class LiveCapture:
             if memory:
                 self.memory_recorder.end_step(ended, self.steps_seen)
             self._advance()
-            if memory or self.phase != ended:
+            if not memory and self.phase != ended:  # a phase ends: its last group is read all the same
+                self.memory_recorder.end_step(ended, self.steps_seen)
+                memory = True
+            if memory:
                 self.memory_recorder.begin_step(self.phase, ended)
                 self._memory_at = now
         except StopRun:
