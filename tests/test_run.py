@@ -16,19 +16,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
 from gpudoctor.runner.record import RunRecord
-
-FAST = [
-    "--warmup",
-    "1",
-    "--light-steps",
-    "3",
-    "--light-seconds",
-    "0",
-    "--warmup-seconds",
-    "0",
-    "--steps",
-    "2",
-]
+from run_options import FAST
 
 TRAIN = """\
 import argparse

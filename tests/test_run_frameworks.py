@@ -19,6 +19,7 @@ from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.cli.main import app
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.trace import load_trace
+from run_options import FAST
 
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
@@ -34,19 +35,6 @@ def signals_put_back() -> Iterator[None]:
     assert signal.getsignal(signal.SIGALRM) == before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
-
-FAST = [
-    "--warmup",
-    "1",
-    "--light-steps",
-    "3",
-    "--light-seconds",
-    "0",
-    "--warmup-seconds",
-    "0",
-    "--steps",
-    "2",
-]
 
 LIGHTNING_MODULE = """\
 import torch
