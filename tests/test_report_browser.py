@@ -136,7 +136,8 @@ def test_a_two_rank_report_renders_its_ranks_table(tmp_path: Path, trace_doc: An
     section = re.search(r'<section id="ranks">.*?</section>', dom.stdout, re.S).group(0)
     assert section.count("<tr") == 3 and 'class="badge critical">straggler<' in section
     assert 'data-ranks-by-work="1,0"' in dom.stdout
-    assert dom.stdout.count('<svg class="chart"') == 2  # rank 0's step bars and timeline still drawn
+    # the ranks' distribution (one dot per rank), and rank 0's step bars and timeline still drawn
+    assert dom.stdout.count('<svg class="chart"') == 3
 
 
 def test_a_crafted_trace_does_not_execute_in_the_browser(tmp_path: Path) -> None:
