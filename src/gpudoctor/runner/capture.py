@@ -28,6 +28,7 @@ from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
+from gpudoctor.trace.model import RUN_STEP_KEY
 
 TRACE_NAME = "trace.json.gz"
 MEMORY_KEYS = (
@@ -390,7 +391,8 @@ class LiveCapture:
         for key in ("with_stack", "record_shapes", "profile_memory"):  # read back by the trace loader
             self._prof.add_metadata_json(key, json.dumps(getattr(o, key)))
         if self.definition is not None:
-            self._prof.add_metadata_json("gpudoctor_step", json.dumps(self.definition.description))
+            # read back by the trace loader: the reports say how the step was found
+            self._prof.add_metadata_json(RUN_STEP_KEY, json.dumps(self.definition.description))
         self._label_modules()
         self._prof_steps = 0
         self._clock = _Clock(self._cuda)

@@ -81,7 +81,8 @@ def find_iterations(trace: Trace) -> Iterations:
 def _find(trace: Trace) -> Iterations:
     marked = find_steps(trace)
     if marked:
-        return Iterations(marked, StepSource(PROFILER_STEPS, "ProfilerStep#N annotations"))
+        how = f" (gpudoctor run: one step = {trace.meta.run_step})" if trace.meta.run_step else ""
+        return Iterations(marked, StepSource(PROFILER_STEPS, f"ProfilerStep#N annotations{how}"))
     for finder in (_gpudoctor_steps, _optimizer_steps, _loader_batches, _module_calls, _repetition):
         found = finder(trace)
         if found is not None and found.steps:

@@ -27,6 +27,7 @@ from gpudoctor.device import DeviceInfo
 from gpudoctor.trace.jsonstream import decode_untyped, read_trace_json
 from gpudoctor.trace.model import (
     CATEGORY_KINDS,
+    RUN_STEP_KEY,
     SHAPED_OPS,
     CommCalls,
     DistributedInfo,
@@ -717,6 +718,7 @@ def _meta(path: str, top: dict[str, Any], origin: float) -> TraceMeta:
         distributed=distributed,
         trace_name=str(top["traceName"]) if "traceName" in top else None,
         profiler_config=config,
+        run_step=top[RUN_STEP_KEY] if isinstance(top.get(RUN_STEP_KEY), str) else None,
     )
 
 

@@ -87,6 +87,11 @@ GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
 LAUNCH_KINDS = (Kind.RUNTIME, Kind.DRIVER)
 
 
+RUN_STEP_KEY = (
+    "gpudoctor_step"  # trace metadata: how `gpudoctor run` found the step it marked (runner.capture)
+)
+
+
 @dataclass(frozen=True)
 class DistributedInfo:
     rank: int
@@ -106,6 +111,7 @@ class TraceMeta:
     distributed: DistributedInfo | None
     trace_name: str | None
     profiler_config: dict[str, Any] = field(default_factory=dict)
+    run_step: str | None = None  # how `gpudoctor run` found the step it marked ("one call of X.forward")
 
     @property
     def rank(self) -> int:
