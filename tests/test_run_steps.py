@@ -171,7 +171,10 @@ def test_an_inference_loop_steps_at_each_call_of_the_model(tmp_path: Path) -> No
     assert "step = one call of Sequential.forward" in output
     # the trace carries it: the analysis (and every report) says how the marked steps were found
     source = analysis_of(tmp_path).steps_source
-    assert source is not None and "gpudoctor run: one step = one call of Sequential.forward" in source.description
+    assert (
+        source is not None
+        and "gpudoctor run: one step = one call of Sequential.forward" in source.description
+    )
     names = {e for e in _annotations(tmp_path) if e.startswith("gpudoctor.module: ")}
     assert {"gpudoctor.module: Sequential", "gpudoctor.module: 0", "gpudoctor.module: 2"} <= names
 
