@@ -28,7 +28,6 @@ from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
-from gpudoctor.trace.model import RUN_STEP_KEY
 
 TRACE_NAME = "trace.json.gz"
 MEMORY_KEYS = (
@@ -392,6 +391,8 @@ class LiveCapture:
             self._prof.add_metadata_json(key, json.dumps(getattr(o, key)))
         if self.definition is not None:
             # read back by the trace loader: the reports say how the step was found
+            from gpudoctor.trace.model import RUN_STEP_KEY  # here: the trace package pulls in numpy
+
             self._prof.add_metadata_json(RUN_STEP_KEY, json.dumps(self.definition.description))
         self._label_modules()
         self._prof_steps = 0
