@@ -45,7 +45,7 @@ def test_the_planted_cause_is_the_first_memory_finding(case: str) -> None:
 # The leak recording (H100, 2026-11-25) was made while the light phase read the allocator's statistics in
 # groups and its last group went unread: the detail step's number was one off there (fixed since in
 # runner.capture; `tools/record_memory.py --only leak` re-records it, and this mark must then go).
-STALE = {"leak": "recorded with the detail step one off (fixed since): re-record the leak case"}
+STALE: dict[str, str] = {}  # case -> why its recording is known to be out of date
 
 
 @needs_fixtures

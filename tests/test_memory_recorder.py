@@ -43,6 +43,10 @@ class FakeCuda:
         monkeypatch.setattr(
             torch._C, "_cuda_attach_out_of_memory_observer", self.observers.append, raising=False
         )
+        from gpudoctor.runner import memory
+
+        monkeypatch.setattr(memory, "_OOM_ATTACHED", [False])  # a fresh process's: attached once
+        monkeypatch.setattr(memory, "_OOM_TARGET", [None])
         monkeypatch.setattr(c, "Event", FakeEvent)
         monkeypatch.setattr(
             c, "get_device_properties", lambda *a: type("Props", (), {"total_memory": 80 << 30})
@@ -208,3 +212,30 @@ def test_a_failure_inside_the_recorder_is_a_note_not_the_scripts_failure(
     recorder.end_step("light", 2)  # must not raise
     recorder.uninstall()
     assert any("allocator gone" in n for n in recorder.notes) and fake.history
+
+
+def test_after_the_run_nothing_of_the_script_stays_reachable_from_the_oom_observer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch keeps out-of-memory observers for good; the one gpudoctor attached must not keep the
+    script's model alive (a second run in the same process would count its memory)."""
+    import gc
+    import weakref
+
+    fake = FakeCuda(monkeypatch)
+
+    def a_run() -> weakref.ref[torch.nn.Module]:
+        model = torch.nn.Linear(4, 4)
+        recorder = MemoryRecorder(MemoryOptions()).install()
+        recorder.root_hint = lambda: model  # the step detector's root module
+        recorder.end_step("warmup", 1)
+        recorder.begin_step("light", "warmup")
+        recorder.end_step("light", 2)
+        recorder.uninstall()
+        return weakref.ref(model)
+
+    alive = a_run()
+    gc.collect()
+    assert alive() is None
+    assert fake.observers  # still attached, and inert
+    fake.observers[0](0, 1, 1, 1)

@@ -305,6 +305,37 @@ def test_a_script_too_short_for_the_phases_is_run_again_to_fit(tmp_path: Path) -
     assert record.light is not None and record.light.times_us
 
 
+def test_the_first_runs_model_is_gone_when_the_script_runs_again(tmp_path: Path) -> None:
+    """The second run's memory must not count the first run's model: its objects live on in reference
+    cycles (the script's functions hold its globals) until they are collected."""
+    _, output = run_script(
+        tmp_path,
+        f"""
+        import builtins, weakref
+        import torch
+        runs = builtins.__dict__.setdefault("_gpudoctor_test_runs", [])
+        print("alive from earlier runs:", sum(r() is not None for r in runs))
+        model = {MLP}
+        runs.append(weakref.ref(model))
+        def step():  # a function: the script's globals are in a cycle
+            model(torch.randn(8, 32)).sum().backward()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(7):
+            step()
+            opt.step(); opt.zero_grad()
+        """,
+        "--warmup",
+        "3",
+        "--light-steps",
+        "20",
+    )
+    import builtins
+
+    builtins.__dict__.pop("_gpudoctor_test_runs", None)
+    assert "running it again" in output
+    assert "alive from earlier runs: 0" in output and "alive from earlier runs: 1" not in output
+
+
 def test_a_script_of_a_few_steps_is_traced_whole(tmp_path: Path) -> None:
     record, output = run_script(
         tmp_path,
@@ -378,3 +409,22 @@ def test_short_steps_are_timed_in_groups_so_the_marks_cost_stays_out() -> None:
     assert len(clock.marks) == 3 and clock.timed_steps == 8  # marks at boundaries 1, 5 and 9
     assert len(times.times_us) == 8 and len(set(times.times_us[:4])) == 1  # each mark: the mean of 4 steps
     assert times.mean_us == pytest.approx((clock.marks[-1] - clock.marks[0]) / 1e3 / 8)
+
+
+def test_step_numbers_count_the_scripts_iterations_after_discovery() -> None:
+    """Discovery watches a few calls of the model before it decides; the steps after it still carry
+    the script's iteration numbers (the memory record pairs them with the script's own figures)."""
+    from gpudoctor.runner.steps import StepDetector
+
+    model = torch.nn.Linear(8, 8)
+    boundaries: list[int] = []
+    detector = StepDetector(lambda: boundaries.append(1)).install()
+    try:
+        for _ in range(40):
+            model(torch.randn(2, 8))
+    finally:
+        detector.uninstall()
+    assert detector.definition is not None and detector.definition.source == "module"
+    assert detector.first_step > 1  # it did watch some calls first
+    # a boundary at the start of every call after the deciding one: the last ends iteration 39
+    assert detector.first_step + len(boundaries) - 1 == 39

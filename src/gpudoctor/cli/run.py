@@ -5,6 +5,7 @@ the light phase's step time); print the summary. Exits with the script's own sta
 
 from __future__ import annotations
 
+import gc
 from dataclasses import replace
 from datetime import datetime, timezone
 from enum import Enum
@@ -154,6 +155,9 @@ def run_and_report(
             style="dim",
         )
         first = record
+        # The first run's objects (its model, its tensors on the GPU) live on in reference cycles (the
+        # script's functions hold its globals): collect them, or the second run's memory counts them.
+        gc.collect()
         record, error, signum = _capture(target, args, module=module, out=out, options=again)
         record = replace(
             record, notes=(*record.notes, f"second run: the first ended after {first.steps_seen} steps")

@@ -145,6 +145,7 @@ class LiveCapture:
         self.lockstep = on_phase is not None
         self.light_target: int | None = None  # light-phase steps, when agreed among ranks
         self.steps_seen = 0  # boundaries of the step as finally defined
+        self.first_step = 1  # the script's iteration the first of them ends (StepDetector.first_step)
         self.phase = "warmup"  # warmup, light, traced, done
         self.definition: StepDefinition | None = None
         self.light: StepTimes | None = None
@@ -213,6 +214,7 @@ class LiveCapture:
 
     def _on_definition(self, definition: StepDefinition, restart: bool) -> None:
         previous, self.definition = self.definition, definition
+        self.first_step = self._detector.first_step if self._detector is not None else 1
         if not restart or previous is None:
             return
         if self.phase in ("warmup", "light"):
@@ -225,6 +227,11 @@ class LiveCapture:
             )
         else:
             self.notes.append(f"the step became {definition.description} after tracing had begun")
+
+    @property
+    def step_number(self) -> int:
+        """The script's iteration that the step ending now is (the memory record's step numbers)."""
+        return self.steps_seen + self.first_step - 1
 
     # -- phases --------------------------------------------------------------------------------------
     def boundary(self) -> None:
@@ -241,10 +248,10 @@ class LiveCapture:
             self._memory_rows += 1
         try:
             if memory:
-                self.memory_recorder.end_step(ended, self.steps_seen)
+                self.memory_recorder.end_step(ended, self.step_number)
             self._advance()
             if not memory and self.phase != ended:  # a phase ends: its last group is read all the same
-                self.memory_recorder.end_step(ended, self.steps_seen)
+                self.memory_recorder.end_step(ended, self.step_number)
                 memory = True
             if memory:
                 self.memory_recorder.begin_step(self.phase, ended)

@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import traceback
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -113,15 +114,18 @@ class MemoryRecorder:
             queued[:] = [c for c in queued if not (isinstance(c, tuple) and c and c[0] is self._queued)]
         if self._cuda_started():
             self._set_history(None)
+        # torch keeps its out-of-memory observers for good: nothing of the script (its model, through
+        # the step detector's hint) may stay reachable from here once the run is over
+        self.root_hint, self._roots, self._probe = None, [], None
+        if _OOM_TARGET[0] is not None and _OOM_TARGET[0]() is self:
+            _OOM_TARGET[0] = None
 
     def _on_cuda_init(self) -> None:
         if not self._installed:
             return
-        import torch
-
         try:
             self._set_history("state")
-            torch._C._cuda_attach_out_of_memory_observer(self._on_oom)
+            _observe_oom(self)
         except Exception as err:  # an old torch, or an allocator without history (a custom allocator)
             self.notes.append(f"allocator history not recorded: {type(err).__name__}: {err}")
             self.history = f"not recorded: {err}"
@@ -418,6 +422,27 @@ class MemoryRecorder:
             write_json_gz(out_dir / _file(name), trim_frames(snapshot))
         if self.timeline is not None:
             write_json_gz(out_dir / _file("timeline"), self.timeline)
+
+
+# The recorder told of an out-of-memory error, held weakly: torch's observers cannot be removed, so one
+# function is attached, once, and it finds the recorder of the run in progress (if any) here.
+_OOM_TARGET: list[weakref.ref[MemoryRecorder] | None] = [None]
+_OOM_ATTACHED = [False]
+
+
+def _observe_oom(recorder: MemoryRecorder) -> None:
+    import torch
+
+    _OOM_TARGET[0] = weakref.ref(recorder)
+    if not _OOM_ATTACHED[0]:
+        torch._C._cuda_attach_out_of_memory_observer(_on_oom)
+        _OOM_ATTACHED[0] = True
+
+
+def _on_oom(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    recorder = _OOM_TARGET[0]() if _OOM_TARGET[0] is not None else None
+    if recorder is not None:
+        recorder._on_oom(device, alloc, device_allocated, device_free)
 
 
 def _script_path() -> str | None:

@@ -49,6 +49,10 @@ class StepDetector:
         self.definition: StepDefinition | None = None
         self.label_closures = False  # set by the capture while tracing
         self.calls = 0  # root module calls so far, once the root is known
+        # The script's iteration that the first step after the definition is (1 where the source counts
+        # from the script's first iteration): discovery may watch a few root-module calls before it
+        # decides, so that the step numbers still count the script's own iterations.
+        self.first_step = 1
         self.root_module: Any = None  # the module the script calls per step, once known
         self.notes: list[str] = []
         self._discover = discover
@@ -207,6 +211,11 @@ class StepDetector:
         self.definition = definition
         if self.root_module is None:
             self.root_module = self._most_called_root()
+        self.first_step = 1
+        if definition.source == "module" and self.root_module is not None:
+            # committed in the pre-hook of the root's c-th call: the step that ends at the next call is
+            # the script's iteration c
+            self.first_step = max(1, sum(r.module_id == id(self.root_module) for r in self._obs.roots))
         self._stop_discovery(keep_loop=definition.loop is not None or definition.source in STALE_SOURCES)
         if self._call_hook is None and self.root_module is not None:
             self._call_hook = CallHook(self.root_module, self._on_call)
