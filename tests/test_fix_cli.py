@@ -126,7 +126,7 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
 
     monkeypatch.setattr(launch.SubprocessLauncher, "__call__", interrupted)
     out = tmp_path / "fix"
-    result = fix("--no-diagnose", "--only", "tf32", "--out", str(out), "train.py")
+    result = fix("--no-diagnose", "--no-fork", "--only", "tf32", "--out", str(out), "train.py")
     assert result.exit_code == 130
     report = report_of(out)
     assert report.interrupted and not report.complete

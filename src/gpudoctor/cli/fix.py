@@ -65,6 +65,7 @@ def fix_command(
     compile_mode: Annotated[str | None, typer.Option("--compile-mode", help=f"torch.compile mode: {', '.join(MODES)}.")] = None,
     diagnose: Annotated[bool, typer.Option("--diagnose/--no-diagnose", help="Profile the script first (gpudoctor run).")] = True,
     child_timeout: Annotated[int, typer.Option("--child-timeout", min=10, help="Seconds one process may run.")] = 600,
+    fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
     """Apply each fix the diagnosis points to, prove it by a timed A/B in fresh processes, keep or revert.
@@ -94,7 +95,7 @@ def fix_command(
         rounds=rounds, warmup=warmup, steps=steps, record=record, seed=seed,
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
-        skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()),
+        skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()), fork=fork,
     )  # fmt: skip
     out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpudoctor.fixes.diagnose import RunInputs, diagnose_script, load_run
-from gpudoctor.fixes.launch import SubprocessLauncher
+from gpudoctor.fixes.forkserver import ForkLauncher, start_launcher
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.session import FixOptions, FixSession, Progress
 
@@ -47,13 +47,21 @@ def run_fix(
                                  warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
     if inputs is not None and inputs.note:
         notes.append(f"no diagnosis: {inputs.note}; fixes chosen from what the script does")
-    launcher = SubprocessLauncher(script.target, list(script.args), module=script.module, options=options,
-                                  rounds_dir=out / "rounds", extra=child_extra)  # fmt: skip
-    session = FixSession(launcher, options, inputs.diagnosis if inputs else None,
-                         argv=(script.target, *script.args), started_at=started,
-                         on_progress=on_progress, on_update=on_update)  # fmt: skip
-    session.notes.extend(notes)
-    return session.run()
+    if on_stage:
+        on_stage("starting the rounds' processes")
+    launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=options,
+                                   rounds_dir=out / "rounds", extra=child_extra, fork=options.fork)  # fmt: skip
+    if options.fork and not isinstance(launcher, ForkLauncher):
+        notes.append(f"rounds: {how}")  # slower than asked (the options say fork)
+    try:
+        session = FixSession(launcher, options, inputs.diagnosis if inputs else None,
+                             argv=(script.target, *script.args), started_at=started,
+                             on_progress=on_progress, on_update=on_update)  # fmt: skip
+        session.notes.extend(notes)
+        return session.run()
+    finally:
+        if isinstance(launcher, ForkLauncher):
+            launcher.close()
 
 
 def load_from_run(run_dir: Path) -> tuple[FixTarget, RunInputs]:

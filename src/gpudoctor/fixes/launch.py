@@ -58,21 +58,26 @@ class SubprocessLauncher:
             code = proc.returncode
         except subprocess.TimeoutExpired:
             return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                               log_tail=_tail(log), exact_random=exact_random)  # fmt: skip
+                               log_tail=log_tail(log), exact_random=exact_random)  # fmt: skip
         except OSError as err:
             raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
-        tail = _tail(log)
-        if not out.exists():
-            return RoundResult(fixes, "crashed", code, error=f"exit status {code}, no result written",
-                               log_tail=tail, exact_random=exact_random)  # fmt: skip
-        try:
-            result = RoundResult.from_json(json.loads(out.read_text()))
-        except (ValueError, TypeError, KeyError, GpudoctorError) as err:
-            return RoundResult(fixes, "crashed", code, error=f"unreadable result: {err}", log_tail=tail)
-        return _with_tail(result, tail)
+        return read_round(out, log, code, fixes, exact_random)
 
 
-def _tail(log: Path) -> str:
+def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    """The result a round's process wrote (or why there is none), with the end of its output."""
+    tail = log_tail(log)
+    if not out.exists():
+        return RoundResult(fixes, "crashed", code, error=f"exit status {code}, no result written",
+                           log_tail=tail, exact_random=exact_random)  # fmt: skip
+    try:
+        result = RoundResult.from_json(json.loads(out.read_text()))
+    except (ValueError, TypeError, KeyError, GpudoctorError) as err:
+        return RoundResult(fixes, "crashed", code, error=f"unreadable result: {err}", log_tail=tail)
+    return _with_tail(result, tail)
+
+
+def log_tail(log: Path) -> str:
     try:
         return log.read_text(errors="replace")[-LOG_TAIL:]
     except OSError:

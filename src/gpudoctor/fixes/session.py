@@ -42,6 +42,7 @@ class FixOptions:
     only: tuple[str, ...] = ()
     skip: tuple[str, ...] = ()
     same_within: float = SAME_WITHIN
+    fork: bool = True  # rounds forked from a server that imported the libraries (fixes.forkserver)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,139 @@
+"""The rounds of `gpudoctor fix` forked from a server that imported the libraries once
+(`fixes.forkserver`): each round a process of its own that leaves nothing behind in the next, a time
+limit that ends a round and what it started, and fresh interpreters wherever the server is not there."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.fixes.forkserver import ForkLauncher, script_libraries, start_launcher
+from gpudoctor.fixes.launch import SubprocessLauncher
+from gpudoctor.fixes.session import FixOptions
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+
+LOOP = """
+import os, sys, torch
+import numpy
+print("round pid", os.getpid(), "saw marker", getattr(numpy, "_gpudoctor_marker", None), flush=True)
+numpy._gpudoctor_marker = os.getpid()  # a round's change to a library the server imported
+model = torch.nn.Linear(8, 8)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(40):
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def write(tmp_path: Path, body: str) -> Path:
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.fixture
+def launcher(tmp_path: Path) -> Iterator[ForkLauncher]:
+    script = write(tmp_path, LOOP)
+    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=60.0)
+    made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
+    assert isinstance(made, ForkLauncher), how
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+def test_the_script_libraries_it_may_import_ahead_are_read_not_run(tmp_path: Path) -> None:
+    script = write(
+        tmp_path,
+        """
+        import os, transformers
+        from lightning.pytorch import Trainer
+        from . import sibling
+        import my_models, torchvision.models as tvm
+        raise SystemExit("never run")
+        """,
+    )
+    assert script_libraries(str(script)) == ["transformers", "lightning", "torchvision"]
+    assert script_libraries(str(tmp_path / "missing.py")) == []
+
+
+def test_each_round_is_a_process_of_its_own_that_leaves_nothing_to_the_next(
+    launcher: ForkLauncher, tmp_path: Path
+) -> None:
+    first = launcher("baseline-0", (), False)
+    second = launcher("01-tf32-b1", ("tf32",), False)
+    for result in (first, second):
+        assert result.outcome == "stopped" and len(result.step_times_us) == 5 and result.error is None
+    logs = [(tmp_path / "rounds" / f"{n}.log").read_text() for n in ("baseline-0", "01-tf32-b1")]
+    pids = [int(log.split("round pid ")[1].split()[0]) for log in logs]
+    server = launcher._proc.pid if launcher._proc else None
+    assert len(set(pids)) == 2 and server not in pids and os.getpid() not in pids
+    assert all("saw marker None" in log for log in logs)  # the first round's change did not reach the second
+    assert second.patches["tf32"].applied
+
+
+def test_a_round_past_its_time_limit_is_ended_with_what_it_started(tmp_path: Path) -> None:
+    script = write(
+        tmp_path,
+        """
+        import signal, subprocess, sys, time
+        helper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+        print("helper", helper.pid, flush=True)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # nothing ends it from inside
+        time.sleep(600)
+        """,
+    )
+    options = FixOptions(warmup=1, steps=2, child_timeout_s=4.0)
+    made, _ = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
+    assert isinstance(made, ForkLauncher)
+    try:
+        result = made("baseline-0", (), False)
+        assert result.outcome == "timeout" and result.error == "ran past 4 s"
+        helper = int((tmp_path / "rounds" / "baseline-0.log").read_text().split("helper ")[1].split()[0])
+        deadline = time.monotonic() + 10
+        while _alive(helper) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(helper)
+        # the server is still there for the next round
+        assert made._proc is not None and made._proc.poll() is None
+    finally:
+        made.close()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    status = Path(f"/proc/{pid}/stat")
+    return not (status.exists() and status.read_text().split()[2] == "Z")  # a zombie is gone
+
+
+def test_when_the_server_goes_away_the_rounds_go_on_in_fresh_interpreters(
+    launcher: ForkLauncher,
+) -> None:
+    assert launcher._proc is not None
+    launcher._proc.kill()
+    launcher._proc.wait()
+    result = launcher("baseline-0", (), False)
+    assert result.outcome == "stopped" and len(result.step_times_us) == 5
+    assert launcher._proc is None  # and it stays with fresh interpreters
+
+
+def test_no_fork_or_no_server_means_fresh_interpreters_with_the_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    script = write(tmp_path, LOOP)
+    args = {"module": False, "options": FixOptions(), "rounds_dir": tmp_path / "rounds"}
+    plain, how = start_launcher(str(script), [], fork=False, **args)
+    assert type(plain) is SubprocessLauncher and how == "each round in a fresh interpreter"
+    monkeypatch.setattr(ForkLauncher, "start", lambda self: "the fork server cannot fork cleanly: CUDA")
+    plain, how = start_launcher(str(script), [], **args)
+    assert type(plain) is SubprocessLauncher and how.endswith("(the fork server cannot fork cleanly: CUDA)")
