@@ -137,3 +137,47 @@ def test_no_fork_or_no_server_means_fresh_interpreters_with_the_reason(
     monkeypatch.setattr(ForkLauncher, "start", lambda self: "the fork server cannot fork cleanly: CUDA")
     plain, how = start_launcher(str(script), [], **args)
     assert type(plain) is SubprocessLauncher and how.endswith("(the fork server cannot fork cleanly: CUDA)")
+
+
+def test_the_server_will_not_fork_once_the_cuda_driver_is_loaded() -> None:
+    from gpudoctor.fixes.forkserver import _unsafe
+
+    maps = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n7f02-7f03 rw-p 0 0:0 0\n"
+    assert _unsafe(maps) is None
+    driver = maps + "7f04-7f05 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04\n"
+    assert _unsafe(driver) == "the CUDA driver was loaded while the server imported the libraries"
+    assert _unsafe(maps + "7f06-7f07 r-xp 0 08:01 3 /opt/lib/libcudart.so.13\n") is None  # the runtime is not
+
+
+def test_the_servers_own_settings_do_not_reach_the_script(launcher: ForkLauncher, tmp_path: Path) -> None:
+    script = write(
+        tmp_path, 'import os\nprint("nvml check", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))\n' + LOOP
+    )
+    launcher.target = str(script)
+    assert launcher("baseline-0", (), False).outcome == "stopped"
+    assert "nvml check None" in (tmp_path / "rounds" / "baseline-0.log").read_text()
+
+
+@pytest.mark.gpu
+def test_forked_rounds_use_the_gpu(tmp_path: Path) -> None:
+    """On a GPU machine: the server imported torch and Dynamo without starting CUDA, and each forked
+    round starts its own CUDA context and runs its steps there."""
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    script = write(
+        tmp_path,
+        LOOP.replace("torch.nn.Linear(8, 8)", "torch.nn.Linear(8, 8).cuda()").replace(
+            "torch.randn(4, 8)", "torch.randn(4, 8, device='cuda')"
+        ),
+    )
+    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=120.0)
+    made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
+    assert isinstance(made, ForkLauncher), how
+    try:
+        results = [made(f"round-{k}", (), False) for k in range(2)]
+    finally:
+        made.close()
+    for r in results:
+        assert r.outcome == "stopped" and r.clock == "cuda_events" and len(r.step_times_us) == 5, r.log_tail

@@ -66,6 +66,9 @@ PRELOADABLE = frozenset(
     }
 )
 START_TIMEOUT_S = 120.0
+# torch.cuda.is_available() by NVML in the server, so that a library asking it at import does not
+# initialize the CUDA driver there (which would make every fork unusable on the GPU)
+NVML_CHECK, NVML_CHECK_SET = "PYTORCH_NVML_BASED_CUDA_CHECK", "GPUDOCTOR_FORKSERVER_SET_NVML_CHECK"
 
 
 def script_libraries(path: str) -> list[str]:
@@ -122,11 +125,20 @@ def serve(preload: list[str], stdin: IO[str], stdout: IO[str]) -> int:
     return 0
 
 
-def _unsafe() -> str | None:
-    """Why forking would not give a clean process, or None."""
+def _unsafe(maps: str | None = None) -> str | None:
+    """Why forking would not give a clean process, or None. The CUDA driver cannot be used in a child
+    forked after it was initialized: torch's own start shows in `torch.cuda.is_initialized()`, a bare
+    runtime call (a library asking `cudaGetDeviceCount`) in the driver library being loaded."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was started while the server imported the libraries"
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            maps = ""
+    if any(Path(line.split()[-1]).name.startswith("libcuda.so") for line in maps.splitlines() if "/" in line):
+        return "the CUDA driver was loaded while the server imported the libraries"
     return None
 
 
@@ -134,6 +146,9 @@ def _child(argv: list[str], log: str, protocol: int) -> None:
     code = 1
     try:
         os.close(protocol)  # the server's answers are not the round's to write (its stdin: below)
+        if os.environ.get(NVML_CHECK_SET) == "1":  # the server's setting, not the script's
+            os.environ.pop(NVML_CHECK, None)
+        os.environ.pop(NVML_CHECK_SET, None)
         os.setpgid(0, 0)  # a group of its own: a time limit ends the round and whatever it started
         signal.signal(signal.SIGINT, signal.default_int_handler)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -186,9 +201,12 @@ class ForkLauncher(SubprocessLauncher):
         cmd = [sys.executable, "-m", "gpudoctor.fixes.forkserver", "--preload", ",".join(self.preload)]
         try:
             self.rounds_dir.mkdir(parents=True, exist_ok=True)
+            env = child_env()
+            if NVML_CHECK not in env:
+                env[NVML_CHECK], env[NVML_CHECK_SET] = "1", "1"
             with (self.rounds_dir / "forkserver.log").open("w") as log:
                 self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                              stderr=log, text=True, env=child_env())  # fmt: skip
+                                              stderr=log, text=True, env=env)  # fmt: skip
             hello = self._receive(START_TIMEOUT_S)
         except (OSError, ServerGone, ValueError) as err:
             self.close()
