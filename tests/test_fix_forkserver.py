@@ -181,3 +181,15 @@ def test_forked_rounds_use_the_gpu(tmp_path: Path) -> None:
         made.close()
     for r in results:
         assert r.outcome == "stopped" and r.clock == "cuda_events" and len(r.step_times_us) == 5, r.log_tail
+
+
+def test_a_round_ends_as_an_interpreter_does(launcher: ForkLauncher, tmp_path: Path) -> None:
+    """The script's atexit functions run (a log it flushes at exit, say), as in a fresh interpreter."""
+    done = tmp_path / "at-exit.txt"
+    script = write(
+        tmp_path,
+        f"import atexit, pathlib\natexit.register(pathlib.Path({str(done)!r}).write_text, 'ran')\n" + LOOP,
+    )
+    launcher.target = str(script)
+    assert launcher("baseline-0", (), False).outcome == "stopped"
+    assert done.read_text() == "ran"

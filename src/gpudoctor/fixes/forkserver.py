@@ -20,6 +20,7 @@ interpreters wherever the server cannot start.
 from __future__ import annotations
 
 import ast
+import atexit
 import contextlib
 import gc
 import importlib
@@ -29,6 +30,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -171,7 +173,13 @@ def _child(argv: list[str], log: str, protocol: int) -> None:
     except BaseException:
         traceback.print_exc()
     finally:
-        with contextlib.suppress(Exception):
+        # what an interpreter does on its way out (the script's non-daemon threads, its atexit
+        # functions: a log flushed, a DataLoader's workers ended), then out without the server's
+        with contextlib.suppress(BaseException):
+            threading._shutdown()  # type: ignore[attr-defined]
+        with contextlib.suppress(BaseException):
+            atexit._run_exitfuncs()
+        with contextlib.suppress(BaseException):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)
