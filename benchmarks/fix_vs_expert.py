@@ -59,7 +59,8 @@ def run_fix(name: str, out: Path, a: argparse.Namespace) -> dict[str, Any]:
     script = WORKLOADS_DIR / f"{name}.py"
     fix_dir = out / "fix" / name
     cmd = [sys.executable, "-m", "gpudoctor", "fix", "--out", str(fix_dir), "--rounds", str(a.rounds),
-           "--warmup", str(a.warmup), "--steps", str(a.steps), "--budget", a.budget, str(script),
+           "--warmup", str(a.warmup), "--steps", str(a.steps), "--budget", a.budget,
+           *(["--shared-baseline"] if a.shared_baseline else []), str(script),
            *WORKLOADS[name][0], *(["--small"] if a.smoke else [])]  # fmt: skip
     if a.smoke:
         cmd[4:4] = ["--child-timeout", "300"]
@@ -183,6 +184,7 @@ def main() -> int:
     p.add_argument(
         "--budget", default="8m", help="gpudoctor fix --budget, per workload (after its diagnosis)"
     )
+    p.add_argument("--shared-baseline", action="store_true", help="gpudoctor fix --shared-baseline")
     p.add_argument("--timing-rounds", type=int, default=2, help="fresh processes per configuration")
     p.add_argument("--timer-warmup", type=int, default=8)
     p.add_argument("--window-s", type=float, default=1.0)

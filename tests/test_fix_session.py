@@ -295,3 +295,68 @@ def test_the_report_has_a_diff_a_calibration_and_survives_json(tmp_path: Path) -
     assert entry.measured_pct == pytest.approx(20, abs=2)
     assert FixReport.from_json(report.to_json()) == report
     assert report.calibration_json()["entries"][0]["rule"] == "optimizer_unfused"
+
+
+# -- one baseline per round for all fixes (--shared-baseline) -------------------------------------------
+def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(
+        clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 104.0, "autocast": 99.5}
+    )
+    report = session(launcher, clock, "fused_optimizer,tf32,autocast", shared_baseline=True).run()
+    labels = [label for label, _, _ in launcher.calls]
+    assert labels == [
+        "baseline-0",
+        "base-a1", "01-fused_optimizer-b1", "02-tf32-b1", "03-autocast-b1",
+        "base-a2", "02-tf32-b2", "03-autocast-b2", "01-fused_optimizer-b2",
+        "base-a3", "03-autocast-b3", "01-fused_optimizer-b3", "02-tf32-b3",
+    ]  # fmt: skip
+    fused, tf32, autocast = report.verdicts
+    assert fused.kept and fused.rounds == 3 and fused.measured_saving_pct == pytest.approx(20, abs=2)
+    assert not tf32.kept and tf32.reason == "slower beyond noise"
+    assert not autocast.kept and autocast.reason.startswith("no significant difference")
+    assert report.final == ("fused_optimizer",) and report.complete
+    # 13 processes where A B A B per fix takes 19
+    paired = FakeLauncher(FakeClock(), launcher.step_us)
+    session(paired, paired.clock, "fused_optimizer,tf32,autocast").run()
+    assert len(paired.calls) == 19
+
+
+def test_shared_baseline_drops_a_fix_that_fails_and_keeps_the_others_going() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "autocast": 50.0})
+    launcher.losses["autocast"] = tuple((v[0] * 1.2,) for v in LOSSES)
+    report = session(launcher, clock, "autocast,fused_optimizer", shared_baseline=True).run()
+    autocast, fused = report.verdicts
+    assert not autocast.kept and autocast.reason.startswith("changes results") and autocast.rounds == 1
+    assert fused.kept and fused.rounds == 3
+    assert sum(1 for _, fixes, _ in launcher.calls if fixes == ("autocast",)) == 1
+
+
+def test_shared_baseline_budget_lets_the_least_promising_fixes_go_first() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    # the reference round, then rounds of 3 processes of 10 s: 90 s fits the first two rounds and
+    # a baseline with one fix in the third
+    report = session(launcher, clock, "tf32,fused_optimizer", shared_baseline=True, budget_s=90.0).run()
+    tf32, fused = report.verdicts
+    assert tf32.rounds == 3 and tf32.kept
+    assert fused.rounds == 2 and fused.reason == "the time budget ran out after 2 of 3 rounds"
+    assert clock.now <= 90.0
+
+
+def test_shared_baseline_ctrl_c_keeps_every_fix_as_it_stands() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    launcher.interrupt_at = 8  # the third round's baseline
+    updates: list[FixReport] = []
+    s = session(launcher, clock, "tf32,fused_optimizer", shared_baseline=True)
+    s.on_update = updates.append
+    report = s.run()
+    assert report.interrupted and not report.complete
+    assert [(v.fix, v.rounds, v.kept) for v in report.verdicts] == [
+        ("tf32", 2, False),
+        ("fused_optimizer", 2, False),
+    ]
+    assert all(v.reason == "interrupted (Ctrl-C) after 2 rounds" for v in report.verdicts)
+    assert len(updates[0].verdicts) == 2  # the report after each round shows them as they stand

@@ -65,6 +65,7 @@ def fix_command(
     compile_mode: Annotated[str | None, typer.Option("--compile-mode", help=f"torch.compile mode: {', '.join(MODES)}.")] = None,
     diagnose: Annotated[bool, typer.Option("--diagnose/--no-diagnose", help="Profile the script first (gpudoctor run).")] = True,
     child_timeout: Annotated[int, typer.Option("--child-timeout", min=10, help="Seconds one process may run.")] = 600,
+    shared_baseline: Annotated[bool, typer.Option("--shared-baseline", help="One baseline process per round for all fixes (A B C, A C B, …), not one per fix: fewer processes.")] = False,
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
@@ -96,6 +97,7 @@ def fix_command(
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()), fork=fork,
+        shared_baseline=shared_baseline,
     )  # fmt: skip
     out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
@@ -126,6 +128,12 @@ def _run(
     task = bars.add_task("starting", total=None)
 
     def progress(p: Step) -> None:
+        if p.together:  # every fix in each round, beside one baseline
+            what = f"round {p.round}/{p.rounds} — " + (
+                "baseline" if p.fix is None else f"fix {p.index}/{p.count} — {_titles(p.fix)}"
+            )
+            bars.update(task, description=what, total=p.rounds, completed=p.round - 1)
+            return
         what = "baseline" if p.stage == "baseline" else f"{p.stage} {p.index}/{p.count} — {_titles(p.fix)}"
         rounds = "" if p.stage == "baseline" else f" — round {p.round}/{p.rounds} ({p.side})"
         done = 0 if p.stage == "baseline" else 2 * (p.round - 1) + (p.side == "candidate")

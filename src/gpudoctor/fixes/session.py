@@ -43,6 +43,8 @@ class FixOptions:
     skip: tuple[str, ...] = ()
     same_within: float = SAME_WITHIN
     fork: bool = True  # rounds forked from a server that imported the libraries (fixes.forkserver)
+    # one baseline process per round for all the fixes (A B C D, A C D B, …) instead of one per fix
+    shared_baseline: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class Progress:
     round: int  # from 1
     rounds: int
     side: str  # baseline, candidate
+    together: bool = False  # every fix in each round, beside one baseline (FixOptions.shared_baseline)
 
 
 class Launcher(Protocol):
@@ -109,7 +112,7 @@ class FixSession:
         self.notes: list[str] = []
         self.complete = self.interrupted = False
         self._round_s: list[float] = []
-        self._current: _Attempt | None = None
+        self._open: list[_Attempt] = []  # the configurations being tried now
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> FixReport:
@@ -119,14 +122,14 @@ class FixSession:
         except KeyboardInterrupt:
             self.interrupted = True
             self.notes.append("interrupted (Ctrl-C): the results so far")
-            at = self._current
-            if at is not None:
+            for at in self._open:
                 at.failure = at.failure or f"interrupted (Ctrl-C) after {len(at.runs)} rounds"
                 tried = self._tried(at)
                 if at.cand is None:
                     self.combination = tried
                 else:
                     self.tried.append(tried)
+            self._open = []
         report = self.report()
         self._update(report)
         return report
@@ -148,19 +151,23 @@ class FixSession:
             only=o.only,
             skip=o.skip,
         )
-        for i, cand in enumerate(self.candidates, 1):
-            self.tried.append(self._try((cand.fix,), cand, i, len(self.candidates)))
-            self._update(self.report())
+        if o.shared_baseline and len(self.candidates) > 1:
+            self._try_together()
+        else:
+            for i, cand in enumerate(self.candidates, 1):
+                self.tried.append(self._try((cand.fix,), cand, i, len(self.candidates)))
+                self._update(self.report())
         self._combine()
 
     def _try(self, fixes: tuple[str, ...], cand: Candidate | None, index: int, count: int) -> _Tried:
         """A B A B … for one configuration; stops early on a failure or results out of tolerance."""
         label, stage = "+".join(fixes), "fix" if cand is not None else "combination"
         obs = self.reference.observations if self.reference else None
-        at = self._current = _Attempt(fixes, cand)
+        at = _Attempt(fixes, cand)
+        self._open = [at]
         exact = _random_differs(fixes, obs)
         for k in range(1, self.options.rounds + 1):
-            if at.failure or (at.numerics is not None and not at.numerics.ok):
+            if not _going(at):
                 break
             if not self._has_budget(2):
                 at.failure = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
@@ -179,8 +186,60 @@ class FixSession:
                 break
             at.runs.append(b)
             at.numerics = at.numerics or self._numerics(fixes, b)
-        self._current = None
+        self._open = []
         return self._tried(at)
+
+    def _try_together(self) -> None:
+        """Every fix in each round, beside one baseline process: A B C D, A C D B, A D B C, … (the order
+        turns each round, so no fix always runs right after the baseline). Each fix is still timed in
+        `rounds` processes against as many baseline processes interleaved with them, in fewer processes
+        than A B A B per fix. A fix that fails or changes the results leaves the rounds after it."""
+        obs = self.reference.observations if self.reference else None
+        count, rounds = len(self.candidates), self.options.rounds
+        attempts = [_Attempt((c.fix,), c) for c in self.candidates]
+        self._open = list(attempts)
+        base: list[RoundResult] = []
+        for k in range(1, rounds + 1):
+            live = [(i, at) for i, at in enumerate(attempts, 1) if _going(at)]
+            fit = next((n for n in range(len(live), 0, -1) if self._has_budget(1 + n)), 0)
+            for _, at in live[fit:]:  # the last chosen (least promising) give way first
+                at.failure = f"the time budget ran out after {k - 1} of {rounds} rounds"
+            live = live[:fit]
+            if not live:
+                break
+            self._progress("fix", None, 0, count, "baseline", k, together=True)
+            a = self._round(f"base-a{k}", ())
+            if a.failure:
+                for _, at in live:
+                    at.failure = f"the baseline failed: {a.failure}"
+                break
+            base.append(a)
+            self.baselines.append(a)
+            turn = (k - 1) % len(live)
+            for i, at in live[turn:] + live[:turn]:
+                at.base = list(base)
+                label = "+".join(at.fixes)
+                self._progress("fix", label, i, count, "candidate", k, together=True)
+                b = self._round(
+                    f"{i:02d}-{label}-b{k}", at.fixes, exact_random=_random_differs(at.fixes, obs)
+                )
+                at.failure = b.failure or _not_applied(b, at.fixes)
+                if at.failure:
+                    continue
+                at.runs.append(b)
+                at.numerics = at.numerics or self._numerics(at.fixes, b)
+            self._update(self._report_with(attempts))
+        self._open = []
+        self.tried.extend(self._tried(at) for at in attempts)
+
+    def _report_with(self, attempts: list[_Attempt]) -> FixReport:
+        """The report so far, with the configurations still being tried as they stand."""
+        done = self.tried
+        self.tried = [*done, *(self._tried(at) for at in attempts)]
+        try:
+            return self.report()
+        finally:
+            self.tried = done
 
     def _tried(self, at: _Attempt) -> _Tried:
         return _Tried(at.fixes, at.base, at.runs, self._verdict(at))
@@ -303,9 +362,12 @@ class FixSession:
         side: str,
         k: int = 1,
         rounds: int | None = None,
+        together: bool = False,
     ) -> None:
         if self.on_progress is not None:
-            self.on_progress(Progress(stage, fix, index, count, k, rounds or self.options.rounds, side))
+            self.on_progress(
+                Progress(stage, fix, index, count, k, rounds or self.options.rounds, side, together)
+            )
 
     def _update(self, report: FixReport) -> None:
         if self.on_update is not None:
@@ -354,6 +416,10 @@ class FixSession:
             interrupted=self.interrupted,
             elapsed_s=self.clock() - self.start,
         )
+
+
+def _going(at: _Attempt) -> bool:
+    return at.failure is None and (at.numerics is None or at.numerics.ok)
 
 
 def _not_applied(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
