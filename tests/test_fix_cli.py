@@ -149,3 +149,28 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
 def test_bad_options_are_one_line_errors(starved: Path, args: list[str], message: str) -> None:
     result = CliRunner().invoke(app, ["fix", *args])
     assert result.exit_code == 2 and message in result.output
+
+
+def test_shared_baseline_reaches_the_session(
+    starved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from gpudoctor.fixes import launch
+    from gpudoctor.fixes.observe import Observations
+    from gpudoctor.fixes.round import RoundResult
+
+    seen = Observations(None, (), (), (), (), (), "highest", False, False, False, 1)
+    labels: list[str] = []
+
+    def fake(self: object, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+        labels.append(label)
+        step = 5.0 if fixes else 10.0
+        return RoundResult(fixes, "stopped", 0, "perf_counter", (step, step * 1.01, step * 0.99) * 5, 5,
+                           observations=seen, patches={f: PatchOutcome(True, changes=(f,)) for f in fixes})  # fmt: skip
+
+    monkeypatch.setattr(launch.SubprocessLauncher, "__call__", fake)
+    out = tmp_path / "fix"
+    result = fix("--no-diagnose", "--no-fork", "--shared-baseline", "--only", "tf32,zero_grad_none",
+                 "--rounds", "2", "--out", str(out), "train.py")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert labels[:4] == ["baseline-0", "base-a1", "01-tf32-b1", "02-zero_grad_none-b1"]
+    assert report_of(out).options["shared_baseline"] is True
