@@ -193,3 +193,19 @@ def test_a_round_ends_as_an_interpreter_does(launcher: ForkLauncher, tmp_path: P
     launcher.target = str(script)
     assert launcher("baseline-0", (), False).outcome == "stopped"
     assert done.read_text() == "ran"
+
+
+def test_the_server_will_not_fork_beside_a_thread_a_library_started() -> None:
+    import threading
+
+    from gpudoctor.fixes.forkserver import _unsafe
+
+    stop = threading.Event()
+    thread = threading.Thread(target=stop.wait)
+    thread.start()
+    try:
+        assert _unsafe("") == "a library started a thread at import"
+    finally:
+        stop.set()
+        thread.join()
+    assert _unsafe("") is None

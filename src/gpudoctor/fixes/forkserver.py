@@ -134,6 +134,8 @@ def _unsafe(maps: str | None = None) -> str | None:
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was started while the server imported the libraries"
+    if threading.active_count() > 1:  # a lock one of them holds would stay held in every child
+        return "a library started a thread at import"
     if maps is None:
         try:
             maps = Path("/proc/self/maps").read_text()
