@@ -149,12 +149,20 @@ def test_the_server_will_not_fork_once_the_cuda_driver_is_loaded() -> None:
     assert _unsafe(maps + "7f06-7f07 r-xp 0 08:01 3 /opt/lib/libcudart.so.13\n") is None  # the runtime is not
 
 
-def test_the_servers_own_settings_do_not_reach_the_script(launcher: ForkLauncher, tmp_path: Path) -> None:
+def test_the_servers_own_settings_do_not_reach_the_script(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)  # the user did not set it
     script = write(
         tmp_path, 'import os\nprint("nvml check", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))\n' + LOOP
     )
-    launcher.target = str(script)
-    assert launcher("baseline-0", (), False).outcome == "stopped"
+    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=60.0)
+    made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
+    assert isinstance(made, ForkLauncher), how
+    try:
+        assert made("baseline-0", (), False).outcome == "stopped"
+    finally:
+        made.close()
     assert "nvml check None" in (tmp_path / "rounds" / "baseline-0.log").read_text()
 
 
@@ -209,3 +217,24 @@ def test_the_server_will_not_fork_beside_a_thread_a_library_started() -> None:
         stop.set()
         thread.join()
     assert _unsafe("") is None
+
+
+def test_a_library_that_sets_the_nvml_check_itself_keeps_it_in_the_rounds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Lightning sets PYTORCH_NVML_BASED_CUDA_CHECK=1 when imported: a round of a Lightning script has it,
+    as a fresh interpreter would, although Lightning was imported by the server."""
+    pytest.importorskip("lightning")
+    monkeypatch.delenv("PYTORCH_NVML_BASED_CUDA_CHECK", raising=False)
+    script = write(
+        tmp_path,
+        'import os, lightning\nprint("nvml check", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))\n' + LOOP,
+    )
+    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=120.0)
+    made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
+    assert isinstance(made, ForkLauncher) and "lightning" in made.loaded, how
+    try:
+        assert made("baseline-0", (), False).outcome == "stopped"
+    finally:
+        made.close()
+    assert "nvml check 1" in (tmp_path / "rounds" / "baseline-0.log").read_text()

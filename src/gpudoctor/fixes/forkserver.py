@@ -71,6 +71,7 @@ START_TIMEOUT_S = 120.0
 # torch.cuda.is_available() by NVML in the server, so that a library asking it at import does not
 # initialize the CUDA driver there (which would make every fork unusable on the GPU)
 NVML_CHECK, NVML_CHECK_SET = "PYTORCH_NVML_BASED_CUDA_CHECK", "GPUDOCTOR_FORKSERVER_SET_NVML_CHECK"
+SETS_NVML_CHECK = ("lightning.fabric", "lightning_fabric")  # libraries that set it themselves at import: then it stays
 
 
 def script_libraries(path: str) -> list[str]:
@@ -150,9 +151,8 @@ def _child(argv: list[str], log: str, protocol: int) -> None:
     code = 1
     try:
         os.close(protocol)  # the server's answers are not the round's to write (its stdin: below)
-        if os.environ.get(NVML_CHECK_SET) == "1":  # the server's setting, not the script's
-            os.environ.pop(NVML_CHECK, None)
-        os.environ.pop(NVML_CHECK_SET, None)
+        if os.environ.pop(NVML_CHECK_SET, None) == "1" and not any(m in sys.modules for m in SETS_NVML_CHECK):
+            os.environ.pop(NVML_CHECK, None)  # the server's setting, not the script's
         os.setpgid(0, 0)  # a group of its own: a time limit ends the round and whatever it started
         signal.signal(signal.SIGINT, signal.default_int_handler)
         fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
