@@ -71,7 +71,10 @@ START_TIMEOUT_S = 120.0
 # torch.cuda.is_available() by NVML in the server, so that a library asking it at import does not
 # initialize the CUDA driver there (which would make every fork unusable on the GPU)
 NVML_CHECK, NVML_CHECK_SET = "PYTORCH_NVML_BASED_CUDA_CHECK", "GPUDOCTOR_FORKSERVER_SET_NVML_CHECK"
-SETS_NVML_CHECK = ("lightning.fabric", "lightning_fabric")  # libraries that set it themselves at import: then it stays
+SETS_NVML_CHECK = (
+    "lightning.fabric",
+    "lightning_fabric",
+)  # libraries that set it themselves at import: then it stays
 
 
 def script_libraries(path: str) -> list[str]:
