@@ -1,0 +1,116 @@
+"""The rules' estimates against what `gpudoctor fix` measured: every fix that was timed and that a rule
+predicted, from `benchmarks/results/fix_vs_expert.json` (or fix directories' `calibration.json`),
+grouped by rule. A rule is *systematically off* when at least `--min-cases` of its fixes were measured,
+all on the same side of the prediction, and their median error is over `--points` percentage points:
+then its estimate should change; anything less is noise or too little evidence.
+
+    python3 benchmarks/rule_calibration.py [--from benchmarks/results/fix_vs_expert.json] [DIR ...]
+        [--out benchmarks/results/rule_calibration.json]
+
+No GPU needed: it reads results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_FROM = ROOT / "benchmarks" / "results" / "fix_vs_expert.json"
+
+
+def cases_from_benchmark(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads(path.read_text())
+    cases = []
+    for w in doc.get("workloads", []):
+        device = (w.get("environment") or {}).get("device")
+        for f in w["fix"]["fixes"]:
+            if f.get("predicted_saving_pct") is None or f.get("measured_saving_pct") is None:
+                continue
+            for rule in f.get("rules") or ():
+                cases.append({"rule": rule, "fix": f["fix"], "workload": w["workload"], "device": device,
+                              "predicted_pct": f["predicted_saving_pct"], "measured_pct": f["measured_saving_pct"],
+                              "ci_low_pct": f.get("ci_low_pct"), "ci_high_pct": f.get("ci_high_pct")})  # fmt: skip
+    return cases
+
+
+def cases_from_fix_dir(path: Path) -> list[dict[str, Any]]:
+    doc = json.loads((path / "calibration.json").read_text())
+    workload = Path(doc["argv"][0]).stem if doc.get("argv") else path.name
+    return [
+        {**e, "workload": workload, "device": doc.get("device")}
+        for e in doc.get("entries", [])
+        if e.get("predicted_pct") is not None and e.get("measured_pct") is not None
+    ]
+
+
+def judge(cases: list[dict[str, Any]], min_cases: int, points: float) -> dict[str, Any]:
+    by_rule: dict[str, list[dict[str, Any]]] = {}
+    for c in cases:
+        by_rule.setdefault(c["rule"], []).append(c)
+    rules = {}
+    for rule, cs in sorted(by_rule.items()):
+        errors = [c["measured_pct"] - c["predicted_pct"] for c in cs]
+        median = statistics.median(errors)
+        same_side = all(e > 0 for e in errors) or all(e < 0 for e in errors)
+        off = len(cs) >= min_cases and same_side and abs(median) > points
+        rules[rule] = {
+            "cases": len(cs),
+            "median_error_points": round(median, 1),
+            "errors_points": [round(e, 1) for e in errors],
+            "systematically_off": off,
+            "verdict": (
+                f"{'under' if median > 0 else 'over'}-estimates by {abs(median):.0f} points: change its estimate"
+                if off
+                else "within the evidence"
+                if len(cs) >= min_cases
+                else f"{len(cs)} case(s): too few to judge"
+            ),
+            "detail": [
+                {
+                    k: c.get(k)
+                    for k in ("workload", "fix", "predicted_pct", "measured_pct", "ci_low_pct", "ci_high_pct")
+                }
+                for c in cs
+            ],
+        }
+    return rules
+
+
+def _shown(path: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="*", type=Path, help="fix directories (their calibration.json)")
+    p.add_argument("--from", dest="source", type=Path, default=None, help="a fix_vs_expert.json")
+    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rule_calibration.json")
+    p.add_argument("--min-cases", type=int, default=3)
+    p.add_argument("--points", type=float, default=10.0)
+    a = p.parse_args()
+    source = a.source or (DEFAULT_FROM if not a.dirs else None)
+    cases = cases_from_benchmark(source) if source else []
+    for d in a.dirs:
+        cases += cases_from_fix_dir(d)
+    rules = judge(cases, a.min_cases, a.points)
+    named = [source] if source else []
+    doc = {"sources": [_shown(s) for s in [*named, *a.dirs]], "min_cases": a.min_cases,
+           "points": a.points, "rules": rules}  # fmt: skip
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{'rule':24} {'cases':>5} {'median error':>13}  verdict")
+    for rule, r in rules.items():
+        print(f"{rule:24} {r['cases']:5d} {r['median_error_points']:+12.1f}  {r['verdict']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
