@@ -200,6 +200,8 @@ def _capture(
     try:
         end = run_script(target, args, module=module)
     finally:
+        if rank is not None:  # torchrun's SIGTERM from here on must not cut the writing of results short
+            rank.script_ended = True
         capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
     record = _record(capture, end, argv, started, options)
     if rundir is not None:
