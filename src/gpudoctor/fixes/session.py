@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -228,18 +228,9 @@ class FixSession:
                     continue
                 at.runs.append(b)
                 at.numerics = at.numerics or self._numerics(at.fixes, b)
-            self._update(self._report_with(attempts))
+            self._update(self.report(pending=[self._tried(at) for at in attempts]))
         self._open = []
         self.tried.extend(self._tried(at) for at in attempts)
-
-    def _report_with(self, attempts: list[_Attempt]) -> FixReport:
-        """The report so far, with the configurations still being tried as they stand."""
-        done = self.tried
-        self.tried = [*done, *(self._tried(at) for at in attempts)]
-        try:
-            return self.report()
-        finally:
-            self.tried = done
 
     def _tried(self, at: _Attempt) -> _Tried:
         return _Tried(at.fixes, at.base, at.runs, self._verdict(at))
@@ -373,13 +364,15 @@ class FixSession:
         if self.on_update is not None:
             self.on_update(report)
 
-    def report(self) -> FixReport:
+    def report(self, pending: Sequence[_Tried] = ()) -> FixReport:
+        """The report so far; `pending`: configurations still being tried, as they stand."""
+        tried = [*self.tried, *pending]
         ref = self.reference
         obs = ref.observations if ref else None
         final_tried = (
             self.combination
             if self.combination and self.final == self.combination.fixes
-            else next((t for t in self.tried if t.fixes == self.final), None)
+            else next((t for t in tried if t.fixes == self.final), None)
         )
         edits, snippets = [], []
         for f in self.final:
@@ -402,7 +395,7 @@ class FixSession:
             baseline_us=statistics.median([t for r in timed for t in r.step_times_us]) if timed else None,
             baseline_rounds=len(timed),
             observations=obs,
-            verdicts=tuple(t.verdict for t in self.tried),
+            verdicts=tuple(t.verdict for t in tried),
             combination=self.combination.verdict if self.combination else None,
             final=self.final,
             final_saving_pct=final_tried.verdict.measured_saving_pct if final_tried else None,
@@ -410,7 +403,7 @@ class FixSession:
             snippets=tuple(dict.fromkeys(snippets)),
             unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
             manual=tuple(self.manual),
-            calibration=_calibration(self.tried),
+            calibration=_calibration(tried),
             notes=tuple(self.notes),
             complete=self.complete,
             interrupted=self.interrupted,
