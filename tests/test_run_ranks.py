@@ -43,10 +43,11 @@ FAST = [
 
 
 def torchrun(
-    out: Path, *extra: str, env: dict[str, str] | None = None, nproc: int = 2
+    out: Path, *extra: str, env: dict[str, str] | None = None, nproc: int = 2, monitor_s: float = 0.1
 ) -> subprocess.CompletedProcess[str]:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "gpudoctor", "run", "--out", str(out), *FAST, *extra, str(SCRIPT)]  # fmt: skip
+           f"--monitor-interval={monitor_s}", "-m", "gpudoctor", "run", "--out", str(out), *FAST, *extra,
+           str(SCRIPT)]  # fmt: skip
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "GPUDOCTOR_COMBINE_WAIT_S": "3", **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), full_env.get("PYTHONPATH", "")])
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=240)
@@ -105,23 +106,25 @@ def test_ranks_meet_at_each_phase_so_a_slower_rank_is_waited_for(tmp_path: Path)
     for r in (0, 1):
         trace = load_trace(out / f"rank-{r}" / "trace.json.gz")
         starts.append(trace.meta.epoch_origin_ns + find_steps(trace)[0].start_us * 1e3)
-    assert abs(starts[0] - starts[1]) < 0.15e9  # same host, same clock; a loaded 2-core CI machine
+    # (same host, same clock; half the 0.7 s apart they would be alone: 0.16 s seen with 12 ranks on 2 cores)
+    assert abs(starts[0] - starts[1]) < 0.35e9
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("how", "ended"),
-    [({}, ("exception", 1)), ({"HANG_RANK": "0", "HANG_AT": "9"}, ("exit", 143))],
+    ("how", "monitor_s", "ended"),
+    [({}, 5.0, ("exception", 1)), ({"HANG_RANK": "0", "HANG_AT": "9"}, 0.1, ("exit", 143))],
     ids=["all-reduce-fails", "sigterm-first"],
 )
 def test_a_rank_killed_mid_run_leaves_the_others_results(
-    tmp_path: Path, how: dict[str, str], ended: tuple[str, int]
+    tmp_path: Path, how: dict[str, str], monitor_s: float, ended: tuple[str, int]
 ) -> None:
     # GIVEN rank 1 killed (SIGKILL) in the traced phase: no trace of its own; rank 0 learns it from its
-    # failed all-reduce or, when it is elsewhere (here: asleep), from torchrun's SIGTERM (on a loaded
-    # machine either may come first)
+    # failed all-reduce or, when it is elsewhere (here: asleep), from torchrun's SIGTERM. Which comes
+    # first is a race (torchrun looks every 0.1 s): torchrun looks every 5 s where the all-reduce's
+    # exception must win, on a loaded machine too
     out = tmp_path / "run"
-    result = torchrun(out, env={"KILL_RANK": "1", "KILL_AT": "9", **how})
+    result = torchrun(out, env={"KILL_RANK": "1", "KILL_AT": "9", **how}, monitor_s=monitor_s)
     assert result.returncode != 0
     # THEN rank 0's results are there: its record (how it ended) and the steps it traced
     rank0 = record(out, 0)
