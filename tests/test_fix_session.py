@@ -18,7 +18,7 @@ from gpudoctor.fixes.patches.base import PatchOutcome
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession
-from gpudoctor.fixes.verify import check_numerics, compare_rounds, decision, noise_floor
+from gpudoctor.fixes.verify import TimingComparison, check_numerics, compare_rounds, decision, noise_floor
 from gpudoctor.runner.hooks import CallSite
 
 LOSSES = ((2.30,), (2.25,), (2.21,), (2.18,), (2.12,))
@@ -105,7 +105,37 @@ def test_a_small_gain_inside_the_noise_is_reverted() -> None:
     rng = np.random.default_rng(0)
     t = compare_rounds(rounds(rng, 100.0, 0.3), rounds(rng, 97.0, 0.3))
     assert t.verdict == "ambiguous"
-    assert decision(t, None, None)[1].startswith("no significant difference (too noisy")
+    assert decision(t, None, None)[1].startswith("no significant difference (too noisy to tell: 95% CI")
+
+
+@pytest.mark.parametrize(
+    ("ratio", "lo", "hi", "p", "why"),
+    [
+        (
+            0.995,
+            0.990,
+            0.998,
+            0.01,
+            "a saving of +0.5%, CI +0.2% to +1.0%: under the ±1% that counts as drift",
+        ),
+        (
+            0.97,
+            0.95,
+            0.99,
+            0.2,
+            "a saving of +3.0%, CI +1.0% to +5.0%: the rank test does not confirm it, p=0.2",
+        ),
+        (0.99, 0.97, 1.02, 0.03, "too noisy to tell: 95% CI of the saving -2.0% to +3.0%, p=0.03"),
+    ],
+)
+def test_an_ambiguous_comparison_says_why_it_is_no_reason_to_keep(
+    ratio: float, lo: float, hi: float, p: float, why: str
+) -> None:
+    # GIVEN comparisons neither faster nor slower nor the same: the interval holding no change, or
+    # excluding it with a change under the drift margin or unconfirmed by the test
+    t = TimingComparison(ratio, lo, hi, p, "ambiguous", 0.01, 100.0, 100.0 * ratio, 3, 3)
+    # THEN the reason says which, with the numbers
+    assert decision(t, None, None) == (False, f"no significant difference ({why})")
 
 
 def test_a_slower_fix_is_reverted() -> None:

@@ -175,4 +175,18 @@ def decision(
         return False, "slower beyond noise"
     if timing.verdict == Verdict.SAME.value:
         return False, f"no significant difference (within ±{100 * timing.same_within:g}%)"
-    return False, f"no significant difference (too noisy to tell, p={timing.p_value:.2g})"
+    return False, ambiguous_reason(timing)
+
+
+def ambiguous_reason(timing: TimingComparison) -> str:
+    """Why a comparison neither faster, slower nor the same is no reason to keep: its interval holds
+    no change (too noisy to tell), or it excludes it but the change is too small to tell from drift."""
+    saving = lambda r: 100 * (1 - r)  # noqa: E731
+    ci = f"{saving(timing.ci_high):+.1f}% to {saving(timing.ci_low):+.1f}%"
+    if timing.ci_low <= 1 <= timing.ci_high:
+        return f"no significant difference (too noisy to tell: 95% CI of the saving {ci}, p={timing.p_value:.2g})"
+    if abs(1 - timing.ratio) < timing.same_within:
+        why = f"under the ±{100 * timing.same_within:g}% that counts as drift"
+    else:
+        why = f"the rank test does not confirm it, p={timing.p_value:.2g}"
+    return f"no significant difference (a saving of {saving(timing.ratio):+.1f}%, CI {ci}: {why})"
