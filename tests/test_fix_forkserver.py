@@ -120,11 +120,16 @@ def test_when_the_server_goes_away_the_rounds_go_on_in_fresh_interpreters(
     launcher: ForkLauncher,
 ) -> None:
     assert launcher._proc is not None
+    told: list[str] = []
+    launcher.on_gone = told.append
     launcher._proc.kill()
     launcher._proc.wait()
     result = launcher("baseline-0", (), False)
     assert result.outcome == "stopped" and len(result.step_times_us) == 5
     assert launcher._proc is None  # and it stays with fresh interpreters
+    # AND the session is told once (its report says the rounds did not all start alike)
+    assert launcher("baseline-1", (), False).outcome == "stopped"
+    assert len(told) == 1 and told[0].startswith("the fork server went away at round baseline-0 (")
 
 
 def test_no_fork_or_no_server_means_fresh_interpreters_with_the_reason(

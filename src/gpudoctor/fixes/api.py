@@ -58,6 +58,8 @@ def run_fix(
                              argv=(script.target, *script.args), started_at=started,
                              on_progress=on_progress, on_update=on_update)  # fmt: skip
         session.notes.extend(notes)
+        if isinstance(launcher, ForkLauncher):
+            launcher.on_gone = session.notes.append
         return session.run()
     finally:
         if isinstance(launcher, ForkLauncher):

@@ -33,6 +33,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -208,6 +209,8 @@ class ForkLauncher(SubprocessLauncher):
         self.preload = preload
         self.loaded: list[str] = []
         self._proc: subprocess.Popen[str] | None = None
+        # told once why the server went away mid-session (the rounds after it start fresh interpreters)
+        self.on_gone: Callable[[str], None] | None = None
 
     def start(self) -> str | None:
         """Start the server; None when it is ready, else why not (then nothing is left running)."""
@@ -271,8 +274,13 @@ class ForkLauncher(SubprocessLauncher):
             if pid is not None:
                 _kill_group(pid)
             raise
-        except (OSError, ServerGone, ValueError, KeyError):
+        except (OSError, ServerGone, ValueError, KeyError) as err:
             self.close()
+            if self.on_gone is not None:
+                self.on_gone(
+                    f"the fork server went away at round {label} ({type(err).__name__}: {err}): "
+                    "that round and the rest ran in fresh interpreters"
+                )
             return super().__call__(label, fixes, exact_random)
         return read_round(out, log, code, fixes, exact_random)
 
