@@ -275,14 +275,35 @@ def test_a_larger_batch_is_judged_per_sample() -> None:
     assert v.numerics is not None and v.numerics.tolerance is None and v.numerics.ok
 
 
-def test_the_budget_stops_before_rounds_that_would_not_fit() -> None:
+def test_the_budget_starts_no_fix_whose_rounds_would_not_fit() -> None:
     clock = FakeClock()
     launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
     report = session(launcher, clock, "tf32,fused_optimizer", budget_s=95.0).run()
     tf32, fused = report.verdicts
     assert tf32.kept and tf32.rounds == 3  # 7 rounds of 10 s
-    assert not fused.kept and fused.reason.startswith("the time budget ran out after 1 of 3 rounds")
-    assert clock.now <= 95.0
+    # fused_optimizer's 6 rounds would end at 130 s: not one of them is started
+    assert not fused.kept and fused.reason == "the time budget ran out after 0 of 3 rounds"
+    assert not any(fixes == ("fused_optimizer",) for _, fixes, _ in launcher.calls) and clock.now == 70.0
+
+
+STEP_US = {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0, "no_empty_cache": 90.0,
+           "tf32+fused_optimizer": 65.0}  # fmt: skip
+
+
+def test_the_budget_keeps_back_the_time_to_verify_the_kept_fixes_together() -> None:
+    # GIVEN three fixes of other groups tried alone (6 rounds of 10 s each after the reference) and a
+    # budget that holds all three or two and their combination (6 rounds), not all four
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, STEP_US)
+    report = session(launcher, clock, "tf32,fused_optimizer,no_empty_cache", budget_s=200.0).run()
+    by_fix = {v.fix: v for v in report.verdicts}
+    # THEN the least promising gives way to the combination of the two kept before it
+    assert by_fix["tf32"].kept and by_fix["fused_optimizer"].kept
+    assert by_fix["no_empty_cache"].reason == (
+        "the time budget ran out after 0 of 3 rounds (the rest is kept to verify the faster fixes together)"
+    )
+    assert report.combination is not None and report.combination.kept and report.combination.rounds == 3
+    assert report.final == ("tf32", "fused_optimizer") and clock.now == 190.0
 
 
 def test_ctrl_c_keeps_the_results_so_far() -> None:
@@ -366,13 +387,30 @@ def test_shared_baseline_drops_a_fix_that_fails_and_keeps_the_others_going() -> 
 def test_shared_baseline_budget_lets_the_least_promising_fixes_go_first() -> None:
     clock = FakeClock()
     launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
-    # the reference round, then rounds of 3 processes of 10 s: 90 s fits the first two rounds and
-    # a baseline with one fix in the third
+    # the reference round, then 3 rounds of 3 processes of 10 s would end at 100 s: over 90 s, the
+    # baseline with the most promising fix alone fits
     report = session(launcher, clock, "tf32,fused_optimizer", shared_baseline=True, budget_s=90.0).run()
     tf32, fused = report.verdicts
     assert tf32.rounds == 3 and tf32.kept
-    assert fused.rounds == 2 and fused.reason == "the time budget ran out after 2 of 3 rounds"
-    assert clock.now <= 90.0
+    assert fused.rounds == 0 and fused.reason == "the time budget ran out after 0 of 3 rounds"
+    assert clock.now == 70.0
+
+
+def test_shared_baseline_budget_keeps_back_the_time_to_verify_the_fixes_together() -> None:
+    # GIVEN three fixes of other groups: 3 rounds of 4 processes (10 s each) and the combination's
+    # 6 rounds would end at 190 s, 3 rounds of 3 processes and the combination at 160 s
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, STEP_US)
+    report = session(launcher, clock, "tf32,fused_optimizer,no_empty_cache", shared_baseline=True,
+                     budget_s=170.0).run()  # fmt: skip
+    by_fix = {v.fix: v for v in report.verdicts}
+    # THEN the least promising gives way from the start, and the two faster ones are verified together
+    assert by_fix["no_empty_cache"].rounds == 0 and by_fix["no_empty_cache"].reason.endswith(
+        "(the rest is kept to verify the faster fixes together)"
+    )
+    assert by_fix["tf32"].kept and by_fix["fused_optimizer"].kept and by_fix["tf32"].rounds == 3
+    assert report.combination is not None and report.combination.kept
+    assert report.final == ("tf32", "fused_optimizer") and clock.now == 160.0
 
 
 def test_shared_baseline_ctrl_c_keeps_every_fix_as_it_stands() -> None:

@@ -112,6 +112,7 @@ class FixSession:
         self.notes: list[str] = []
         self.complete = self.interrupted = False
         self._round_s: list[float] = []
+        self._round_s_by: dict[tuple[str, ...], list[float]] = {}  # per configuration (): the baseline
         self._open: list[_Attempt] = []  # the configurations being tried now
 
     # -- the run ---------------------------------------------------------------------------------------
@@ -166,11 +167,15 @@ class FixSession:
         at = _Attempt(fixes, cand)
         self._open = [at]
         exact = _random_differs(fixes, obs)
+        # a fix tried alone keeps back the time to verify it with those kept before it, if it is kept
+        together = [t.fixes for t in self.tried if t.verdict.kept] + [fixes] if cand is not None else []
         for k in range(1, self.options.rounds + 1):
             if not _going(at):
                 break
-            if not self._has_budget(2):
-                at.failure = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
+            # its rounds left (a baseline and a candidate each), then the time kept back
+            left, reserve = 2 * (self.options.rounds - k + 1), self._reserve_s(together)
+            if not self._has_budget(left, reserve):
+                at.failure = self._ran_out(k, reserved=self._has_budget(left))
                 break
             self._progress(stage, label, index, count, "baseline", k)
             a = self._round(f"{index:02d}-{label}-a{k}", ())
@@ -201,9 +206,14 @@ class FixSession:
         base: list[RoundResult] = []
         for k in range(1, rounds + 1):
             live = [(i, at) for i, at in enumerate(attempts, 1) if _going(at)]
-            fit = next((n for n in range(len(live), 0, -1) if self._has_budget(1 + n)), 0)
+            # the first n (the most promising) whose rounds left fit, a baseline and n fixes each, with
+            # the time kept back to verify those looking faster together
+            left = rounds - k + 1
+            fit = next((n for n in range(len(live), 0, -1)
+                        if self._has_budget((1 + n) * left, self._reserve_s([at.fixes for _, at in live[:n]
+                                                                              if self._looks_faster(at)]))), 0)  # fmt: skip
             for _, at in live[fit:]:  # the last chosen (least promising) give way first
-                at.failure = f"the time budget ran out after {k - 1} of {rounds} rounds"
+                at.failure = self._ran_out(k, reserved=self._has_budget((1 + len(live)) * left))
             live = live[:fit]
             if not live:
                 break
@@ -276,13 +286,37 @@ class FixSession:
         t0 = self.clock()
         result = self.launch(label, fixes, exact_random)
         self._round_s.append(self.clock() - t0)
+        self._round_s_by.setdefault(fixes, []).append(self._round_s[-1])
         return result
 
-    def _has_budget(self, rounds: int) -> bool:
+    def _has_budget(self, rounds: int, reserve_s: float = 0.0) -> bool:
+        """Do `rounds` more rounds of the typical length fit, with `reserve_s` kept back after them?"""
         if self.options.budget_s is None:
             return True
-        typical = statistics.median(self._round_s) if self._round_s else 0.0
-        return self.clock() - self.start + rounds * typical <= self.options.budget_s
+        return self.clock() - self.start + rounds * self._typical_s() + reserve_s <= self.options.budget_s
+
+    def _typical_s(self, fixes: tuple[str, ...] | None = None) -> float:
+        """A round's length: the median of `fixes`' rounds so far, else of all rounds."""
+        own = self._round_s_by.get(fixes) if fixes is not None else None
+        every = own or self._round_s
+        return statistics.median(every) if every else 0.0
+
+    def _reserve_s(self, fixes: Sequence[tuple[str, ...]]) -> float:
+        """The time to verify `fixes` together, where they span two groups or more (else nothing is
+        combined): `rounds` baseline rounds and as many of the combination, each as long as its
+        slowest member's rounds (a compiled configuration's are long)."""
+        if self.options.budget_s is None or len({spec_of(f[0]).group for f in fixes}) < 2:
+            return 0.0
+        slowest = max(self._typical_s(f) for f in fixes)
+        return self.options.rounds * (self._typical_s(()) + slowest)
+
+    def _looks_faster(self, at: _Attempt) -> bool:
+        """Not yet judged, or faster than the baseline so far (it may be kept)."""
+        return not at.runs or (self._verdict(at).measured_saving_pct or 0.0) > 0
+
+    def _ran_out(self, k: int, reserved: bool) -> str:
+        why = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
+        return why + (" (the rest is kept to verify the faster fixes together)" if reserved else "")
 
     def _numerics(self, fixes: tuple[str, ...], run: RoundResult) -> NumericsCheck:
         ref = self.reference
