@@ -135,6 +135,25 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
     assert (out / "fix.md").exists()
 
 
+def test_a_script_that_does_not_run_as_written_is_an_error_with_its_output_kept(
+    starved: Path, tmp_path: Path
+) -> None:
+    # GIVEN a script that raises before its loop
+    starved.write_text("import torch\nraise RuntimeError('no data at /datasets/imagenet')\n")
+    out = tmp_path / "fix"
+    result = CliRunner().invoke(
+        app, ["fix", "--no-diagnose", "--only", "tf32", "--out", str(out), "train.py"]
+    )
+    # THEN gpudoctor fix fails with one line naming the script's error and where its output is
+    assert result.exit_code == 1
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("gpudoctor fix: the baseline did not run: exception: RuntimeError: no data at")
+    assert line.endswith(str(out / "rounds" / "baseline-0.log"))
+    assert "no data at /datasets/imagenet" in (out / "rounds" / "baseline-0.log").read_text()
+    # AND the report is written, with nothing tried
+    assert report_of(out).verdicts == () and (out / "fix.md").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

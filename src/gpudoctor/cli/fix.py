@@ -2,13 +2,14 @@
 candidate fix to the unmodified script in fresh processes, keep it only if it is faster beyond noise with
 the same results, combine the kept ones, and print the table and the diff. Writes the fix directory as it
 goes (fix.json after every fix; fix.md, fix.html, fix.diff, calibration.json at the end); Ctrl-C keeps
-the results so far and exits 130."""
+the results so far and exits 130; a script that does not run as written exits 1, its output kept."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -108,6 +109,10 @@ def fix_command(
     console.print(f"\nfix directory: {out}")
     if report.interrupted:
         raise typer.Exit(130)
+    if not report.baseline_rounds:  # the script as written did not run: nothing to compare fixes with
+        why = next((n for n in report.notes if n.startswith("the baseline did not run")), "no baseline")
+        print(f"gpudoctor fix: {why}; its output: {out / 'rounds' / 'baseline-0.log'}", file=sys.stderr)
+        raise typer.Exit(1)
 
 
 def _run(
