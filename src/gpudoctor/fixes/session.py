@@ -209,9 +209,7 @@ class FixSession:
             # the first n (the most promising) whose rounds left fit, a baseline and n fixes each, with
             # the time kept back to verify those looking faster together
             left = rounds - k + 1
-            fit = next((n for n in range(len(live), 0, -1)
-                        if self._has_budget((1 + n) * left, self._reserve_s([at.fixes for _, at in live[:n]
-                                                                              if self._looks_faster(at)]))), 0)  # fmt: skip
+            fit = self._fitting([at for _, at in live], left)
             for _, at in live[fit:]:  # the last chosen (least promising) give way first
                 at.failure = self._ran_out(k, reserved=self._has_budget((1 + len(live)) * left))
             live = live[:fit]
@@ -241,6 +239,16 @@ class FixSession:
             self._update(self.report(pending=[self._tried(at) for at in attempts]))
         self._open = []
         self.tried.extend(self._tried(at) for at in attempts)
+
+    def _fitting(self, live: list[_Attempt], left: int) -> int:
+        """How many of `live` (the most promising first) fit their `left` rounds, a baseline and each
+        of them per round, with the time kept back to verify those looking faster together."""
+        faster = [at.fixes for at in live if self._looks_faster(at)]
+        for n in range(len(live), 0, -1):
+            together = [f for f in faster if f in {at.fixes for at in live[:n]}]
+            if self._has_budget((1 + n) * left, self._reserve_s(together)):
+                return n
+        return 0
 
     def _tried(self, at: _Attempt) -> _Tried:
         return _Tried(at.fixes, at.base, at.runs, self._verdict(at))
@@ -310,9 +318,14 @@ class FixSession:
         slowest = max(self._typical_s(f) for f in fixes)
         return self.options.rounds * (self._typical_s(()) + slowest)
 
-    def _looks_faster(self, at: _Attempt) -> bool:
-        """Not yet judged, or faster than the baseline so far (it may be kept)."""
-        return not at.runs or (self._verdict(at).measured_saving_pct or 0.0) > 0
+    @staticmethod
+    def _looks_faster(at: _Attempt) -> bool:
+        """Not yet timed, or its median step so far under the baseline's (it may be kept)."""
+        if not at.runs or not at.base:
+            return True
+        per_sample = _per_sample(at.fixes)
+        median = lambda rounds: statistics.median(t for r in _times(rounds, per_sample) for t in r)  # noqa: E731
+        return median(at.runs) < median(at.base)
 
     def _ran_out(self, k: int, reserved: bool) -> str:
         why = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
