@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# The GPU work of a session, as named steps run one after the other (a failed step does not stop the
+# others), for tools/bg.sh on the device machine. Results under $BG_OUT (default ./gpu-session-out);
+# $BG_OUT/steps.tsv says, per step, its exit status and seconds.
+#
+#   bash tools/gpu_session.sh STEP...
+#
+# Steps:
+#   tests            every `gpu`-marked test (pytest -m gpu)
+#   memory[:CHECKS]  benchmarks/memory_truth.py --only CHECKS (default fragmentation,gpt2), merged
+#                    into a copy of benchmarks/results/memory_truth.json -> $BG_OUT/mt/
+#   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
+#   fve:NAME[:BUDGET[:MODE]]  benchmarks/fix_vs_expert.py --only NAME --budget BUDGET (default 5m);
+#                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
+#
+# Wheels for what the machine lacks (.whl/, carried) are installed first, into /tmp/site. On the CPU, to
+# check the plumbing: SMOKE=1 PYTHON=.venv/bin/python bash tools/gpu_session.sh fve:per_param_optimizer
+set -u
+cd "$(dirname "$0")/.." || exit 1
+OUT_DIR=${BG_OUT:-$PWD/gpu-session-out}
+PY=${PYTHON:-python3}
+SMOKE=(${SMOKE:+--smoke})
+mkdir -p "$OUT_DIR"
+if [ -z "${SMOKE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+        .whl/*.whl || exit 1
+fi
+export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
+"$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+
+step() {
+    local spec=$1 kind arg1 arg2 arg3
+    IFS=: read -r kind arg1 arg2 arg3 <<<"$spec"
+    case "$kind" in
+    tests)
+        "$PY" -m pytest -q -p no:cacheprovider -m gpu -p gpudoctor.timing.pytest_plugin tests \
+            2>&1 | tee "$OUT_DIR/gpu_tests.log"
+        return "${PIPESTATUS[0]}"
+        ;;
+    memory)
+        mkdir -p "$OUT_DIR/mt"
+        [ -f "$OUT_DIR/mt/memory_truth.json" ] || cp benchmarks/results/memory_truth.json "$OUT_DIR/mt/"
+        "$PY" benchmarks/memory_truth.py --out "$OUT_DIR/mt/memory_truth.json" --only "${arg1:-fragmentation,gpt2}" \
+            "${SMOKE[@]}"
+        ;;
+    record)
+        "$PY" tools/record_memory.py --only "$arg1" --max-frames 16 --out "$OUT_DIR/memory_fixtures" "${SMOKE[@]}"
+        ;;
+    fve)
+        local shared=()
+        [ "${arg3:-}" = shared ] && shared=(--shared-baseline)
+        "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve" --only "$arg1" --budget "${arg2:-5m}" "${shared[@]}" \
+            "${SMOKE[@]}"
+        ;;
+    *)
+        echo "unknown step $spec" >&2
+        return 2
+        ;;
+    esac
+}
+
+for spec in "$@"; do
+    echo "=== $spec ($(date -u +%H:%M:%S))"
+    t0=$(date -u +%s)
+    step "$spec"
+    rc=$?
+    printf '%s\t%s\t%s\n' "$spec" "$rc" "$(($(date -u +%s) - t0))" | tee -a "$OUT_DIR/steps.tsv"
+done
