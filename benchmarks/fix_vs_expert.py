@@ -108,6 +108,15 @@ def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> di
         expert, ours = step["plain"] / step["expert"], step["plain"] / step["gpudoctor"]
         result.update(expert_speedup=expert, gpudoctor_speedup=ours, share_of_expert=ours / expert,
                       meets_goal=ours / expert >= GOAL)  # fmt: skip
+        # gpudoctor's share of the expert's speedup is the expert's step over gpudoctor's: its interval
+        # resamples the processes, then the windows within them
+        windows = {c: [[s / n for s, n in r.get("windows") or []] for r in rs] for c, rs in runs.items()}
+        if all(any(w) for w in windows.values()):
+            from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped
+
+            result["share_of_expert_ci"] = list(
+                bootstrap_ratio_ci_grouped(windows["gpudoctor"], windows["expert"])
+            )
     return result
 
 
@@ -221,6 +230,8 @@ def _line(r: dict[str, Any]) -> str:
     t = r.get("timing") or {}
     fix = r["fix"]
     share = f"{100 * t['share_of_expert']:.0f}% of the expert's" if t.get("share_of_expert") else "not timed"
+    if t.get("share_of_expert_ci"):
+        share += ", 95% CI {:.0f}–{:.0f}%".format(*(100 * x for x in t["share_of_expert_ci"]))
     speed = (
         f"expert {t['expert_speedup']:.2f}×, gpudoctor {t['gpudoctor_speedup']:.2f}×"
         if t.get("expert_speedup")
