@@ -108,16 +108,30 @@ def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> di
         expert, ours = step["plain"] / step["expert"], step["plain"] / step["gpudoctor"]
         result.update(expert_speedup=expert, gpudoctor_speedup=ours, share_of_expert=ours / expert,
                       meets_goal=ours / expert >= GOAL)  # fmt: skip
-        # gpudoctor's share of the expert's speedup is the expert's step over gpudoctor's: its interval
-        # resamples the processes, then the windows within them
-        windows = {c: [[s / n for s, n in r.get("windows") or []] for r in rs] for c, rs in runs.items()}
-        if all(any(w) for w in windows.values()):
-            from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped
-
-            result["share_of_expert_ci"] = list(
-                bootstrap_ratio_ci_grouped(windows["gpudoctor"], windows["expert"])
-            )
+        result["share_of_expert_ci"] = share_ci(result["runs"])
     return result
+
+
+def share_ci(runs: dict[str, list[list[list[float]] | None]]) -> list[float] | None:
+    """The 95% interval of gpudoctor's share of the expert's speedup — the expert's step time over
+    gpudoctor's — from each process's windows (seconds, steps): processes resampled, then windows."""
+    from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped
+
+    steps = {c: [[s / n for s, n in w or []] for w in runs.get(c) or []] for c in ("expert", "gpudoctor")}
+    if not all(any(w) for w in steps.values()):
+        return None
+    return list(bootstrap_ratio_ci_grouped(steps["gpudoctor"], steps["expert"]))
+
+
+def rescore(path: Path) -> None:
+    """Add the intervals to a results file written before they were computed (from its windows)."""
+    doc = json.loads(path.read_text())
+    for w in doc["workloads"]:
+        t = w.get("timing") or {}
+        if t.get("share_of_expert") and "share_of_expert_ci" not in t:
+            t["share_of_expert_ci"] = share_ci(t["runs"])
+        print(_line(w))
+    path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def _median(values: list[float]) -> float | None:
@@ -184,7 +198,7 @@ def environment() -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--out", type=Path)
     p.add_argument("--only", default="", help="comma-separated workload names (default: all)")
     p.add_argument("--phase", choices=("all", "fix", "time"), default="all")
     p.add_argument("--rounds", type=int, default=3, help="gpudoctor fix --rounds")
@@ -194,13 +208,19 @@ def main() -> int:
         "--budget", default="8m", help="gpudoctor fix --budget, per workload (after its diagnosis)"
     )
     p.add_argument("--shared-baseline", action="store_true", help="gpudoctor fix --shared-baseline")
-    p.add_argument("--timing-rounds", type=int, default=2, help="fresh processes per configuration")
+    p.add_argument("--timing-rounds", type=int, default=3, help="fresh processes per configuration")
     p.add_argument("--timer-warmup", type=int, default=8)
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--windows", type=int, default=3)
     p.add_argument("--previous", type=Path, help="--phase time: the --out of the fix phase (default --out)")
     p.add_argument("--smoke", action="store_true", help="tiny models (--small), for the CPU")
+    p.add_argument("--rescore", type=Path, help="only add the share's interval to this results file")
     a = p.parse_args()
+    if a.rescore:
+        rescore(a.rescore)
+        return 0
+    if a.out is None:
+        p.error("--out is required")
     names = [n for n in a.only.split(",") if n] or list(WORKLOADS)
     unknown = sorted(set(names) - set(WORKLOADS))
     if unknown:
