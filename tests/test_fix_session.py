@@ -428,3 +428,38 @@ def test_shared_baseline_ctrl_c_keeps_every_fix_as_it_stands() -> None:
     ]
     assert all(v.reason == "interrupted (Ctrl-C) after 2 rounds" for v in report.verdicts)
     assert len(updates[0].verdicts) == 2  # the report after each round shows them as they stand
+
+
+def test_baseline_processes_far_apart_are_reported_with_the_spread() -> None:
+    # GIVEN baseline processes whose medians alternate between 100 and 120 µs (a host-bound loop
+    # that runs slower on some cores, say), and a fix of 5%
+    from dataclasses import replace as swap
+
+    from gpudoctor.report.fix_view import headline
+
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 95.0}, noise=0.002)
+    plain = FakeLauncher.__call__
+    count = {"baselines": 0}
+
+    def slow_every_other(self: FakeLauncher, label: str, fixes: tuple[str, ...], exact: bool) -> RoundResult:
+        r = plain(self, label, fixes, exact)
+        if fixes:
+            return r
+        count["baselines"] += 1
+        scale = 1.2 if count["baselines"] % 2 == 0 else 1.0
+        return swap(r, step_times_us=tuple(t * scale for t in r.step_times_us))
+
+    report = FixSession(slow_every_other.__get__(launcher), FixOptions(only=("tf32",)), None,  # type: ignore[attr-defined]
+                        argv=("train.py",), started_at="now", clock=clock).run()  # fmt: skip
+    # THEN the report gives the spread — 20 µs over the median process's 110 — and what it means
+    assert report.baseline_spread_pct == pytest.approx(100 * 20 / 110, abs=1)
+    assert "(their medians within 18." in headline(report)
+    assert any(n.startswith("the baseline's own processes differ by up to 18%") for n in report.notes)
+
+
+def test_baseline_processes_close_together_leave_no_note() -> None:
+    clock = FakeClock()
+    report = session(FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0}), clock, "tf32").run()
+    assert report.baseline_spread_pct is not None and report.baseline_spread_pct < 3
+    assert not any("differ by up to" in n for n in report.notes)

@@ -77,6 +77,8 @@ class FixReport:
     complete: bool
     interrupted: bool
     elapsed_s: float
+    # how far apart the baseline's processes' median steps are: (largest − smallest) / median, in %
+    baseline_spread_pct: float | None = None
     schema: str = SCHEMA
 
     def to_json(self) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from gpudoctor.fixes.verify import NumericsCheck, check_numerics, compare_rounds
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.timing.compare import SAME_WITHIN
 
+NOISY_SPREAD_PCT = 10.0  # the baseline's processes further apart than this: the report says so
 FALLBACK_RANDOM_NOTE = (
     "timed with Inductor's fallback_random=True, so that dropout draws as in eager mode and the losses "
     "compare; plain torch.compile may be a little faster"
@@ -433,6 +434,13 @@ class FixSession:
                 snippets.append(outcome.snippet)
         diff = unified_diff(list(dict.fromkeys(edits)))
         timed = [r for r in self.baselines if r.step_times_us]
+        spread = _spread_pct([statistics.median(r.step_times_us) for r in timed])
+        notes = list(self.notes)
+        if spread is not None and spread > NOISY_SPREAD_PCT:
+            notes.append(
+                f"the baseline's own processes differ by up to {spread:.0f}% of the step: a smaller "
+                "saving is hard to tell from that; more --rounds narrow it"
+            )
         return FixReport(
             argv=self.argv,
             started_at=self.started_at,
@@ -451,11 +459,19 @@ class FixSession:
             unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
             manual=tuple(self.manual),
             calibration=_calibration(tried),
-            notes=tuple(self.notes),
+            notes=tuple(notes),
             complete=self.complete,
             interrupted=self.interrupted,
             elapsed_s=self.clock() - self.start,
+            baseline_spread_pct=spread,
         )
+
+
+def _spread_pct(medians: list[float]) -> float | None:
+    """(largest − smallest) / median of the processes' median steps, in %; None under two processes."""
+    if len(medians) < 2:
+        return None
+    return 100 * (max(medians) - min(medians)) / statistics.median(medians)
 
 
 def _going(at: _Attempt) -> bool:
