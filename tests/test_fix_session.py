@@ -454,7 +454,7 @@ def test_baseline_processes_far_apart_are_reported_with_the_spread() -> None:
                         argv=("train.py",), started_at="now", clock=clock).run()  # fmt: skip
     # THEN the report gives the spread — 20 µs over the median process's 110 — and what it means
     assert report.baseline_spread_pct == pytest.approx(100 * 20 / 110, abs=1)
-    assert "(their medians within 18." in headline(report)
+    assert "over 4 processes (up to 18.2% apart)" in headline(report)
     assert any(n.startswith("the baseline's own processes differ by up to 18%") for n in report.notes)
 
 

@@ -169,7 +169,7 @@ class FixSession:
         self._open = [at]
         exact = _random_differs(fixes, obs)
         # a fix tried alone keeps back the time to verify it with those kept before it, if it is kept
-        together = [t.fixes for t in self.tried if t.verdict.kept] + [fixes] if cand is not None else []
+        together = [*(t.fixes for t in self.tried if t.verdict.kept), fixes] if cand is not None else []
         for k in range(1, self.options.rounds + 1):
             if not _going(at):
                 break
@@ -325,7 +325,10 @@ class FixSession:
         if not at.runs or not at.base:
             return True
         per_sample = _per_sample(at.fixes)
-        median = lambda rounds: statistics.median(t for r in _times(rounds, per_sample) for t in r)  # noqa: E731
+
+        def median(rounds: list[RoundResult]) -> float:
+            return statistics.median(t for r in _times(rounds, per_sample) for t in r)
+
         return median(at.runs) < median(at.base)
 
     def _ran_out(self, k: int, reserved: bool) -> str:

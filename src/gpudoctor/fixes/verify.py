@@ -181,7 +181,10 @@ def decision(
 def ambiguous_reason(timing: TimingComparison) -> str:
     """Why a comparison neither faster, slower nor the same is no reason to keep: its interval holds
     no change (too noisy to tell), or it excludes it but the change is too small to tell from drift."""
-    saving = lambda r: 100 * (1 - r)  # noqa: E731
+
+    def saving(ratio: float) -> float:
+        return 100 * (1 - ratio)
+
     ci = f"{saving(timing.ci_high):+.1f}% to {saving(timing.ci_low):+.1f}%"
     if timing.ci_low <= 1 <= timing.ci_high:
         return f"no significant difference (too noisy to tell: 95% CI of the saving {ci}, p={timing.p_value:.2g})"

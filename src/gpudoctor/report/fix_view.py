@@ -59,7 +59,7 @@ def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
 def headline(report: FixReport) -> str:
     base = f"baseline {fmt_us(report.baseline_us)} per step over {report.baseline_rounds} processes"
     if report.baseline_spread_pct is not None:
-        base += f" (their medians within {report.baseline_spread_pct:.1f}%)"
+        base += f" (up to {report.baseline_spread_pct:.1f}% apart)"
     if not report.final:
         return f"{base}; no fix was faster beyond noise with the same results."
     saving = report.final_saving_pct
