@@ -12,6 +12,8 @@
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
 #   fve:NAME[:BUDGET[:MODE]]  benchmarks/fix_vs_expert.py --only NAME --budget BUDGET (default 5m);
 #                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
+#   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
+#                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
 #
 # Wheels for what the machine lacks (.whl/, carried) are installed first, into /tmp/site. On the CPU, to
 # check the plumbing: SMOKE=1 PYTHON=.venv/bin/python bash tools/gpu_session.sh fve:per_param_optimizer
@@ -52,6 +54,10 @@ step() {
         [ "${arg3:-}" = shared ] && shared=(--shared-baseline)
         "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve" --only "$arg1" --budget "${arg2:-5m}" "${shared[@]}" \
             "${SMOKE[@]}"
+        ;;
+    spread)
+        "$PY" benchmarks/process_spread.py --out "$OUT_DIR/spread_$arg1.json" --workload "$arg1" \
+            --processes "${arg2:-6}" "${SMOKE[@]}"
         ;;
     *)
         echo "unknown step $spec" >&2
