@@ -3,12 +3,14 @@
 # the call, then wait on it in later calls on the same machine (up to the 30 minutes a machine is held);
 # each wait brings back what the work has written so far, as one tar under $OUT.
 #
-#   tools/bg.sh start NAME 'command'   # in the background; its output in /tmp/bg/NAME/log, its exit
-#                                      # status in /tmp/bg/NAME/rc; it writes results under $BG_OUT
+#   tools/bg.sh start NAME 'command'   # in the background, in a copy of this folder (a later call
+#                                      # may refresh the working tree while it runs): /tmp/bg/NAME/tree;
+#                                      # its output in /tmp/bg/NAME/log, its exit status in
+#                                      # /tmp/bg/NAME/rc; it writes results under $BG_OUT
 #                                      # (/tmp/bg/NAME/out)
 #   tools/bg.sh wait NAME SECONDS      # until it ends or SECONDS pass; prints the log's tail; packs
-#                                      # /tmp/bg/NAME (traces and files over 8 MiB left out) into
-#                                      # $OUT/NAME.tgz; exits 0 when it ended, 3 while it still runs
+#                                      # /tmp/bg/NAME but its tree (traces and files over 8 MiB left
+#                                      # out) into $OUT/NAME.tgz; exits 0 when it ended, 3 while it runs
 #
 # Example, in one device call and then in as many as it needs:
 #   tools/bg.sh start gpu 'bash tools/gpu_session.sh tests memory' && tools/bg.sh wait gpu 560
@@ -17,7 +19,7 @@ set -u
 ROOT=/tmp/bg
 
 usage() {
-    sed -n '2,15p' "$0" >&2
+    sed -n '2,18p' "$0" >&2
     exit 2
 }
 
@@ -35,13 +37,15 @@ start)
     fi
     rm -rf "$dir"
     mkdir -p "$dir/out"
+    # it runs in a copy of this folder: a later call may copy the working tree here anew while it runs
+    tar cf - --exclude=./.git --exclude=./.venv . | (mkdir -p "$dir/tree" && cd "$dir/tree" && tar xf -) || exit 1
     printf '%s\n' "$3" >"$dir/command"
     date -u +%s >"$dir/started"
     # setsid: a session of its own, so that the end of this call does not end it
-    BG_OUT="$dir/out" PYTHONUNBUFFERED=1 setsid bash -c 'bash "$1" >"$2" 2>&1; echo $? >"$3"' _ \
+    (cd "$dir/tree" && BG_OUT="$dir/out" PYTHONUNBUFFERED=1 setsid bash -c 'bash "$1" >"$2" 2>&1; echo $? >"$3"' _ \
         "$dir/command" "$dir/log" "$dir/rc" </dev/null >/dev/null 2>&1 &
-    echo $! >"$dir/pid"
-    echo "bg: $name started (pid $!): $3"
+        echo $! >"$dir/pid")
+    echo "bg: $name started (pid $(cat "$dir/pid")) in $dir/tree: $3"
     ;;
 wait)
     [ $# -eq 3 ] || usage
@@ -56,8 +60,8 @@ wait)
     elapsed=$(($(date -u +%s) - $(cat "$dir/started")))
     tail -n 40 "$dir/log" 2>/dev/null
     if [ -n "${OUT:-}" ]; then
-        (cd "$dir" && find . -type f -size -8M ! -name '*.json.gz' ! -name '*.pt.trace.json' ! -name '*.pickle' \
-            -print0 | tar czf "$OUT/$name.tgz" --null -T -)
+        (cd "$dir" && find . -path ./tree -prune -o -type f -size -8M ! -name '*.json.gz' ! -name '*.pt.trace.json' \
+            ! -name '*.pickle' -print0 | tar czf "$OUT/$name.tgz" --null -T -)
     fi
     if [ -f "$dir/rc" ]; then
         echo "bg: $name ended with exit status $(cat "$dir/rc") after ${elapsed} s"
