@@ -19,7 +19,7 @@ set -u
 ROOT=/tmp/bg
 
 usage() {
-    sed -n '2,18p' "$0" >&2
+    sed -n '2,17p' "$0" >&2
     exit 2
 }
 
