@@ -187,7 +187,7 @@ def ambiguous_reason(timing: TimingComparison) -> str:
 
     ci = f"{saving(timing.ci_high):+.1f}% to {saving(timing.ci_low):+.1f}%"
     if timing.ci_low <= 1 <= timing.ci_high:
-        return f"no significant difference (too noisy to tell: 95% CI of the saving {ci}, p={timing.p_value:.2g})"
+        return f"no significant difference (too noisy to tell: 95% CI of the saving {ci})"
     if abs(1 - timing.ratio) < timing.same_within:
         why = f"under the ±{100 * timing.same_within:g}% that counts as drift"
     else:
