@@ -13,7 +13,10 @@ against measured saving per fix.
     .venv/bin/python benchmarks/fix_vs_expert.py --out /tmp/fve --smoke --only per_param_optimizer   # CPU path
 
 Writes $OUT/fix_vs_expert_<name>.json per workload (with the fix directory under $OUT/fix/<name>) and
-$OUT/fix_vs_expert.json with every workload found in $OUT; copy it to benchmarks/results/.
+$OUT/fix_vs_expert.json with every workload found in $OUT. Into the committed results (smoke and CPU
+runs left out; a workload measured again replaces the earlier one):
+
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --merge DIR [--into benchmarks/results/fix_vs_expert.json]
 """
 
 from __future__ import annotations
@@ -123,6 +126,56 @@ def share_ci(runs: dict[str, list[list[list[float]] | None]]) -> list[float] | N
     return list(bootstrap_ratio_ci_grouped(steps["gpudoctor"], steps["expert"]))
 
 
+OPTIONS = ("budget", "shared_baseline", "rounds", "warmup", "steps", "timing_rounds", "phase", "smoke")
+
+
+def command_of(name: str, options: dict[str, Any]) -> str:
+    """The command line that measured a workload (from the options its result records)."""
+    parts = ["PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT/fve", f"--only {name}"]
+    parts += [f"--budget {options['budget']}"] if options.get("budget") else []
+    parts += ["--shared-baseline"] if options.get("shared_baseline") else []
+    parts += [f"--timing-rounds {options['timing_rounds']}"] if options.get("timing_rounds") else []
+    return " ".join(parts)
+
+
+def merge(runs: Path, into: Path) -> None:
+    """Put every workload measured under `runs` (fix_vs_expert_<name>.json, at any depth) into the
+    results file `into`, replacing a workload measured before; its status says how many are measured
+    and how many reach the goal."""
+    doc = json.loads(into.read_text()) if into.exists() else {}
+    by_name = {w["workload"]: w for w in doc.get("workloads", [])}
+    commands = dict(doc.get("commands", {}))
+    for path in sorted(runs.rglob("fix_vs_expert_*.json")):
+        w = json.loads(path.read_text())
+        if (w.get("options") or {}).get("smoke") or (w.get("environment") or {}).get("device") in (
+            None,
+            "cpu",
+        ):
+            print(f"{path}: a smoke or CPU run, left out")
+            continue
+        by_name[w["workload"]] = w
+        if w.get("options"):
+            commands[w["workload"]] = command_of(w["workload"], w["options"])
+    ordered = [by_name[n] for n in WORKLOADS if n in by_name]
+    met = [w["workload"] for w in ordered if (w.get("timing") or {}).get("meets_goal")]
+    doc.update(
+        goal_share_of_expert=GOAL,
+        status=f"{len(ordered)} of the {len(WORKLOADS)} workloads measured; {len(met)} reach "
+        f"{100 * GOAL:.0f}% of the expert's speedup"
+        + (
+            f"; not yet measured: {', '.join(n for n in WORKLOADS if n not in by_name)}"
+            if len(ordered) < len(WORKLOADS)
+            else ""
+        ),
+        commands={n: commands[n] for n in [*WORKLOADS, *commands] if n in commands},
+        workloads=ordered,
+    )
+    into.write_text(json.dumps(doc, indent=1) + "\n")
+    for w in ordered:
+        print(_line(w))
+    print(doc["status"])
+
+
 def rescore(path: Path) -> None:
     """Add the intervals to a results file written before they were computed (from its windows)."""
     doc = json.loads(path.read_text())
@@ -215,9 +268,15 @@ def main() -> int:
     p.add_argument("--previous", type=Path, help="--phase time: the --out of the fix phase (default --out)")
     p.add_argument("--smoke", action="store_true", help="tiny models (--small), for the CPU")
     p.add_argument("--rescore", type=Path, help="only add the share's interval to this results file")
+    p.add_argument("--merge", type=Path, help="only merge the workloads measured under this folder …")
+    p.add_argument("--into", type=Path, default=ROOT / "benchmarks" / "results" / "fix_vs_expert.json",
+                   help="… into this results file")  # fmt: skip
     a = p.parse_args()
     if a.rescore:
         rescore(a.rescore)
+        return 0
+    if a.merge:
+        merge(a.merge, a.into)
         return 0
     if a.out is None:
         p.error("--out is required")
@@ -233,7 +292,8 @@ def main() -> int:
         summary = summarize_fix(source / "fix" / name)
         timing = measure(name, summary["final"], a.out, a) if a.phase in ("all", "time") else None
         result = {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": summary,
-                  "timing": timing, "wall_s": time.perf_counter() - t0, "environment": environment()}  # fmt: skip
+                  "timing": timing, "wall_s": time.perf_counter() - t0, "environment": environment(),
+                  "options": {k: getattr(a, k) for k in OPTIONS}}  # fmt: skip
         earlier = source / f"fix_vs_expert_{name}.json"
         if a.phase == "time" and earlier.exists():
             result["fix_run"] = json.loads(earlier.read_text()).get("fix_run")
