@@ -51,7 +51,9 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         "$PY" benchmarks/memory_truth.py --out "$OUT_DIR/mt/memory_truth.json" --only "${arg1:-fragmentation,gpt2}" \
             "${SMOKE[@]}"
         ;;
-    record)
+    record)  # into a copy of the committed fixtures' manifest, which it updates
+        mkdir -p "$OUT_DIR/memory_fixtures"
+        [ -f "$OUT_DIR/memory_fixtures/manifest.json" ] || cp tests/fixtures/memory/manifest.json "$OUT_DIR/memory_fixtures/"
         "$PY" tools/record_memory.py --only "$arg1" --max-frames 16 --out "$OUT_DIR/memory_fixtures" "${SMOKE[@]}"
         ;;
     fve)

@@ -117,6 +117,7 @@ def main() -> int:
             record, seconds = run_case(name, Path(tmp), args.smoke)
             findings = json.loads((Path(tmp) / name / "memory.json").read_text()).get("findings", [])
             sizes = copy_case(name, record, Path(tmp) / name, args.out / name, args.max_frames)
+            manifest.setdefault("recorded_per_case", {})[name] = manifest["recorded"]
             manifest["cases"][name] = {
                 "command": CASES[name][0],
                 "expected_first": CASES[name][1],
