@@ -1,10 +1,12 @@
-"""The rules' estimates against what `gpudoctor fix` measured: every fix that was timed and that a rule
-predicted, from `benchmarks/results/fix_vs_expert.json` (or fix directories' `calibration.json`),
-grouped by rule. A rule is *systematically off* when at least `--min-cases` of its fixes were measured,
+"""The rules' estimates against what fixing their cause measured: every fix that `gpudoctor fix` timed
+and that a rule predicted, from `benchmarks/results/fix_vs_expert.json` (or fix directories'
+`calibration.json`), and each planted case of the zoo against its hand-written fix
+(`benchmarks/results/zoo_predicted_vs_real.json`, `--zoo`), grouped by rule. A rule is *systematically off* when at least `--min-cases` of its fixes were measured,
 all on the same side of the prediction, and their median error is over `--points` percentage points:
 then its estimate should change; anything less is noise or too little evidence.
 
     python3 benchmarks/rule_calibration.py [--from benchmarks/results/fix_vs_expert.json] [DIR ...]
+        [--zoo benchmarks/results/zoo_predicted_vs_real.json | --no-zoo]
         [--out benchmarks/results/rule_calibration.json]
 
 No GPU needed: it reads results.
@@ -21,6 +23,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FROM = ROOT / "benchmarks" / "results" / "fix_vs_expert.json"
+DEFAULT_ZOO = ROOT / "benchmarks" / "results" / "zoo_predicted_vs_real.json"
 
 
 def cases_from_benchmark(path: Path) -> list[dict[str, Any]]:
@@ -36,6 +39,30 @@ def cases_from_benchmark(path: Path) -> list[dict[str, Any]]:
                               "predicted_pct": f["predicted_saving_pct"], "measured_pct": f["measured_saving_pct"],
                               "ci_low_pct": f.get("ci_low_pct"), "ci_high_pct": f.get("ci_high_pct")})  # fmt: skip
     return cases
+
+
+def cases_from_zoo(path: Path) -> list[dict[str, Any]]:
+    """Each planted case whose rule came first and promised a saving, against its expert fix timed
+    unprofiled (the cases that are 0 by design — the same step both ways — say nothing here)."""
+    doc = json.loads(path.read_text())
+    env = doc.get("environment") or {}
+    device = env.get("device") or env.get("device_name")
+    return [
+        {
+            "rule": c["rule"],
+            "fix": "by hand",
+            "workload": f"zoo:{c['rule']}",
+            "device": device,
+            "predicted_pct": c["predicted_saving_pct"],
+            "measured_pct": c["measured_saving_pct"],
+            "ci_low_pct": None,
+            "ci_high_pct": None,
+        }
+        for c in doc.get("cases", [])
+        if c.get("top_finding") == c["rule"]
+        and c.get("predicted_saving_pct")
+        and c.get("measured_saving_pct") is not None
+    ]
 
 
 def cases_from_fix_dir(path: Path) -> list[dict[str, Any]]:
@@ -73,7 +100,15 @@ def judge(cases: list[dict[str, Any]], min_cases: int, points: float) -> dict[st
             "detail": [
                 {
                     k: c.get(k)
-                    for k in ("workload", "fix", "predicted_pct", "measured_pct", "ci_low_pct", "ci_high_pct")
+                    for k in (
+                        "workload",
+                        "fix",
+                        "device",
+                        "predicted_pct",
+                        "measured_pct",
+                        "ci_low_pct",
+                        "ci_high_pct",
+                    )
                 }
                 for c in cs
             ],
@@ -92,6 +127,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="*", type=Path, help="fix directories (their calibration.json)")
     p.add_argument("--from", dest="source", type=Path, default=None, help="a fix_vs_expert.json")
+    p.add_argument("--zoo", type=Path, default=DEFAULT_ZOO, help="the zoo's predicted-vs-real results")
+    p.add_argument("--no-zoo", action="store_true", help="leave the zoo out")
     p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "rule_calibration.json")
     p.add_argument("--min-cases", type=int, default=3)
     p.add_argument("--points", type=float, default=10.0)
@@ -100,8 +137,11 @@ def main() -> int:
     cases = cases_from_benchmark(source) if source else []
     for d in a.dirs:
         cases += cases_from_fix_dir(d)
+    zoo = None if a.no_zoo or not a.zoo.is_file() else a.zoo
+    if zoo is not None:
+        cases += cases_from_zoo(zoo)
     rules = judge(cases, a.min_cases, a.points)
-    named = [source] if source else []
+    named = [s for s in (source, zoo) if s is not None]
     doc = {"sources": [_shown(s) for s in [*named, *a.dirs]], "min_cases": a.min_cases,
            "points": a.points, "rules": rules}  # fmt: skip
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -43,3 +43,12 @@ def test_the_committed_results_read() -> None:
     cases = calibration.cases_from_benchmark(ROOT / "benchmarks" / "results" / "fix_vs_expert.json")
     assert {c["rule"] for c in cases} >= {"tensor_cores_unused", "optimizer_unfused"}
     assert all(c["measured_pct"] is not None and c["predicted_pct"] is not None for c in cases)
+
+
+def test_the_zoo_gives_one_case_per_planted_rule_that_promised_a_saving() -> None:
+    cases = calibration.cases_from_zoo(ROOT / "benchmarks" / "results" / "zoo_predicted_vs_real.json")
+    rules = [c["rule"] for c in cases]
+    assert len(rules) == len(set(rules)) and {"unfused_elementwise", "optimizer_unfused"} <= set(rules)
+    # the cases that are 0 by design (both variants run the same step) are left out
+    assert "memory_pressure" not in rules and "profiler_distortion" not in rules
+    assert all(c["predicted_pct"] > 0 and c["workload"].startswith("zoo:") for c in cases)
