@@ -193,7 +193,8 @@ def _median(values: list[float]) -> float | None:
 
 def summarize_fix(fix_dir: Path) -> dict[str, Any]:
     report = json.loads((fix_dir / "fix.json").read_text())
-    verdicts = [*report["verdicts"], *([report["combination"]] if report.get("combination") else [])]
+    verdicts = [*report["verdicts"], *([report["combination"]] if report.get("combination") else []),
+                *report.get("stacked", [])]  # fmt: skip
     kept = [v for v in verdicts if v["kept"]]
     return {
         "final": report["final"],

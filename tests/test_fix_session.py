@@ -193,7 +193,7 @@ def test_outputs_are_compared_against_their_absolute_sum() -> None:
 def test_rounds_alternate_and_a_fast_fix_is_kept_a_slow_one_reverted() -> None:
     clock = FakeClock()
     launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 104.0})
-    report = session(launcher, clock, "fused_optimizer,tf32").run()
+    report = session(launcher, clock, "fused_optimizer,tf32", stack=False).run()
     sides = [label.rsplit("-", 1)[-1] for label, _, _ in launcher.calls]
     assert sides == ["0", "a1", "b1", "a2", "b2", "a3", "b3", "a1", "b1", "a2", "b2", "a3", "b3"]
     fused, tf32 = report.verdicts
@@ -354,7 +354,9 @@ def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them()
     launcher = FakeLauncher(
         clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 104.0, "autocast": 99.5}
     )
-    report = session(launcher, clock, "fused_optimizer,tf32,autocast", shared_baseline=True).run()
+    report = session(
+        launcher, clock, "fused_optimizer,tf32,autocast", shared_baseline=True, stack=False
+    ).run()
     labels = [label for label, _, _ in launcher.calls]
     assert labels == [
         "baseline-0",
@@ -369,7 +371,7 @@ def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them()
     assert report.final == ("fused_optimizer",) and report.complete
     # 13 processes where A B A B per fix takes 19
     paired = FakeLauncher(FakeClock(), launcher.step_us)
-    session(paired, paired.clock, "fused_optimizer,tf32,autocast").run()
+    session(paired, paired.clock, "fused_optimizer,tf32,autocast", stack=False).run()
     assert len(paired.calls) == 19
 
 
@@ -463,3 +465,58 @@ def test_baseline_processes_close_together_leave_no_note() -> None:
     report = session(FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0}), clock, "tf32").run()
     assert report.baseline_spread_pct is not None and report.baseline_spread_pct < 3
     assert not any("differ by up to" in n for n in report.notes)
+
+
+# -- fixes that pay only beside another ------------------------------------------------------------------
+def test_a_fix_slower_alone_is_tried_on_top_of_the_recommendation_and_kept_when_it_pays_there() -> None:
+    # GIVEN channels_last slower alone (float32 convolutions), autocast faster, and both together
+    # much faster (bfloat16 tensor cores want NHWC)
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "autocast+channels_last": 50.0}
+    launcher = FakeLauncher(clock, step)
+    report = session(launcher, clock, "autocast,channels_last").run()
+    autocast, channels_last = report.verdicts
+    assert autocast.kept and not channels_last.kept and channels_last.reason == "slower beyond noise"
+    # THEN it is tried on top of autocast, against a baseline of its own, and kept
+    (stacked,) = report.stacked
+    assert stacked.fix == "autocast+channels_last" and stacked.kept and stacked.rounds == 3
+    assert stacked.reason.startswith("faster than bfloat16 autocast alone beyond noise (28.")
+    assert stacked.why_tried.startswith("channels_last memory format on top of bfloat16 autocast")
+    assert report.final == ("autocast", "channels_last")
+    assert report.final_saving_pct == pytest.approx(50, abs=2)
+
+
+def test_a_fix_that_does_not_pay_on_top_either_leaves_the_recommendation_as_it_was() -> None:
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 100.0, "autocast+channels_last": 70.0}
+    launcher = FakeLauncher(clock, step)
+    report = session(launcher, clock, "autocast,channels_last").run()
+    (stacked,) = report.stacked
+    assert not stacked.kept and stacked.reason.startswith("not faster than bfloat16 autocast alone")
+    assert report.final == ("autocast",) and report.final_saving_pct == pytest.approx(30, abs=2)
+
+
+def test_only_fixes_measured_without_harm_are_stacked_one_per_group() -> None:
+    # GIVEN a kept fix, a fix that changes the results, and two worker counts, neither faster
+    clock = FakeClock()
+    step = {
+        "baseline": 100.0,
+        "fused_optimizer": 80.0,
+        "autocast": 60.0,
+        "workers:2": 101.0,
+        "workers:4": 100.5,
+    }
+    launcher = FakeLauncher(clock, step)
+    launcher.losses["autocast"] = tuple((v[0] * 1.2,) for v in LOSSES)
+    report = session(launcher, clock, "fused_optimizer,autocast,workers:2,workers:4").run()
+    # THEN only the first worker count is tried on top (the other is the same kind of change), and
+    # never the fix that changed the results
+    assert [v.fix for v in report.stacked] == ["fused_optimizer+workers:2"]
+    assert not any("autocast" in fixes for _, fixes, _ in launcher.calls[-6:])
+
+
+def test_no_stack_tries_nothing_on_top() -> None:
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "autocast+channels_last": 50.0}
+    report = session(FakeLauncher(clock, step), clock, "autocast,channels_last", stack=False).run()
+    assert report.stacked == () and report.final == ("autocast",)

@@ -67,6 +67,7 @@ def fix_command(
     diagnose: Annotated[bool, typer.Option("--diagnose/--no-diagnose", help="Profile the script first (gpudoctor run).")] = True,
     child_timeout: Annotated[int, typer.Option("--child-timeout", min=10, help="Seconds one process may run.")] = 600,
     shared_baseline: Annotated[bool, typer.Option("--shared-baseline", help="One baseline process per round for all fixes (A B C, A C B, …), not one per fix: fewer processes.")] = False,
+    stack: Annotated[bool, typer.Option("--stack/--no-stack", help="Try the fixes not faster alone on top of the recommended ones (some pay only beside another).")] = True,
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
@@ -98,7 +99,7 @@ def fix_command(
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()), fork=fork,
-        shared_baseline=shared_baseline,
+        shared_baseline=shared_baseline, stack=stack,
     )  # fmt: skip
     out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)

@@ -79,6 +79,8 @@ class FixReport:
     elapsed_s: float
     # how far apart the baseline's processes' median steps are: (largest − smallest) / median, in %
     baseline_spread_pct: float | None = None
+    # fixes not faster alone, tried on top of the recommended configuration (each against its baseline)
+    stacked: tuple[FixVerdict, ...] = ()
     schema: str = SCHEMA
 
     def to_json(self) -> dict[str, Any]:

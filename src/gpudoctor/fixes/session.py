@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
@@ -46,11 +46,13 @@ class FixOptions:
     fork: bool = True  # rounds forked from a server that imported the libraries (fixes.forkserver)
     # one baseline process per round for all the fixes (A B C D, A C D B, …) instead of one per fix
     shared_baseline: bool = False
+    # fixes not faster alone tried on top of the recommended configuration (FixSession._stack)
+    stack: bool = True
 
 
 @dataclass(frozen=True)
 class Progress:
-    stage: str  # baseline, fix, combination
+    stage: str  # baseline, fix, combination, stack
     fix: str | None
     index: int  # of the fix, from 1
     count: int
@@ -76,6 +78,7 @@ class _Attempt:
     runs: list[RoundResult] = field(default_factory=list)
     numerics: NumericsCheck | None = None
     failure: str | None = None
+    on_top: tuple[str, ...] | None = None  # stacked on this recommended configuration (FixSession._stack)
 
 
 @dataclass
@@ -84,6 +87,7 @@ class _Tried:
     baseline: list[RoundResult]
     candidate: list[RoundResult]
     verdict: FixVerdict
+    failure: str | None = None
 
 
 class FixSession:
@@ -109,6 +113,7 @@ class FixSession:
         self.manual: list[ManualFix] = []
         self.tried: list[_Tried] = []
         self.combination: _Tried | None = None
+        self.stacked: list[_Tried] = []  # fixes not faster alone, tried on top of the recommendation
         self.final: tuple[str, ...] = ()
         self.notes: list[str] = []
         self.complete = self.interrupted = False
@@ -127,7 +132,9 @@ class FixSession:
             for at in self._open:
                 at.failure = at.failure or f"interrupted (Ctrl-C) after {len(at.runs)} rounds"
                 tried = self._tried(at)
-                if at.cand is None:
+                if at.on_top is not None:
+                    self.stacked.append(tried)
+                elif at.cand is None:
                     self.combination = tried
                 else:
                     self.tried.append(tried)
@@ -160,12 +167,21 @@ class FixSession:
                 self.tried.append(self._try((cand.fix,), cand, i, len(self.candidates)))
                 self._update(self.report())
         self._combine()
+        self._stack()
 
-    def _try(self, fixes: tuple[str, ...], cand: Candidate | None, index: int, count: int) -> _Tried:
+    def _try(
+        self,
+        fixes: tuple[str, ...],
+        cand: Candidate | None,
+        index: int,
+        count: int,
+        on_top: tuple[str, ...] | None = None,
+    ) -> _Tried:
         """A B A B … for one configuration; stops early on a failure or results out of tolerance."""
-        label, stage = "+".join(fixes), "fix" if cand is not None else "combination"
+        label = "+".join(fixes)
+        stage = "fix" if cand is not None else "combination" if on_top is None else "stack"
         obs = self.reference.observations if self.reference else None
-        at = _Attempt(fixes, cand)
+        at = _Attempt(fixes, cand, on_top=on_top)
         self._open = [at]
         exact = _random_differs(fixes, obs)
         # a fix tried alone keeps back the time to verify it with those kept before it, if it is kept
@@ -252,7 +268,7 @@ class FixSession:
         return 0
 
     def _tried(self, at: _Attempt) -> _Tried:
-        return _Tried(at.fixes, at.base, at.runs, self._verdict(at))
+        return _Tried(at.fixes, at.base, at.runs, self._verdict(at), at.failure)
 
     def _combine(self) -> None:
         kept = [t for t in self.tried if t.verdict.kept]
@@ -289,6 +305,64 @@ class FixSession:
             )
             return
         self.final = fixes
+
+    def _stack(self) -> None:
+        """Each fix that was measured alone without gain (nothing failed, the same results) tried on
+        top of the recommended configuration, most promising first: some pay only beside another —
+        channels_last under bfloat16, autocast under CUDA graphs, pinned memory with workers. Kept when
+        faster than its own baseline and than the recommendation alone, beyond noise (both across
+        processes and in the saving each measured against its own baseline, which cancels drift)."""
+        if not self.options.stack:
+            return
+        seen: set[str] = set()  # one per group: the most promising (workers:4, workers:8, … are one)
+        for t in list(self.tried):
+            current = self._final_tried()
+            group = spec_of(t.fixes[0]).group
+            if current is None or group in seen or not _stackable(t, self.final):
+                continue
+            seen.add(group)
+            fixes = (*self.final, *t.fixes)
+            if not self._has_budget(2 * self.options.rounds):
+                self.notes.append(
+                    f"not tried on top of {'+'.join(self.final)} (the time budget ran out): {t.verdict.fix}"
+                )
+                continue
+            index = len(self.candidates) + 2 + len(self.stacked)
+            tried = self._try(fixes, None, index, index, on_top=self.final)
+            kept, reason = self._better_than(current, tried)
+            title = " + ".join(title_of(f) for f in t.fixes)
+            on = current.verdict.title
+            tried.verdict = replace(
+                tried.verdict,
+                kept=kept,
+                reason=reason,
+                why_tried=f"{title} on top of {on}: not faster alone, it may be beside it",
+            )
+            self.stacked.append(tried)
+            if kept:
+                self.final = fixes
+            self._update(self.report())
+
+    def _better_than(self, current: _Tried, stacked: _Tried) -> tuple[bool, str]:
+        v, c = stacked.verdict, current.verdict
+        if not v.kept:
+            return False, v.reason
+        if not (v.candidate_us and v.baseline_us and c.candidate_us and c.baseline_us):
+            return False, "not timed against the recommendation"
+        own = (v.candidate_us / v.baseline_us) / (c.candidate_us / c.baseline_us)
+        across = compare_rounds(
+            _times(current.candidate, False),
+            _times(stacked.candidate, False),
+            same_within=self.options.same_within,
+        )
+        if across.verdict == "faster" and own <= 1 - self.options.same_within:
+            return True, f"faster than {c.title} alone beyond noise ({100 * (1 - own):.1f}% more saved)"
+        return False, f"not faster than {c.title} alone beyond noise ({100 * (1 - own):+.1f}% more saved)"
+
+    def _final_tried(self) -> _Tried | None:
+        """The attempt that measured the recommended configuration."""
+        attempts = [*self.stacked[::-1], *([self.combination] if self.combination else []), *self.tried]
+        return next((t for t in attempts if t.fixes == self.final), None) if self.final else None
 
     # -- one round ---------------------------------------------------------------------------------------
     def _round(self, label: str, fixes: tuple[str, ...], exact_random: bool = False) -> RoundResult:
@@ -420,11 +494,7 @@ class FixSession:
         tried = [*self.tried, *pending]
         ref = self.reference
         obs = ref.observations if ref else None
-        final_tried = (
-            self.combination
-            if self.combination and self.final == self.combination.fixes
-            else next((t for t in tried if t.fixes == self.final), None)
-        )
+        final_tried = self._final_tried() or next((t for t in tried if t.fixes == self.final), None)
         edits, snippets = [], []
         for f in self.final:
             outcome = (
@@ -455,6 +525,7 @@ class FixSession:
             observations=obs,
             verdicts=tuple(t.verdict for t in tried),
             combination=self.combination.verdict if self.combination else None,
+            stacked=tuple(t.verdict for t in self.stacked),
             final=self.final,
             final_saving_pct=final_tried.verdict.measured_saving_pct if final_tried else None,
             diff=diff.diff,
@@ -475,6 +546,21 @@ def _spread_pct(medians: list[float]) -> float | None:
     if len(medians) < 2:
         return None
     return 100 * (max(medians) - min(medians)) / statistics.median(medians)
+
+
+def _stackable(t: _Tried, final: tuple[str, ...]) -> bool:
+    """Measured alone without gain, nothing failed, the same results, of a group the recommended
+    configuration has none of (a larger batch is left out: its times are per sample)."""
+    v = t.verdict
+    groups = {spec_of(f).group for f in final}
+    return (
+        not v.kept
+        and t.failure is None
+        and v.verdict in ("same", "ambiguous", "slower")
+        and (v.numerics is None or v.numerics.ok)
+        and not _per_sample(t.fixes)
+        and not {spec_of(f).group for f in t.fixes} & groups
+    )
 
 
 def _going(at: _Attempt) -> bool:

@@ -51,7 +51,7 @@ def status_cell(v: FixVerdict) -> str:
 
 
 def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
-    verdicts = [*report.verdicts, *([report.combination] if report.combination else [])]
+    verdicts = [*report.verdicts, *([report.combination] if report.combination else []), *report.stacked]
     return [(v, [v.title, predicted_cell(v), saving_cell(v), numerics_cell(v.numerics), status_cell(v), v.reason])
             for v in verdicts]  # fmt: skip
 
@@ -69,7 +69,7 @@ def headline(report: FixReport) -> str:
 
 def compile_lines(report: FixReport) -> list[str]:
     out = []
-    for v in [*report.verdicts, *([report.combination] if report.combination else [])]:
+    for v in [*report.verdicts, *([report.combination] if report.combination else []), *report.stacked]:
         if v.compile_s:
             payback = f", paid back after {v.payback_steps:,.0f} steps" if v.payback_steps else ""
             out.append(f"{v.title}: compiling took {v.compile_s:.1f} s (not in the step times){payback}")
