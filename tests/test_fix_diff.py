@@ -57,6 +57,18 @@ def test_keywords_are_added_replaced_and_dropped_in_a_multi_line_call() -> None:
     assert "opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)" in new
 
 
+def test_a_call_with_one_argument_a_line_gets_its_keywords_a_line_each() -> None:
+    text = "loader = DataLoader(\n    dataset,\n    batch_size=32\n)\nargs = Args(\n    out='o',\n)\n"
+    new, unplaced = apply(
+        Edit("set_kwargs", "t.py", 1, call="DataLoader", kwargs={"num_workers": "8", "pin_memory": "True"}),
+        Edit("set_kwargs", "t.py", 5, call="Args", kwargs={"bf16": "True"}),
+        text=text,
+    )
+    assert not unplaced
+    assert "    batch_size=32,\n    num_workers=8,\n    pin_memory=True\n)" in new  # no trailing comma
+    assert "    out='o',\n    bf16=True,\n)" in new  # after the trailing comma, keeping it
+
+
 def test_two_fixes_on_one_call_merge() -> None:
     new, _ = apply(
         edit("set_kwargs", 11, call="DataLoader", kwargs={"num_workers": "8"}),

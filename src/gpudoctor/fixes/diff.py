@@ -49,14 +49,14 @@ def _func_name(call: ast.Call) -> str:
 
 def calls_named(path: str, name: str) -> list[ast.Call]:
     """Every call in the file to something whose last name is `name`."""
-    tree = _parse_text(_read(path) or "")
+    tree = parse_file(path)
     if tree is None:
         return []
     return [n for n in ast.walk(tree) if isinstance(n, ast.Call) and _func_name(n) == name]
 
 
 def call_on_line(path: str, line: int, name: str | None) -> ast.Call | None:
-    tree = _parse_text(_read(path) or "")
+    tree = parse_file(path)
     return None if tree is None else _call_at(tree, line, name)
 
 
@@ -70,6 +70,18 @@ def _call_at(tree: ast.AST, line: int, name: str | None) -> ast.Call | None:
         and (name is None or _func_name(n) == name)
     ]
     return max(found, key=lambda n: (n.lineno, -(n.end_lineno or n.lineno)), default=None)
+
+
+def parse_file(path: str) -> ast.Module | None:
+    """The file's syntax tree (None where it cannot be read or parsed); parsed once per text."""
+    return _parse_text(_read(path) or "")
+
+
+def statement_on_line(path: str, line: int) -> ast.stmt | None:
+    """The innermost simple (not compound) statement of the file that holds `line`."""
+    tree = parse_file(path)
+    found = _simple_statement_at(tree, line) if tree is not None else None
+    return found[0] if found else None
 
 
 def _statements(tree: ast.AST) -> Iterable[tuple[ast.stmt, list[ast.AST]]]:
@@ -150,7 +162,18 @@ def _keyword_changes(
             last = kept[-1]
             end_node = last.value if isinstance(last, ast.keyword) else last
             at = _pos(text, starts, end_node.end_lineno or 0, end_node.end_col_offset or 0)
-            changes.append((at, at, ", " + ", ".join(added)))
+            lines = [a.lineno for a in kept]
+            if lines[-1] > call.lineno and len(set(lines)) == len(lines):  # one argument a line: the same
+                first = text[starts[lines[-1] - 1] :].split("\n", 1)[0]
+                indent = first[: len(first) - len(first.lstrip())]
+                close = _pos(text, starts, call.end_lineno or 0, call.end_col_offset or 0) - 1
+                if text[at:close].lstrip().startswith(","):  # after its trailing comma
+                    comma = text.index(",", at) + 1
+                    changes.append((comma, comma, "".join(f"\n{indent}{a}," for a in added)))
+                else:
+                    changes.append((at, at, "".join(f",\n{indent}{a}" for a in added)))
+            else:
+                changes.append((at, at, ", " + ", ".join(added)))
         else:
             close = _pos(text, starts, call.end_lineno or 0, call.end_col_offset or 0) - 1
             changes.append((close, close, ", ".join(added)))

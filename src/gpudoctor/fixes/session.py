@@ -15,6 +15,7 @@ from typing import Protocol
 from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
 from gpudoctor.fixes.catalog import spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
+from gpudoctor.fixes.frameworks import in_framework_terms
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.result import CalibrationEntry, FixReport, FixVerdict
 from gpudoctor.fixes.round import RoundResult
@@ -505,7 +506,7 @@ class FixSession:
             edits.extend(outcome.edits)
             if not outcome.edits and outcome.snippet:
                 snippets.append(outcome.snippet)
-        diff = unified_diff(list(dict.fromkeys(edits)))
+        diff = unified_diff(in_framework_terms(list(dict.fromkeys(edits))))
         timed = [r for r in self.baselines if r.step_times_us]
         spread = _spread_pct([statistics.median(r.step_times_us) for r in timed])
         notes = list(self.notes)

@@ -1,0 +1,82 @@
+"""The permanent change in a framework's own terms: a fix's edit that lands on Hugging Face's
+`Trainer(...).train()` or Lightning's `trainer.fit(...)` becomes the framework's option on the call
+that configures it; edits elsewhere, and files without such a call, are left alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpudoctor.fixes.diff import unified_diff
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.frameworks import in_framework_terms
+
+HF = """\
+from transformers import GPT2LMHeadModel, Trainer, TrainingArguments
+
+model = GPT2LMHeadModel.from_pretrained("gpt2")
+args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=8,
+)
+trainer = Trainer(model=model, args=args, train_dataset=dataset)
+trainer.train()
+"""
+
+LIGHTNING = """\
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+loader = DataLoader(data, batch_size=64)
+trainer = pl.Trainer(max_steps=100, precision="32-true")
+trainer.fit(model, loader)
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "train.py"
+    path.write_text(text)
+    return str(path)
+
+
+def test_hugging_face_trainer_fixes_become_training_arguments(tmp_path: Path) -> None:
+    # GIVEN the edits the patches record when the loop runs inside Trainer: their site is the
+    # user's train() line, where there is neither a forward, a DataLoader nor an optimizer
+    script = write(tmp_path, HF)
+    edits = [
+        Edit("wrap_statement", script, 9, wrap='torch.autocast("cuda", dtype=torch.bfloat16)'),
+        Edit("set_kwargs", script, 9, call="DataLoader",
+             kwargs={"num_workers": "8", "persistent_workers": "True", "prefetch_factor": "4"}),
+        Edit("set_kwargs", script, 9, call="AdamW", kwargs={"fused": "True"}, drop=("foreach",)),
+        Edit("insert_after_imports", script, code=('torch.set_float32_matmul_precision("high")',)),
+    ]  # fmt: skip
+    # THEN they are TrainingArguments' own options, and the rest stays as it was
+    result = unified_diff(in_framework_terms(edits))
+    assert result.unplaced == ()
+    assert "+    bf16=True," in result.diff and '+    optim="adamw_torch_fused",' in result.diff
+    assert (
+        "+    dataloader_num_workers=8," in result.diff
+        and "+    dataloader_prefetch_factor=4," in result.diff
+    )
+    assert "with torch.autocast" not in result.diff
+    assert '+torch.set_float32_matmul_precision("high")' in result.diff
+
+
+def test_lightning_autocast_becomes_the_trainers_precision(tmp_path: Path) -> None:
+    script = write(tmp_path, LIGHTNING)
+    edits = [
+        Edit("wrap_statement", script, 6, wrap='torch.autocast("cuda", dtype=torch.float16)'),
+        Edit("set_kwargs", script, 4, call="DataLoader", kwargs={"num_workers": "8"}),  # the user's own line
+    ]
+    result = unified_diff(in_framework_terms(edits))
+    assert result.unplaced == ()
+    assert '-trainer = pl.Trainer(max_steps=100, precision="32-true")' in result.diff
+    assert '+trainer = pl.Trainer(max_steps=100, precision="16-mixed")' in result.diff
+    assert "+loader = DataLoader(data, batch_size=64, num_workers=8)" in result.diff
+
+
+def test_a_plain_loop_and_a_models_own_train_call_are_left_alone(tmp_path: Path) -> None:
+    # GIVEN a loop of its own that calls model.train() and has no TrainingArguments
+    script = write(tmp_path, "model.train()\nfor x in loader:\n    out = model(x)\n")
+    edits = [Edit("wrap_statement", script, 1, wrap='torch.autocast("cuda", dtype=torch.bfloat16)'),
+             Edit("wrap_statement", script, 3, wrap='torch.autocast("cuda", dtype=torch.bfloat16)')]  # fmt: skip
+    assert in_framework_terms(edits) == edits
