@@ -74,6 +74,25 @@ def test_lightning_autocast_becomes_the_trainers_precision(tmp_path: Path) -> No
     assert "+loader = DataLoader(data, batch_size=64, num_workers=8)" in result.diff
 
 
+ACCELERATE = """\
+from accelerate import Accelerator
+
+accelerator = Accelerator()
+model, opt, loader = accelerator.prepare(model, opt, loader)
+for x, y in loader:
+    loss = criterion(model(x), y)
+    accelerator.backward(loss)
+"""
+
+
+def test_accelerate_autocast_becomes_the_accelerators_mixed_precision(tmp_path: Path) -> None:
+    script = write(tmp_path, ACCELERATE)
+    edits = [Edit("wrap_statement", script, 6, wrap='torch.autocast("cuda", dtype=torch.bfloat16)')]
+    result = unified_diff(in_framework_terms(edits))
+    assert '-accelerator = Accelerator()\n+accelerator = Accelerator(mixed_precision="bf16")' in result.diff
+    assert "with torch.autocast" not in result.diff
+
+
 def test_a_plain_loop_and_a_models_own_train_call_are_left_alone(tmp_path: Path) -> None:
     # GIVEN a loop of its own that calls model.train() and has no TrainingArguments
     script = write(tmp_path, "model.train()\nfor x in loader:\n    out = model(x)\n")

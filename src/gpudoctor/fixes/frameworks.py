@@ -2,13 +2,17 @@
 `Trainer` (`Trainer(...).train()`) or to Lightning's (`trainer.fit(...)`), the DataLoader, the optimizer
 and the forward are made inside the framework, so the line a fix's edit names is that call: the edit
 would wrap the whole training in `torch.autocast` or look there for a DataLoader that is not there.
-Such an edit is written as the framework's own option instead, on the call that configures it:
+Such an edit is written as the framework's own option instead, on the call that configures it; and
+where the loop is the user's own under 🤗 Accelerate, autocast is `Accelerator(mixed_precision=...)`:
 
 | fix | Hugging Face (`TrainingArguments(...)`) | Lightning (`Trainer(...)`) |
 |---|---|---|
 | bfloat16 / float16 autocast | `bf16=True` / `fp16=True` | `precision="bf16-mixed"` / `"16-mixed"` |
 | DataLoader workers, pinning | `dataloader_num_workers`, `dataloader_persistent_workers`, `dataloader_prefetch_factor`, `dataloader_pin_memory` | (the user's own DataLoader line, as elsewhere) |
 | fused AdamW | `optim="adamw_torch_fused"` | (the user's `configure_optimizers`, as elsewhere) |
+
+With Accelerate (one `Accelerator(...)` in the file): bfloat16 / float16 autocast around the forward is
+`Accelerator(mixed_precision="bf16")` / `"fp16"`.
 
 Other edits (and every edit in a file without such a call) are left as they are."""
 
@@ -27,6 +31,7 @@ HF_LOADER = {
     "pin_memory": "dataloader_pin_memory",
 }
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
+ACCELERATE_MODULES = ("accelerate",)
 
 
 def in_framework_terms(edits: Sequence[Edit]) -> list[Edit]:
@@ -40,7 +45,7 @@ def _translated(e: Edit) -> Edit | None:
         return _hugging_face(e)
     if runs == "fit":
         return _lightning(e)
-    return None
+    return _accelerate(e)
 
 
 def _hugging_face(e: Edit) -> Edit | None:
@@ -69,6 +74,15 @@ def _lightning(e: Edit) -> Edit | None:
     if trainer is None:
         return None
     return _set(e.file, trainer, "Trainer", {"precision": _half(e.wrap, '"bf16-mixed"', '"16-mixed"')})
+
+
+def _accelerate(e: Edit) -> Edit | None:
+    if not (e.op == "wrap_statement" and "autocast" in e.wrap) or not _imports(e.file, ACCELERATE_MODULES):
+        return None
+    accelerator = _only_call(e.file, "Accelerator")
+    if accelerator is None:
+        return None
+    return _set(e.file, accelerator, "Accelerator", {"mixed_precision": _half(e.wrap, '"bf16"', '"fp16"')})
 
 
 def _half(wrap: str, bf16: str, fp16: str) -> str:
