@@ -10,6 +10,8 @@ from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.fixes.frameworks import in_framework_terms
 
+ROOT = Path(__file__).resolve().parent.parent
+
 HF = """\
 from transformers import GPT2LMHeadModel, Trainer, TrainingArguments
 
@@ -59,6 +61,23 @@ def test_hugging_face_trainer_fixes_become_training_arguments(tmp_path: Path) ->
     )
     assert "with torch.autocast" not in result.diff
     assert '+torch.set_float32_matmul_precision("high")' in result.diff
+
+
+def test_autocast_in_a_lightning_modules_training_step_becomes_the_trainers_precision(tmp_path: Path) -> None:
+    # GIVEN the Lightning workload as written, and the edit the autocast patch records there: its
+    # forward is called from training_step (a line of the user's file the Trainer calls)
+    source = (ROOT / "benchmarks" / "fix_workloads" / "lightning_fit.py").read_text()
+    script = write(tmp_path, source)
+    line = next(i for i, text in enumerate(source.splitlines(), 1) if "self(tokens)" in text)
+    edits = [Edit("wrap_statement", script, line, wrap='torch.autocast("cuda", dtype=torch.bfloat16)')]
+    # THEN the Trainer's precision is set (its conditional value replaced), training_step untouched
+    result = unified_diff(in_framework_terms(edits))
+    assert result.unplaced == () and "with torch.autocast" not in result.diff
+    assert (
+        '-    max_steps=args.steps, accelerator="auto", devices=1, precision="bf16-mixed" if args.expert else "32-true",'
+        in result.diff
+    )
+    assert '+    max_steps=args.steps, accelerator="auto", devices=1, precision="bf16-mixed",' in result.diff
 
 
 def test_lightning_autocast_becomes_the_trainers_precision(tmp_path: Path) -> None:

@@ -1,9 +1,10 @@
 """The permanent change in a framework's own terms. Where the user's file hands its loop to Hugging Face's
 `Trainer` (`Trainer(...).train()`) or to Lightning's (`trainer.fit(...)`), the DataLoader, the optimizer
-and the forward are made inside the framework, so the line a fix's edit names is that call: the edit
-would wrap the whole training in `torch.autocast` or look there for a DataLoader that is not there.
-Such an edit is written as the framework's own option instead, on the call that configures it; and
-where the loop is the user's own under 🤗 Accelerate, autocast is `Accelerator(mixed_precision=...)`:
+and the forward are made inside the framework, so the line a fix's edit names is that call — the edit
+would wrap the whole training in `torch.autocast` or look there for a DataLoader that is not there — or
+a line the framework calls (a `training_step`, where `torch.autocast` works but is not how its users set
+precision). Such an edit is written as the framework's own option instead, on the call that configures
+it; and where the loop is the user's own under 🤗 Accelerate, autocast is `Accelerator(mixed_precision=...)`:
 
 | fix | Hugging Face (`TrainingArguments(...)`) | Lightning (`Trainer(...)`) |
 |---|---|---|
@@ -21,7 +22,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Sequence
 
-from gpudoctor.fixes.diff import call_on_line, calls_named, parse_file, statement_on_line
+from gpudoctor.fixes.diff import call_on_line, calls_named, parse_file
 from gpudoctor.fixes.edits import Edit
 
 HF_LOADER = {
@@ -35,54 +36,52 @@ ACCELERATE_MODULES = ("accelerate",)
 
 
 def in_framework_terms(edits: Sequence[Edit]) -> list[Edit]:
-    """`edits` with those that land on a framework's training call rewritten as its options."""
+    """`edits` with those a framework of the file has an option for rewritten as that option."""
     return [_translated(e) or e for e in edits]
 
 
 def _translated(e: Edit) -> Edit | None:
-    runs = _framework_call(e.file, e.line)
-    if runs == "train":
-        return _hugging_face(e)
-    if runs == "fit":
-        return _lightning(e)
-    return _accelerate(e)
-
-
-def _hugging_face(e: Edit) -> Edit | None:
-    config = _only_call(e.file, "TrainingArguments")
-    if config is None:
-        return None
     if e.op == "wrap_statement" and "autocast" in e.wrap:
-        return _set(e.file, config, "TrainingArguments", {_half(e.wrap, "bf16", "fp16"): "True"})
-    if e.op == "set_kwargs" and e.call == "DataLoader" and call_on_line(e.file, e.line, "DataLoader") is None:
+        # the forward under autocast, wherever its line is (a training_step, a compute_loss, the loop)
+        if (args := _hugging_face(e.file)) is not None:
+            return _set(e.file, args, "TrainingArguments", {_half(e.wrap, "bf16", "fp16"): "True"})
+        if (trainer := _lightning(e.file)) is not None:
+            return _set(
+                e.file, trainer, "Trainer", {"precision": _half(e.wrap, '"bf16-mixed"', '"16-mixed"')}
+            )
+        if (accelerator := _accelerate(e.file)) is not None:
+            return _set(
+                e.file, accelerator, "Accelerator", {"mixed_precision": _half(e.wrap, '"bf16"', '"fp16"')}
+            )
+        return None
+    if e.op != "set_kwargs" or call_on_line(e.file, e.line, e.call) is not None:
+        return None  # the call is on its line: changed where it is
+    args = _hugging_face(e.file)
+    if args is None:
+        return None
+    if e.call == "DataLoader":  # made inside Trainer: the line is the user's train()
         kwargs = {HF_LOADER[k]: v for k, v in e.kwargs.items() if k in HF_LOADER}
-        return _set(e.file, config, "TrainingArguments", kwargs) if kwargs else None
-    if (
-        e.op == "set_kwargs"
-        and e.call in ("AdamW", "Adam")
-        and e.kwargs.get("fused") == "True"
-        and call_on_line(e.file, e.line, e.call) is None
-    ):
-        return _set(e.file, config, "TrainingArguments", {"optim": '"adamw_torch_fused"'})
+        return _set(e.file, args, "TrainingArguments", kwargs) if kwargs else None
+    if e.call in ("AdamW", "Adam") and e.kwargs.get("fused") == "True":
+        return _set(e.file, args, "TrainingArguments", {"optim": '"adamw_torch_fused"'})
     return None
 
 
-def _lightning(e: Edit) -> Edit | None:
-    if not (e.op == "wrap_statement" and "autocast" in e.wrap) or not _imports(e.file, LIGHTNING_MODULES):
-        return None
-    trainer = _only_call(e.file, "Trainer")
-    if trainer is None:
-        return None
-    return _set(e.file, trainer, "Trainer", {"precision": _half(e.wrap, '"bf16-mixed"', '"16-mixed"')})
+def _hugging_face(path: str) -> ast.Call | None:
+    """The file's one `TrainingArguments(...)`, where it also calls `.train()` (a Trainer's)."""
+    return _only_call(path, "TrainingArguments") if _calls_method(path, "train") else None
 
 
-def _accelerate(e: Edit) -> Edit | None:
-    if not (e.op == "wrap_statement" and "autocast" in e.wrap) or not _imports(e.file, ACCELERATE_MODULES):
+def _lightning(path: str) -> ast.Call | None:
+    """The file's one `Trainer(...)`, where it imports Lightning and calls `.fit()`."""
+    if not _imports(path, LIGHTNING_MODULES) or not _calls_method(path, "fit"):
         return None
-    accelerator = _only_call(e.file, "Accelerator")
-    if accelerator is None:
-        return None
-    return _set(e.file, accelerator, "Accelerator", {"mixed_precision": _half(e.wrap, '"bf16"', '"fp16"')})
+    return _only_call(path, "Trainer")
+
+
+def _accelerate(path: str) -> ast.Call | None:
+    """The file's one `Accelerator(...)`, where it imports Accelerate."""
+    return _only_call(path, "Accelerator") if _imports(path, ACCELERATE_MODULES) else None
 
 
 def _half(wrap: str, bf16: str, fp16: str) -> str:
@@ -93,17 +92,12 @@ def _set(path: str, call: ast.Call, name: str, kwargs: dict[str, str]) -> Edit:
     return Edit("set_kwargs", path, call.lineno, call=name, kwargs=kwargs)
 
 
-def _framework_call(path: str, line: int) -> str | None:
-    """ "train" or "fit" where the statement on `line` calls `<something>.train(...)` / `.fit(...)`."""
-    stmt = statement_on_line(path, line) if line > 0 else None
-    for node in ast.walk(stmt) if stmt is not None else ():
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)
-            and node.func.attr in ("train", "fit")
-        ):
-            return node.func.attr
-    return None
+def _calls_method(path: str, name: str) -> bool:
+    tree = parse_file(path)
+    return tree is not None and any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == name
+        for n in ast.walk(tree)
+    )
 
 
 def _only_call(path: str, name: str) -> ast.Call | None:
