@@ -515,6 +515,17 @@ def test_only_fixes_measured_without_harm_are_stacked_one_per_group() -> None:
     assert not any("autocast" in fixes for _, fixes, _ in launcher.calls[-6:])
 
 
+def test_what_the_budget_leaves_untried_on_top_is_named() -> None:
+    # GIVEN rounds of 10 s: the reference and the three fixes end at 190 s (each fix keeping back time
+    # to be verified beside autocast), one fix on top at 250 s
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "cudnn_benchmark": 104.0}
+    report = session(FakeLauncher(clock, step), clock, "autocast,channels_last,cudnn_benchmark",
+                     budget_s=250.0).run()  # fmt: skip
+    assert [v.fix for v in report.stacked] == ["autocast+channels_last"] and clock.now == 250.0
+    assert "not tried on top of autocast, the time budget spent: cudnn_benchmark" in report.notes
+
+
 def test_no_stack_tries_nothing_on_top() -> None:
     clock = FakeClock()
     step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "autocast+channels_last": 50.0}

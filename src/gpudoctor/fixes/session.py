@@ -316,6 +316,7 @@ class FixSession:
         if not self.options.stack:
             return
         seen: set[str] = set()  # one per group: the most promising (workers:4, workers:8, … are one)
+        left: list[str] = []  # those the budget leaves untried
         for t in list(self.tried):
             current = self._final_tried()
             group = spec_of(t.fixes[0]).group
@@ -323,10 +324,8 @@ class FixSession:
                 continue
             seen.add(group)
             fixes = (*self.final, *t.fixes)
-            if not self._has_budget(2 * self.options.rounds):
-                self.notes.append(
-                    f"not tried on top of {'+'.join(self.final)} (the time budget ran out): {t.verdict.fix}"
-                )
+            if left or not self._has_budget(2 * self.options.rounds):
+                left.append(t.verdict.fix)
                 continue
             index = len(self.candidates) + 2 + len(self.stacked)
             tried = self._try(fixes, None, index, index, on_top=self.final)
@@ -337,12 +336,16 @@ class FixSession:
                 tried.verdict,
                 kept=kept,
                 reason=reason,
-                why_tried=f"{title} on top of {on}: not faster alone, it may be beside it",
+                why_tried=f"{title} on top of {on}: no gain alone, it may pay beside it",
             )
             self.stacked.append(tried)
             if kept:
                 self.final = fixes
             self._update(self.report())
+        if left:
+            self.notes.append(
+                f"not tried on top of {'+'.join(self.final)}, the time budget spent: {', '.join(left)}"
+            )
 
     def _better_than(self, current: _Tried, stacked: _Tried) -> tuple[bool, str]:
         v, c = stacked.verdict, current.verdict
