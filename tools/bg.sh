@@ -35,6 +35,10 @@ start)
         echo "bg: $name is already running (pid $(cat "$dir/pid"))" >&2
         exit 1
     fi
+    command -v setsid >/dev/null || {
+        echo "bg: setsid is not here: the work would end with this call" >&2
+        exit 1
+    }
     rm -rf "$dir"
     mkdir -p "$dir/out"
     # it runs in a copy of this folder: a later call may copy the working tree here anew while it runs
