@@ -484,6 +484,14 @@ def test_a_fix_slower_alone_is_tried_on_top_of_the_recommendation_and_kept_when_
     assert stacked.why_tried.startswith("channels_last memory format on top of bfloat16 autocast")
     assert report.final == ("autocast", "channels_last")
     assert report.final_saving_pct == pytest.approx(50, abs=2)
+    # AND the HTML report says under each fix why it was tried
+    from gpudoctor.report.fix_view import render_fix_html
+
+    page = render_fix_html(report)
+    assert (
+        "channels_last memory format on top of bfloat16 autocast: no gain alone, it may pay beside it" in page
+    )
+    assert "asked for (--only)" in page
 
 
 def test_a_fix_that_does_not_pay_on_top_either_leaves_the_recommendation_as_it_was() -> None:

@@ -138,11 +138,17 @@ def _fence(text: str) -> str:
 
 
 # -- HTML ----------------------------------------------------------------------------------------------
+def _why_tried(v: FixVerdict) -> str:
+    """Under the fix's name: why it was tried (the finding, what the script does, on top of what)."""
+    rules = f" ({', '.join(v.rules)})" if v.rules else ""
+    return f'<br><span class="meta">{escape(v.why_tried + rules)}</span>' if v.why_tried else ""
+
+
 def render_fix_html(report: FixReport) -> str:
     head = "".join(f"<th>{escape(h or 'kept')}</th>" for h in HEAD)
     body = "".join(
         f'<tr class="{"ok" if v.kept else "dim"}">'
-        + "".join(f"<td>{escape(c)}</td>" for c in cells)
+        + "".join(f"<td>{escape(c)}{_why_tried(v) if i == 0 else ''}</td>" for i, c in enumerate(cells))
         + "</tr>"
         for v, cells in rows(report)
     )
