@@ -46,6 +46,7 @@ start)
     printf '%s\n' "$3" >"$dir/command"
     date -u +%s >"$dir/started"
     # setsid: a session of its own, so that the end of this call does not end it
+    # shellcheck disable=SC2016  # the inner shell expands its own arguments
     (cd "$dir/tree" && BG_OUT="$dir/out" PYTHONUNBUFFERED=1 setsid bash -c 'bash "$1" >"$2" 2>&1; echo $? >"$3"' _ \
         "$dir/command" "$dir/log" "$dir/rc" </dev/null >/dev/null 2>&1 &
         echo $! >"$dir/pid")

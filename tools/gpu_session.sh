@@ -41,8 +41,9 @@ step() {
         local plugin=(-p gpudoctor.timing.pytest_plugin)
         "$PY" -c 'import sys; from importlib.metadata import entry_points as e
 sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))' && plugin=()
-        "$PY" -m pytest -q -p no:cacheprovider -m gpu "${plugin[@]}" \
-            $(grep -l 'pytest.mark.gpu' tests/test_*.py) 2>&1 | tee "$OUT_DIR/gpu_tests.log"
+        local files
+        mapfile -t files < <(grep -l 'pytest.mark.gpu' tests/test_*.py)
+        "$PY" -m pytest -q -p no:cacheprovider -m gpu "${plugin[@]}" "${files[@]}" 2>&1 | tee "$OUT_DIR/gpu_tests.log"
         return "${PIPESTATUS[0]}"
         ;;
     memory)
