@@ -5,6 +5,9 @@ limit that ends a round and what it started, and fresh interpreters wherever the
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 import textwrap
 import time
 from collections.abc import Iterator
@@ -153,8 +156,41 @@ def test_the_server_will_not_fork_once_the_cuda_driver_is_loaded(monkeypatch: py
     maps = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n7f02-7f03 rw-p 0 0:0 0\n"
     assert _unsafe(maps) is None
     driver = maps + "7f04-7f05 r-xp 00000000 08:01 2 /usr/lib/x86_64-linux-gnu/libcuda.so.580.159.04\n"
+    # listed but not in this process (nothing to ask): not safe
     assert _unsafe(driver) == "the CUDA driver was loaded while the server imported the libraries"
     assert _unsafe(maps + "7f06-7f07 r-xp 0 08:01 3 /opt/lib/libcudart.so.13\n") is None  # the runtime is not
+
+
+FAKE_DRIVER = """
+static int started = 0;
+int cuInit(unsigned int flags) { started = 1; return 0; }
+int cuDeviceGetCount(int *count) { if (!started) return 3; *count = 1; return 0; }
+"""
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler")
+def test_a_loaded_driver_is_safe_until_cuinit(tmp_path: Path) -> None:
+    """torch 2.11's CUDA 13 builds load libcuda at import without starting it: forking stays safe, until
+    something calls cuInit. Checked on a stand-in driver with the same two entry points, in a process of
+    its own (the check asks the copy already loaded)."""
+    source = tmp_path / "driver.c"
+    source.write_text(FAKE_DRIVER)
+    lib = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib), str(source)], check=True)
+    probe = (
+        "import ctypes, sys, threading\n"
+        "threading.active_count = lambda: 1\n"
+        "from gpudoctor.fixes.forkserver import _unsafe\n"
+        f"lib = ctypes.CDLL({str(lib)!r})\n"
+        "print(_unsafe())\n"
+        "lib.cuInit(0)\n"
+        "print(_unsafe())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == [
+        "None",
+        "the CUDA driver was initialized while the server imported the libraries",
+    ]
 
 
 def test_the_servers_own_settings_do_not_reach_the_script(

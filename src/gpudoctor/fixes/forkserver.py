@@ -135,7 +135,8 @@ def serve(preload: list[str], stdin: IO[str], stdout: IO[str]) -> int:
 def _unsafe(maps: str | None = None) -> str | None:
     """Why forking would not give a clean process, or None. The CUDA driver cannot be used in a child
     forked after it was initialized: torch's own start shows in `torch.cuda.is_initialized()`, a bare
-    runtime call (a library asking `cudaGetDeviceCount`) in the driver library being loaded."""
+    runtime call (a library asking `cudaGetDeviceCount`) in the loaded driver answering a call that needs
+    `cuInit`. Loaded alone it is harmless (torch 2.11's CUDA 13 builds load it at import)."""
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_initialized():
         return "CUDA was started while the server imported the libraries"
@@ -146,9 +147,36 @@ def _unsafe(maps: str | None = None) -> str | None:
             maps = Path("/proc/self/maps").read_text()
         except OSError:
             maps = ""
-    if any(Path(line.split()[-1]).name.startswith("libcuda.so") for line in maps.splitlines() if "/" in line):
-        return "the CUDA driver was loaded while the server imported the libraries"
+    drivers = {
+        line.split()[-1]
+        for line in maps.splitlines()
+        if "/" in line and Path(line.split()[-1]).name.startswith("libcuda.so")
+    }
+    for path in sorted(drivers):
+        state = driver_state(path)
+        if state != "not initialized":
+            return f"the CUDA driver was {state} while the server imported the libraries"
     return None
+
+
+CUDA_ERROR_NOT_INITIALIZED = 3
+
+
+def driver_state(path: str) -> str:
+    """ "not initialized" when the CUDA driver loaded from `path` has not seen `cuInit` (every other call
+    answers CUDA_ERROR_NOT_INITIALIZED then, and starts nothing), "initialized" when it has, "loaded"
+    when that cannot be told (then it is not safe to fork)."""
+    import ctypes
+
+    try:  # the copy already in the process, never a new load
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        count = ctypes.c_int(0)
+        status = lib.cuDeviceGetCount(ctypes.byref(count))
+    except (OSError, AttributeError):
+        return "loaded"
+    if status == CUDA_ERROR_NOT_INITIALIZED:
+        return "not initialized"
+    return "initialized" if status == 0 else "loaded"
 
 
 def _child(argv: list[str], log: str, protocol: int) -> None:
