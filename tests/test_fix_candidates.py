@@ -49,9 +49,14 @@ def test_fixes_follow_the_findings_highest_promised_saving_first() -> None:
     assert "workers:2" in fixes and "compile:reduce-overhead" not in fixes  # not launch-bound
 
 
-def test_a_launch_bound_loop_with_static_shapes_also_tries_cuda_graphs() -> None:
-    cands, _ = choose(diagnosis(finding("launch_overhead", 40.0)), obs())
-    assert [c.fix for c in cands][:2] == ["compile", "compile:reduce-overhead"]
+@pytest.mark.parametrize("rule", ["launch_overhead", "host_python"])
+def test_a_host_bound_loop_with_static_shapes_tries_cuda_graphs_first(rule: str) -> None:
+    cands, _ = choose(diagnosis(finding(rule, 40.0)), obs())
+    assert [c.fix for c in cands][:2] == ["compile:reduce-overhead", "compile"]
+    varying = replace(obs(), root=replace(obs().root, input_shapes=(((8, 3),), ((9, 3),), ((8, 3),))))
+    assert "compile:reduce-overhead" not in [
+        c.fix for c in choose(diagnosis(finding(rule, 40.0)), varying)[0]
+    ]
 
 
 def test_convolutions_and_hugging_face_attention() -> None:
@@ -113,3 +118,11 @@ def test_an_item_inside_a_library_call_names_the_users_line_that_made_it(tmp_pat
     seen = replace(obs(), item_syncs=(SiteCount(CallSite(str(script), 1, "<module>"), 30),))
     (m,) = choose(None, seen, steps=25)[1]
     assert m.source_line == "trainer.fit(model, loader)" and "a call made from this line" in m.change
+
+
+def test_left_to_the_user_once_per_place_and_not_how_the_run_was_observed() -> None:
+    d = diagnosis(
+        finding("memory_held", 5.0), finding("memory_held", 3.0), finding("profiler_distortion", 0.0)
+    )
+    _, manual = choose(d, obs())
+    assert [m.rule for m in manual] == ["memory_held"]

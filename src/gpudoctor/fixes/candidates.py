@@ -34,6 +34,8 @@ MANUAL = {
     "host_python": "move per-step Python (logging, metrics, data preparation) off the training thread",
     "allocator_thrash": "keep shapes stable; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
 }
+# Findings about how the run was observed, not about the script: nothing for the user to change.
+NOT_THE_SCRIPTS = frozenset({"profiler_distortion"})
 WORKER_STEPS = (2, 4, 8, 16, 32)
 MAX_WORKER_VALUES = 3
 
@@ -92,9 +94,12 @@ def _proposals(
     fp32 = root is not None and root.dtype == "float32"
     if root is not None and (cuda or found):
         mode = f":{compile_mode}" if compile_mode and compile_mode != "default" else ""
+        # the GPU waits on the host (launches, Python between ops) and the shapes never change: CUDA
+        # graphs replay the whole step in one launch, the expert's first choice, so tried first
+        host_bound = bool({"launch_overhead", "host_python"} & set(found)) or not found
+        if not mode and cuda and obs.static_shapes and host_bound:
+            out.append(("compile:reduce-overhead", "host-bound with static input shapes: CUDA graphs"))
         out.append((f"compile{mode}", "the root module can be compiled"))
-        if not mode and cuda and obs.static_shapes and ("launch_overhead" in found or not found):
-            out.append(("compile:reduce-overhead", "launch-bound with static input shapes: CUDA graphs"))
     if fp32 and (cuda or "tensor_cores_unused" in found):
         out.append(("autocast", "float32 model: bfloat16 tensor cores"))
         if obs.float32_matmul_precision == "highest":
@@ -162,14 +167,15 @@ def manual_fixes(
                 )
             )
     for f in diagnosis.findings if diagnosis else ():
-        if f.id in answered or (f.id == "small_batch" and allow_batch):
+        if f.id in answered or f.id in NOT_THE_SCRIPTS or (f.id == "small_batch" and allow_batch):
             continue
         if f.id == "host_sync" and per_step:
             continue
         change = MANUAL.get(f.id, f.fix.summary)
         sites = [_site_of(s) for s in f.sources] or [None]
         out += [_manual(f.id, f.title, s, change) for s in sites]
-    return out
+    # a finding found more than once (per stream, per device) is one change to make, per place
+    return list(dict.fromkeys(out))
 
 
 def _site_of(frame: str) -> CallSite | None:
