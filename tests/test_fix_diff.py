@@ -100,6 +100,28 @@ def test_compile_goes_after_the_last_assignment_of_the_model_in_its_scope() -> N
     assert "    model = model.cuda()\n    model.compile()\n    loader" in new
 
 
+def test_compile_skips_an_assignment_in_a_branch_the_call_lies_outside() -> None:
+    text = (
+        "import torch\n"
+        "model = Net().cuda()\n"
+        "if args.expert:\n"
+        "    model = torch.compile(model)\n"
+        "for x in loader:\n"
+        "    out = model(x)\n"
+    )
+    new, unplaced = apply(edit("after_assignment", 6, name="model", code=("{name}.compile()",)), text=text)
+    assert not unplaced
+    assert new.startswith("import torch\nmodel = Net().cuda()\nmodel.compile()\nif args.expert:\n")
+    # with none on the path, the last one before the call, as before
+    only = "if a:\n    model = A()\nelse:\n    model = B()\nout = model(x)\n"
+    new, _ = apply(edit("after_assignment", 5, name="model", code=("{name}.compile()",)), text=only)
+    assert "    model = B()\n    model.compile()\nout" in new
+    # an assignment in the loop that holds the call is on its path
+    loop = "model = A()\nfor x in xs:\n    model = B(model)\n    out = model(x)\n"
+    new, _ = apply(edit("after_assignment", 4, name="model", code=("{name}.compile()",)), text=loop)
+    assert "    model = B(model)\n    model.compile()\n    out" in new
+
+
 def test_autocast_wraps_the_call_and_channels_last_converts_the_input_before_it() -> None:
     new, _ = apply(
         edit("wrap_statement", 16, wrap='torch.autocast("cuda", dtype=torch.bfloat16)'),

@@ -264,18 +264,32 @@ def _after_docstring(tree: ast.Module) -> int:
 
 
 def _last_assignment(scope: ast.AST, name: str, before: int) -> ast.stmt | None:
-    found = None
-    for stmt, scopes in _statements(scope):
-        if scopes[-1] is not scope or stmt.lineno >= before:
-            continue
-        targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-        if (
-            isinstance(stmt, (ast.Assign, ast.AnnAssign))
-            and any(isinstance(t, ast.Name) and t.id == name for t in targets)
-            and (found is None or stmt.lineno > found.lineno)
-        ):
-            found = stmt
-    return found
+    """The last assignment to `name` in `scope` before line `before`, preferring one that always runs on
+    the way there: not in a branch or block that `before` lies outside (`if args.expert: model = ...`)."""
+    found: list[tuple[ast.stmt, bool]] = []
+
+    def walk(body: list[ast.stmt], on_path: bool) -> None:
+        for stmt in body:
+            if stmt.lineno >= before:
+                break
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and any(
+                isinstance(t, ast.Name) and t.id == name for t in targets
+            ):
+                found.append((stmt, on_path))
+            blocks = [getattr(stmt, b, None) for b in ("body", "orelse", "finalbody")]
+            blocks += [h.body for h in getattr(stmt, "handlers", None) or ()]
+            blocks += [c.body for c in getattr(stmt, "cases", None) or ()]
+            for block in blocks:
+                if isinstance(block, list) and block and isinstance(block[0], ast.stmt):
+                    spans = block[0].lineno <= before <= (block[-1].end_lineno or block[-1].lineno)
+                    walk(block, on_path and spans)
+
+    walk(getattr(scope, "body", []), True)
+    pick = [s for s, on_path in found if on_path] or [s for s, _ in found]
+    return max(pick, key=lambda s: s.lineno) if pick else None
 
 
 def _apply_line_edits(text: str, edits: list[Edit], unplaced: list[tuple[Edit, str]]) -> str:
