@@ -361,3 +361,43 @@ def test_the_root_is_the_outermost_module_with_parameters_and_the_hooks_leave() 
         finder.uninstall()
     assert finder.root is model and finder.names == ("model",)
     assert finder.site is not None and finder.site.file == __file__ and out.shape == (1, 2)
+    assert finder.binding == (finder.site, "model")
+
+
+class _SelfCalling(torch.nn.Module):
+    """As Lightning's training_step: the module calls itself (`self(x)`) from a method in the user's file."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+    def step(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+
+# a framework's loop (in an installed package, not the user's code) that calls the module's method
+_FRAMEWORK: dict = {"torch": torch}
+exec(
+    compile("def fit(m):\n    return m.step(torch.randn(1, 2))\n", "/x/site-packages/fw.py", "exec"),
+    _FRAMEWORK,
+)
+
+
+def test_a_module_that_calls_itself_is_bound_where_the_user_named_it() -> None:
+    classifier = _SelfCalling()
+    finder = RootFinder().install()
+    try:
+        _FRAMEWORK["fit"](classifier)
+    finally:
+        finder.uninstall()
+    assert finder.names == ("self",) and finder.site is not None and finder.site.function == "step"
+    assert finder.binding is not None
+    site, name = finder.binding  # the framework's `m` is not the user's: this test's `classifier`
+    assert (name, site.function, site.file) == (
+        "classifier",
+        "test_a_module_that_calls_itself_is_bound_where_the_user_named_it",
+        __file__,
+    )

@@ -159,6 +159,9 @@ class RootFinder:
         self.root: Any = None
         self.site: CallSite | None = None  # the user's line that called it
         self.names: tuple[str, ...] = ()  # the names the caller's frame binds to it
+        # the innermost of the user's frames that binds it to a name of its own (not `self`): where
+        # `model = Net()` lives when a framework calls it (Lightning's training_step calls `self(x)`)
+        self.binding: tuple[CallSite, str] | None = None
         self._callbacks: list[RootCallback] = []
         self._handles: list[Any] = []
         self._depth = 0
@@ -189,6 +192,7 @@ class RootFinder:
         if frame is not None:
             self.site = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
             self.names = tuple(k for k, v in frame.f_locals.items() if v is module)
+            self.binding = _binding(frame, module)
         new_args = None
         for callback in self._callbacks:
             result = callback(module, args if new_args is None else new_args)
@@ -200,6 +204,16 @@ class RootFinder:
         self._depth -= 1
         if self._depth == 0 and self.root is not None:
             self.uninstall()
+
+
+def _binding(frame: FrameType | None, obj: Any) -> tuple[CallSite, str] | None:
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            name = next((k for k, v in frame.f_locals.items() if v is obj and k != "self"), None)
+            if name is not None:
+                return CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name), name
+        frame = frame.f_back
+    return None
 
 
 def seed_everything(seed: int) -> None:

@@ -43,10 +43,10 @@ class Compile(FixPatch):
         self.restorer.replace(module, "forward", compiled)
         # in place: the module keeps its state_dict keys (torch.compile(model) would add "_orig_mod.")
         call = "{name}.compile()" if mode is None else f'{{name}}.compile(mode="{mode}")'
-        finder = self.ctx.finder
-        name = next((n for n in finder.names if n != "self"), "")
+        binding = self.ctx.finder.binding
         edit = None
-        if finder.site is not None and name:
-            edit = Edit("after_assignment", finder.site.file, finder.site.line, name=name, code=(call,))
+        if binding is not None:  # after `model = ...`, wherever the loop that calls it is
+            site, name = binding
+            edit = Edit("after_assignment", site.file, site.line, name=name, code=(call,))
         self.snippet = call.format(name="model")
         self.changed(f"{type(module).__name__}.forward compiled" + (f" (mode={mode})" if mode else ""), edit)

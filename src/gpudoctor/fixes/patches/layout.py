@@ -46,10 +46,9 @@ class ChannelsLast(FixPatch):
         finder = self.ctx.finder
         name = next((n for n in finder.names if n != "self"), "")
         edits = []
-        if finder.site is not None and name:
-            edits.append(
-                Edit("after_assignment", finder.site.file, finder.site.line, name=name, code=(CONVERT,))
-            )
+        if finder.binding is not None:
+            site, bound = finder.binding
+            edits.append(Edit("after_assignment", site.file, site.line, name=bound, code=(CONVERT,)))
         new_args, converted = _convert(args)
         if finder.site is not None and name:
             names = _arg_names(finder.site, name, converted)
