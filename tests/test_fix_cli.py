@@ -100,7 +100,9 @@ def test_from_a_run_directory_the_script_and_findings_are_reused(starved: Path, 
     )
     assert result.exit_code == 0, result.output
     report = report_of(out)
-    assert report.argv == ("train.py",) and not report.notes
+    # nothing to note but, on a busy machine, how far apart the baseline's processes are
+    assert report.argv == ("train.py",)
+    assert not [n for n in report.notes if not n.startswith("the baseline's own processes differ")]
     assert [v.fix for v in report.verdicts] == ["tf32"]
 
 
