@@ -42,7 +42,8 @@ def test_fixes_follow_the_findings_highest_promised_saving_first() -> None:
     d = diagnosis(finding("input_pipeline", 30.0), finding("optimizer_unfused", 12.0))
     cands, _ = choose(d, obs())
     fixes = [c.fix for c in cands]
-    assert fixes[:4] == ["workers:2", "workers:4", "workers:8", "pin_memory"]
+    # one of each group first (the middle worker count), the alternatives last
+    assert fixes[:2] == ["workers:4", "pin_memory"] and fixes[-2:] == ["workers:2", "workers:8"]
     fused = next(c for c in cands if c.fix == "fused_optimizer")
     assert fused.predicted_saving_pct == 12.0 and fused.rules == ("optimizer_unfused",)
     assert {"compile", "autocast", "tf32"} <= set(fixes)  # cheap ones on a float32 model on a GPU
@@ -52,7 +53,9 @@ def test_fixes_follow_the_findings_highest_promised_saving_first() -> None:
 @pytest.mark.parametrize("rule", ["launch_overhead", "host_python"])
 def test_a_host_bound_loop_with_static_shapes_tries_cuda_graphs_first(rule: str) -> None:
     cands, _ = choose(diagnosis(finding(rule, 40.0)), obs())
-    assert [c.fix for c in cands][:2] == ["compile:reduce-overhead", "compile"]
+    fixes = [c.fix for c in cands]
+    # CUDA graphs first; plain compile, their alternative, after one of every other group
+    assert fixes[0] == "compile:reduce-overhead" and fixes[-1] == "compile" and "autocast" in fixes[1:-1]
     varying = replace(obs(), root=replace(obs().root, input_shapes=(((8, 3),), ((9, 3),), ((8, 3),))))
     assert "compile:reduce-overhead" not in [
         c.fix for c in choose(diagnosis(finding(rule, 40.0)), varying)[0]

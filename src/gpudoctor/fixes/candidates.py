@@ -67,8 +67,9 @@ def choose(
     skip: tuple[str, ...] = (),
     steps: int = 0,
 ) -> tuple[list[Candidate], list[ManualFix]]:
-    """The fixes to try, highest predicted saving first, and the changes left to the user. `steps`: how
-    many steps the observing run made (a call seen in half of them or more happens every step)."""
+    """The fixes to try, highest predicted saving first (one of each group before the alternatives),
+    and the changes left to the user. `steps`: how many steps the observing run made (a call seen in
+    half of them or more happens every step)."""
     found = {f.id: f for f in diagnosis.findings} if diagnosis else {}
     proposals: dict[str, str] = {}
     for fix, why in _proposals(found, obs, allow_batch, compile_mode):
@@ -83,7 +84,22 @@ def choose(
         candidates.append(Candidate(fix, predicted, rules, why))
     candidates.sort(key=lambda c: -(c.predicted_saving_pct or 0.0))
     answered = {r for c in candidates for r in c.rules}
-    return candidates, manual_fixes(diagnosis, obs, answered, allow_batch, steps)
+    return breadth_first(candidates), manual_fixes(diagnosis, obs, answered, allow_batch, steps)
+
+
+def breadth_first(candidates: list[Candidate]) -> list[Candidate]:
+    """One of each group first (in the order given), then the alternatives: where the time budget runs
+    short, it buys bfloat16 beside CUDA graphs rather than plain torch.compile after them. A group's
+    first is its first member, but for worker counts the middle one (more workers gain most, up to a
+    point: the extremes are the alternatives)."""
+    groups: dict[str, list[Candidate]] = {}
+    for c in candidates:
+        groups.setdefault(SPECS[c.fix.split(":")[0]].group, []).append(c)
+    first = {
+        id(members[len(members) // 2] if group == "workers" else members[0])
+        for group, members in groups.items()
+    }
+    return [c for c in candidates if id(c) in first] + [c for c in candidates if id(c) not in first]
 
 
 def _proposals(
