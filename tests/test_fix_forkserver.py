@@ -284,3 +284,30 @@ def test_a_library_that_sets_the_nvml_check_itself_keeps_it_in_the_rounds(
     finally:
         made.close()
     assert "nvml check 1" in (tmp_path / "rounds" / "baseline-0.log").read_text()
+
+
+def test_a_round_that_cannot_use_cuda_for_being_forked_runs_again_fresh(tmp_path: Path) -> None:
+    """Where the driver was loaded in the server and a forked round still cannot start CUDA, the fork
+    is to blame, not the script: that round and the rest run in fresh interpreters, and the session
+    is told why. Stood in for by a script that fails so only when its parent is the fork server."""
+    fails_forked = (
+        "import os\n"
+        'if b"gpudoctor.fixes.forkserver" in open(f"/proc/{os.getppid()}/cmdline", "rb").read():\n'
+        '    raise RuntimeError("CUDA error: initialization error")\n'
+    )
+    script = write(tmp_path, fails_forked + LOOP)
+    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=60.0)
+    made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
+    assert isinstance(made, ForkLauncher), how
+    told: list[str] = []
+    made.on_gone = told.append
+    try:
+        first = made("baseline-0", (), False)
+        second = made("01-tf32-b1", ("tf32",), False)
+    finally:
+        made.close()
+    assert first.failure is None and second.failure is None and len(first.step_times_us) == 5
+    assert made._proc is None and len(told) == 1
+    assert told[0].startswith(
+        "a round forked from the server could not use the GPU (CUDA error: initialization error)"
+    )

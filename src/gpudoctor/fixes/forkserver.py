@@ -26,6 +26,7 @@ import gc
 import importlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -69,6 +70,11 @@ PRELOADABLE = frozenset(
     }
 )
 START_TIMEOUT_S = 120.0
+# what CUDA says when a process forked after the driver started tries to use it
+FORK_CUDA_ERROR = re.compile(
+    r"Cannot re-initialize CUDA in forked subprocess|CUDA error: initialization error"
+    r"|cudaErrorInitializationError|CUDA_ERROR_NOT_INITIALIZED|CUDA driver initialization failed"
+)
 # torch.cuda.is_available() by NVML in the server, so that a library asking it at import does not
 # initialize the CUDA driver there (which would make every fork unusable on the GPU)
 NVML_CHECK, NVML_CHECK_SET = "PYTORCH_NVML_BASED_CUDA_CHECK", "GPUDOCTOR_FORKSERVER_SET_NVML_CHECK"
@@ -239,6 +245,7 @@ class ForkLauncher(SubprocessLauncher):
         self._proc: subprocess.Popen[str] | None = None
         # told once why the server went away mid-session (the rounds after it start fresh interpreters)
         self.on_gone: Callable[[str], None] | None = None
+        self._forked_ok = False  # a forked round has run its steps
 
     def start(self) -> str | None:
         """Start the server; None when it is ready, else why not (then nothing is left running)."""
@@ -310,7 +317,31 @@ class ForkLauncher(SubprocessLauncher):
                     "that round and the rest ran in fresh interpreters"
                 )
             return super().__call__(label, fixes, exact_random)
-        return read_round(out, log, code, fixes, exact_random)
+        result = read_round(out, log, code, fixes, exact_random)
+        why = self._fork_broke(result)
+        if why is not None:  # the fork, not the script: this round and the rest in fresh interpreters
+            self.close()
+            if self.on_gone is not None:
+                self.on_gone(
+                    f"a round forked from the server could not use the GPU ({why}): round {label} and "
+                    "the rest ran in fresh interpreters"
+                )
+            return super().__call__(label, fixes, exact_random)
+        self._forked_ok = self._forked_ok or result.failure is None
+        return result
+
+    def _fork_broke(self, result: RoundResult) -> str | None:
+        """Why `result` failed for being forked, or None: CUDA saying it cannot start in a forked
+        process, or the first forked round crashing outright (every later one would too)."""
+        if result.failure is None:
+            return None
+        text = f"{result.error or ''}\n{result.log_tail}"
+        found = FORK_CUDA_ERROR.search(text)
+        if found:
+            return found.group(0)
+        if result.outcome == "crashed" and not self._forked_ok:
+            return f"the first forked round crashed: {result.failure}"
+        return None
 
     def _receive(self, timeout_s: float) -> dict[str, Any]:
         assert self._proc is not None and self._proc.stdout is not None
