@@ -169,8 +169,8 @@ CUDA_ERROR_NOT_INITIALIZED = 3
 
 
 def driver_state(path: str) -> str:
-    """ "not initialized" when the CUDA driver loaded from `path` has not seen `cuInit` (every other call
-    answers CUDA_ERROR_NOT_INITIALIZED then, and starts nothing), "initialized" when it has, "loaded"
+    """What the CUDA driver loaded from `path` has seen: "not initialized" before `cuInit` (every other
+    call answers CUDA_ERROR_NOT_INITIALIZED then, and starts nothing), "initialized" after it, "loaded"
     when that cannot be told (then it is not safe to fork)."""
     import ctypes
 
