@@ -310,25 +310,22 @@ class ForkLauncher(SubprocessLauncher):
                 _kill_group(pid)
             raise
         except (OSError, ServerGone, ValueError, KeyError) as err:
-            self.close()
-            if self.on_gone is not None:
-                self.on_gone(
-                    f"the fork server went away at round {label} ({type(err).__name__}: {err}): "
-                    "that round and the rest ran in fresh interpreters"
-                )
-            return super().__call__(label, fixes, exact_random)
+            why = f"the fork server went away at round {label} ({type(err).__name__}: {err})"
+            return self._fresh(why, label, fixes, exact_random)
         result = read_round(out, log, code, fixes, exact_random)
-        why = self._fork_broke(result)
-        if why is not None:  # the fork, not the script: this round and the rest in fresh interpreters
-            self.close()
-            if self.on_gone is not None:
-                self.on_gone(
-                    f"a round forked from the server could not use the GPU ({why}): round {label} and "
-                    "the rest ran in fresh interpreters"
-                )
-            return super().__call__(label, fixes, exact_random)
+        broke = self._fork_broke(result)
+        if broke is not None:  # the fork, not the script
+            why = f"a round forked from the server could not use the GPU ({broke}) at round {label}"
+            return self._fresh(why, label, fixes, exact_random)
         self._forked_ok = self._forked_ok or result.failure is None
         return result
+
+    def _fresh(self, why: str, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+        """The server is done with: this round and the rest in fresh interpreters, the session told why."""
+        self.close()
+        if self.on_gone is not None:
+            self.on_gone(f"{why}: that round and the rest ran in fresh interpreters")
+        return super().__call__(label, fixes, exact_random)
 
     def _fork_broke(self, result: RoundResult) -> str | None:
         """Why `result` failed for being forked, or None: CUDA saying it cannot start in a forked
