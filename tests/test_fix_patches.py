@@ -401,3 +401,21 @@ def test_a_module_that_calls_itself_is_bound_where_the_user_named_it() -> None:
         "test_a_module_that_calls_itself_is_bound_where_the_user_named_it",
         __file__,
     )
+
+
+def test_a_model_the_script_compiled_runs_whole_under_the_finder() -> None:
+    # GIVEN a method compiled by the script (as Lightning compiles training_step) that calls its module
+    torch._dynamo.reset()
+    classifier = _SelfCalling()
+    compiled_step = torch.compile(classifier.step, backend="eager")
+    finder = RootFinder().install()
+    try:
+        # WHEN it runs under the finder's global hooks
+        explained = torch._dynamo.explain(compiled_step)(torch.randn(1, 2))
+        out = compiled_step(torch.randn(1, 2))
+    finally:
+        finder.uninstall()
+        torch._dynamo.reset()
+    # THEN the hooks, traced, do nothing: one graph, no break, no error from the hook dicts changing
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    assert out.shape == (1, 2) and finder.root is None

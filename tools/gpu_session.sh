@@ -6,7 +6,8 @@
 #   bash tools/gpu_session.sh STEP...
 #
 # Steps:
-#   tests            every `gpu`-marked test (pytest -m gpu)
+#   tests[:FILES]    every `gpu`-marked test (pytest -m gpu), or those of FILES (comma-separated names
+#                    under tests/, e.g. tests:test_fix_forkserver.py)
 #   memory[:CHECKS]  benchmarks/memory_truth.py --only CHECKS (default fragmentation,gpt2), merged
 #                    into a copy of benchmarks/results/memory_truth.json -> $BG_OUT/mt/
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
@@ -42,7 +43,12 @@ step() {
         "$PY" -c 'import sys; from importlib.metadata import entry_points as e
 sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))' && plugin=()
         local files
-        mapfile -t files < <(grep -l 'pytest.mark.gpu' tests/test_*.py)
+        if [ -n "${arg1:-}" ]; then
+            IFS=, read -r -a files <<<"$arg1"
+            files=("${files[@]/#/tests/}")
+        else
+            mapfile -t files < <(grep -l 'pytest.mark.gpu' tests/test_*.py)
+        fi
         "$PY" -m pytest -q -p no:cacheprovider -m gpu "${plugin[@]}" "${files[@]}" 2>&1 | tee "$OUT_DIR/gpu_tests.log"
         return "${PIPESTATUS[0]}"
         ;;

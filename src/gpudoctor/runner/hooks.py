@@ -153,7 +153,9 @@ class RootFinder:
     """Finds the module the script calls per step: the first module with parameters called while no
     other module's forward runs. Global forward hooks watch until that first call ends, then leave
     (they slow every module call). Callbacks get `(module, args)` in order at that call, before its
-    forward runs, and may return new positional args for it."""
+    forward runs, and may return new positional args for it. Inside code that torch.compile traces
+    (a model the script compiled itself) the hooks do nothing: traced, they would break its graph, and
+    Dynamo's resumed code iterates the live hook dicts, which the hooks' own removal then mutates."""
 
     def __init__(self) -> None:
         self.root: Any = None
@@ -165,13 +167,16 @@ class RootFinder:
         self._callbacks: list[RootCallback] = []
         self._handles: list[Any] = []
         self._depth = 0
+        self._compiling: Callable[[], bool] = lambda: False
 
     def on_root(self, callback: RootCallback) -> None:
         self._callbacks.append(callback)
 
     def install(self) -> RootFinder:
+        import torch
         from torch.nn.modules import module
 
+        self._compiling = torch.compiler.is_compiling
         self._handles = [
             module.register_module_forward_pre_hook(self._pre),
             module.register_module_forward_hook(self._post, always_call=True),
@@ -184,6 +189,8 @@ class RootFinder:
         self._handles = []
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        if self._compiling():
+            return None
         self._depth += 1
         if self._depth != 1 or self.root is not None or next(module.parameters(), None) is None:
             return None
@@ -201,6 +208,8 @@ class RootFinder:
         return new_args
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         self._depth -= 1
         if self._depth == 0 and self.root is not None:
             self.uninstall()
