@@ -73,6 +73,16 @@ class Observations:
     cuda: bool
     bf16_supported: bool
     free_cores: int
+    cudnn_tf32: bool = False  # torch.backends.cudnn.allow_tf32 (PyTorch's default: on)
+
+    @property
+    def tf32_baseline(self) -> bool:
+        """The script's own float32 arithmetic already rounds at TF32 on the GPU: its matmuls (a
+        float32_matmul_precision below "highest") or its convolutions (cuDNN's TF32, on by default)."""
+        if not self.cuda:
+            return False
+        convs = self.root is not None and self.root.conv2d and self.cudnn_tf32
+        return convs or self.float32_matmul_precision != "highest"
 
     @property
     def static_shapes(self) -> bool:
@@ -239,6 +249,7 @@ class Observer:
             cuda=torch.cuda.is_available() and torch.cuda.is_initialized(),
             bf16_supported=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
             free_cores=free_cores(),
+            cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
         )
 
 

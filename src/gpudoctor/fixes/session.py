@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
-from gpudoctor.fixes.catalog import spec_of, title_of
+from gpudoctor.fixes.catalog import TF32_TOLERANCE, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.frameworks import in_framework_terms
 from gpudoctor.fixes.observe import Observations
@@ -418,7 +418,13 @@ class FixSession:
         assert ref is not None
         specs = [spec_of(f) for f in fixes]
         tolerance = None if any(s.tolerance is None for s in specs) else max(s.tolerance or 0 for s in specs)
-        note = "; ".join(dict.fromkeys(s.tolerance_note for s in specs))
+        notes = [s.tolerance_note for s in specs]
+        if tolerance is not None and tolerance < TF32_TOLERANCE and ref.observations is not None:
+            if ref.observations.tf32_baseline:
+                # reordered TF32 products move the results by TF32's rounding, not float32's
+                tolerance = TF32_TOLERANCE
+                notes.append("the script's own convolutions or matmuls run in TF32")
+        note = "; ".join(dict.fromkeys(notes))
         others = [list(b.outputs) for b in self.baselines[1:]]
         floor = noise_floor(list(ref.outputs), others)
         return check_numerics(
