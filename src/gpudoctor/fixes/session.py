@@ -419,11 +419,11 @@ class FixSession:
         specs = [spec_of(f) for f in fixes]
         tolerance = None if any(s.tolerance is None for s in specs) else max(s.tolerance or 0 for s in specs)
         notes = [s.tolerance_note for s in specs]
-        if tolerance is not None and tolerance < TF32_TOLERANCE and ref.observations is not None:
-            if ref.observations.tf32_baseline:
-                # reordered TF32 products move the results by TF32's rounding, not float32's
-                tolerance = TF32_TOLERANCE
-                notes.append("the script's own convolutions or matmuls run in TF32")
+        seen = ref.observations
+        if tolerance is not None and tolerance < TF32_TOLERANCE and seen is not None and seen.tf32_baseline:
+            # reordered TF32 products move the results by TF32's rounding, not float32's
+            tolerance = TF32_TOLERANCE
+            notes.append("the script's own convolutions or matmuls run in TF32")
         note = "; ".join(dict.fromkeys(notes))
         others = [list(b.outputs) for b in self.baselines[1:]]
         floor = noise_floor(list(ref.outputs), others)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpudoctor.runner.compile_workers import stop_compile_workers
 from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
 from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
@@ -349,6 +350,7 @@ class LiveCapture:
     def _start_light(self) -> None:
         import torch
 
+        stop_compile_workers()
         self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.environment = environment(self._cuda)
         self._start_nvml()
