@@ -153,6 +153,8 @@ def merge(runs: Path, into: Path) -> None:
         ):
             print(f"{path}: a smoke or CPU run, left out")
             continue
+        if w["fix"].get("findings") is None:  # measured before the summary kept them
+            w["fix"]["findings"] = findings_of(path.parent / "fix" / w["workload"])
         by_name[w["workload"]] = w
         if w.get("options"):
             commands[w["workload"]] = command_of(w["workload"], w["options"])
@@ -191,6 +193,15 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def findings_of(fix_dir: Path) -> dict[str, float] | None:
+    """Each finding's own estimate (a fix answering several is predicted the largest), from the
+    diagnosis run in the fix directory."""
+    analysis = fix_dir / "run" / "analysis.json"
+    if not analysis.is_file():
+        return None
+    return {f["id"]: f["est_saving_pct"] for f in json.loads(analysis.read_text()).get("findings", [])}
+
+
 def summarize_fix(fix_dir: Path) -> dict[str, Any]:
     report = json.loads((fix_dir / "fix.json").read_text())
     verdicts = [*report["verdicts"], *([report["combination"]] if report.get("combination") else []),
@@ -222,6 +233,7 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
             | {"numerics_max_rel_diff": (v.get("numerics") or {}).get("max_rel_diff")}
             for v in verdicts
         ],
+        "findings": findings_of(fix_dir),
         "manual": report["manual"],
         "diff": report["diff"],
         "notes": report["notes"],

@@ -369,6 +369,28 @@ def test_the_report_has_a_diff_a_calibration_and_survives_json(tmp_path: Path) -
     assert report.calibration_json()["entries"][0]["rule"] == "optimizer_unfused"
 
 
+def test_each_rule_is_calibrated_against_its_own_estimate() -> None:
+    # GIVEN torch.compile, which answers two findings that promised different savings
+    from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
+
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "compile": 63.0})
+    found = tuple(
+        Finding(rule, Severity.MAJOR, rule, pct, (), Fix("", ""), {})
+        for rule, pct in (("unfused_elementwise", 21.0), ("host_python", 6.0))
+    )
+    s = FixSession(launcher, FixOptions(only=("compile",)), Diagnosis(SCHEMA, found, "", {}),
+                   argv=("train.py",), started_at="now", clock=clock)  # fmt: skip
+    # WHEN it is measured
+    report = s.run()
+    # THEN the fix is predicted the larger, and each rule's entry holds that rule's own estimate
+    assert report.verdicts[0].predicted_saving_pct == 21.0
+    assert {e.rule: e.predicted_pct for e in report.calibration} == {
+        "unfused_elementwise": 21.0,
+        "host_python": 6.0,
+    }
+
+
 # -- one baseline per round for all fixes (--shared-baseline) -------------------------------------------
 def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them() -> None:
     clock = FakeClock()

@@ -542,7 +542,7 @@ class FixSession:
             snippets=tuple(dict.fromkeys(snippets)),
             unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
             manual=tuple(self.manual),
-            calibration=_calibration(tried),
+            calibration=_calibration(tried, self.diagnosis),
             notes=tuple(notes),
             complete=self.complete,
             interrupted=self.interrupted,
@@ -608,12 +608,15 @@ def _saving(t: _Tried) -> float:
     return t.verdict.measured_saving_pct or 0.0
 
 
-def _calibration(tried: list[_Tried]) -> tuple[CalibrationEntry, ...]:
+def _calibration(tried: list[_Tried], diagnosis: Diagnosis | None) -> tuple[CalibrationEntry, ...]:
+    """Each rule's own estimate against what each fix answering it measured (a fix answering several
+    findings is predicted the largest of their savings; each finding is judged by its own)."""
+    own = {f.id: f.est_saving_pct for f in diagnosis.findings} if diagnosis else {}
     return tuple(
         CalibrationEntry(
             rule,
             t.verdict.fix,
-            t.verdict.predicted_saving_pct or 0.0,
+            own.get(rule, t.verdict.predicted_saving_pct or 0.0),
             t.verdict.measured_saving_pct,
             t.verdict.ci_low_pct,
             t.verdict.ci_high_pct,
