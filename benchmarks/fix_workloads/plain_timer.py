@@ -24,6 +24,11 @@ def main() -> int:
     parser.add_argument("--window-s", type=float, default=1.0)
     parser.add_argument("--windows", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--keep-compile-workers",
+        action="store_true",
+        help="leave Inductor's compile workers running (a probe)",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -50,7 +55,8 @@ def main() -> int:
         if state["steps"] < args.warmup:
             return
         if state["steps"] == args.warmup:
-            stop_compile_workers()  # as gpudoctor's own timing does: their start-up is not the loop's
+            if not args.keep_compile_workers:
+                stop_compile_workers()  # as gpudoctor's own timing does: their start-up is not the loop's
             sync()
             state["t0"], state["in_window"] = time.perf_counter(), 0
             return
