@@ -51,6 +51,10 @@ def main() -> int:
             torch.cuda.synchronize()
 
     def on_step() -> None:
+        # Discovery's fallback when nothing repeats for 20 s — a first step still compiling, say — is a
+        # 100 ms window: its ticks are not the script's steps (they once timed GPT-2's compilation)
+        if detector.definition is None or detector.definition.source == "window":
+            return
         state["steps"] += 1
         if state["steps"] < args.warmup:
             return
@@ -74,7 +78,13 @@ def main() -> int:
     finder = RootFinder()
     ctx = PatchContext(finder, str(Path(command[0]).resolve()))
     patches = sorted((build_patch(f, ctx) for f in args.fixes.split(",") if f), key=lambda p: p.order)
-    detector = StepDetector(on_step)
+
+    def on_definition(definition: object, restart: bool) -> None:
+        if restart:  # another source took over (an optimizer after the window fallback): count anew
+            windows.clear()
+            state.update(steps=0, t0=0.0, in_window=0)
+
+    detector = StepDetector(on_step, on_definition)
     started = time.perf_counter()
     finder.install()
     try:

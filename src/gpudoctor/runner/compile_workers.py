@@ -1,8 +1,8 @@
 """Inductor's compile workers, a start-up transient kept out of timed steps: the first torch.compile
 starts a pool of worker processes, one per core, that import torch and Triton while the loop runs. After
-a compile served from Inductor's cache (seconds), they are still starting when timing begins, and a loop
-bound by its host runs slower beside them. Where such a pool exists, it is shut down (a later compile
-starts another), as Inductor itself does once it has been idle a minute."""
+a compile served from Inductor's cache (seconds), they may still be starting when timing begins, beside a
+loop that its host bounds. Where such a pool exists, it is shut down (a later compile starts another), as
+Inductor itself does once it has been idle a minute."""
 
 from __future__ import annotations
 

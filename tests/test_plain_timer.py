@@ -1,0 +1,55 @@
+"""benchmarks/fix_workloads/plain_timer.py, the benchmark's plain timing of a workload: it times the
+script's own steps, never the 100 ms windows that step discovery falls back to while nothing repeats (a
+first step still compiling), and counts anew when a real source of steps takes over."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.runner import discovery
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location(
+    "plain_timer", ROOT / "benchmarks" / "fix_workloads" / "plain_timer.py"
+)
+assert spec is not None and spec.loader is not None
+plain_timer = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(plain_timer)
+
+SLOW_FIRST_STEP = """\
+import time
+import torch
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(2000):
+    if i == 0:
+        time.sleep(1.0)  # a first step that compiles for longer than discovery waits
+    loss = model(torch.randn(8, 4)).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    time.sleep(0.003)
+"""
+
+
+def test_a_first_step_longer_than_discovery_waits_is_timed_by_its_real_steps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN discovery that falls back to 100 ms windows after 0.3 s, and a first step of a second
+    monkeypatch.setattr(discovery, "WINDOW_AFTER_S", 0.3)
+    script, out = tmp_path / "train.py", tmp_path / "t.json"
+    script.write_text(SLOW_FIRST_STEP)
+    monkeypatch.setattr(sys, "argv", ["plain_timer.py", "--out", str(out), "--warmup", "3", "--window-s", "0.2",
+                                      "--windows", "2", "--", str(script)])  # fmt: skip
+    # WHEN the plain timer times it
+    assert plain_timer.main() == 0
+    # THEN the windows hold the optimizer's steps (about 3 ms each), not the fallback's 100 ms ticks
+    result = json.loads(out.read_text())
+    assert len(result["windows"]) == 2 and all(n >= 20 for _, n in result["windows"])
+    assert 0.003 <= result["step_s"] < 0.02
