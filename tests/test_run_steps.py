@@ -20,6 +20,8 @@ from typer.testing import CliRunner
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
+from gpudoctor.runner.discovery import Observations as discovery_observations
+from gpudoctor.runner.discovery import decide as discovery_decide
 from gpudoctor.runner.record import RunRecord
 from run_options import FAST
 
@@ -55,6 +57,7 @@ def nothing_left_behind() -> Iterator[None]:
         dataloader._BaseDataLoaderIter.__next__,
         sys.gettrace(),
         signal.getsignal(signal.SIGALRM),
+        _compile_callbacks(),
     )
     yield
     after = (
@@ -65,12 +68,19 @@ def nothing_left_behind() -> Iterator[None]:
         dataloader._BaseDataLoaderIter.__next__,
         sys.gettrace(),
         signal.getsignal(signal.SIGALRM),
+        _compile_callbacks(),
     )
     assert after == before
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
     assert live._ACTIVE is None and not torch.autograd.profiler._is_profiler_enabled
     if sys.version_info >= (3, 12):
         assert all(sys.monitoring.get_tool(t) != "gpudoctor" for t in range(6))
+
+
+def _compile_callbacks() -> tuple[int, int]:
+    from torch._dynamo.callback import callback_handler
+
+    return len(callback_handler.start_callbacks), len(callback_handler.end_callbacks)
 
 
 MLP = "torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))"
@@ -380,6 +390,45 @@ def test_when_nothing_repeats_the_steps_are_timed_windows(
     )
     assert record.step is not None and record.step.source == "window"
     assert "window" in output and record.trace_files
+
+
+def test_a_first_step_that_compiles_longer_than_discovery_waits_is_not_nothing_repeating(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN discovery that falls back to windows after 0.5 s of nothing repeating, and a script whose
+    # first step compiles for 2 s (a big model under torch.compile: GPT-2's took over 20 s on the H100)
+    from gpudoctor.runner import discovery
+
+    monkeypatch.setattr(discovery, "WINDOW_AFTER_S", 0.5)
+    record, output = run_script(
+        tmp_path,
+        """
+        import time
+        import torch
+
+        def slow_backend(graph, inputs):
+            time.sleep(2.0)
+            return graph.forward
+
+        model = torch.nn.Linear(8, 1)
+        loss_of = torch.compile(lambda x: model(x).sum(), backend=slow_backend)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(100000):
+            loss_of(torch.randn(4, 8)).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        """,
+    )
+    # THEN the compilation does not count as nothing repeating: the step is the optimizer's, found once
+    assert record.step is not None and record.step.source == "optimizer"
+    assert "window" not in output and not any("started again" in n for n in record.notes)
+
+
+def test_compilation_does_not_count_towards_the_window_fallback() -> None:
+    obs = discovery_observations(start=0.0)
+    assert discovery_decide(obs, now=25.0, compile_s=10.0) is None  # 15 s of the script's own time
+    found = discovery_decide(obs, now=25.0)
+    assert found is not None and found.source == "window"
 
 
 def test_short_steps_are_timed_in_groups_so_the_marks_cost_stays_out() -> None:

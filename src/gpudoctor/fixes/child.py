@@ -19,14 +19,14 @@ import traceback
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 from gpudoctor.fixes.catalog import build_patch
 from gpudoctor.fixes.observe import Observer
 from gpudoctor.fixes.patches.base import PatchContext
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
-from gpudoctor.runner.hooks import Restorer, RootFinder, patched, seed_everything
+from gpudoctor.runner.compile_time import CompileTime
+from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
 from gpudoctor.runner.launch import ScriptEnd, run_script
 from gpudoctor.runner.outputs import OutputRecorder
 
@@ -53,44 +53,29 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 class CompileClock:
-    """Wall time spent compiling (Dynamo's compile start/end callbacks), as a patch; what of it fell in
-    the timed steps is counted apart (a recompilation there inflates them). Where this torch has no such
-    callbacks, nothing is measured and nothing fails."""
+    """Wall time spent compiling (`runner.compile_time`), as a patch; what of it fell in the timed steps
+    is counted apart (a recompilation there inflates them)."""
 
     name = "compile_clock"
 
     def __init__(self, timing: Callable[[], bool]) -> None:
         self.timing = timing
-        self.total_s = 0.0
         self.timed_s = 0.0
-        self.available = False
-        self._start: float | None = None
-        self._restorer = Restorer()
+        self._time = CompileTime(self._on_spent)
+
+    @property
+    def total_s(self) -> float:
+        return self._time.total_s
 
     def apply(self) -> None:
-        try:
-            from torch._dynamo.callback import callback_handler
-        except ImportError:
-            return
-        self.available = True
-        callback_handler.register_start_callback(self._on_start)
-        self._restorer.on_restore(lambda: callback_handler.remove_start_callback(self._on_start))
-        callback_handler.register_end_callback(self._on_end)
-        self._restorer.on_restore(lambda: callback_handler.remove_end_callback(self._on_end))
+        self._time.install()
 
     def undo(self) -> None:
-        self._restorer.restore()
+        self._time.uninstall()
 
-    def _on_start(self, *args: Any) -> None:
-        self._start = time.perf_counter()
-
-    def _on_end(self, *args: Any) -> None:
-        if self._start is not None:
-            spent = time.perf_counter() - self._start
-            self.total_s += spent
-            if self.timing():
-                self.timed_s += spent
-            self._start = None
+    def _on_spent(self, spent: float) -> None:
+        if self.timing():
+            self.timed_s += spent
 
 
 def run_round(args: argparse.Namespace) -> RoundResult:

@@ -59,8 +59,10 @@ class Observations:
         self.loops.setdefault(loop, []).append(when)
 
 
-def decide(obs: Observations, now: float) -> StepDefinition | None:
-    """The step, once the observations are enough to say; else None (keep watching)."""
+def decide(obs: Observations, now: float, compile_s: float = 0.0) -> StepDefinition | None:
+    """The step, once the observations are enough to say; else None (keep watching). `compile_s`: how
+    long the script has compiled (torch.compile) since watching began, which does not count towards
+    "nothing repeats": a first step that compiles for a minute repeats once compiled."""
     if obs.roots:
         return _from_roots(obs, now)
     if (
@@ -77,7 +79,7 @@ def decide(obs: Observations, now: float) -> StepDefinition | None:
         if now - first >= min(LOOP_SETTLE_S, max(0.2, 20 * _period(obs.loops[loop]))):
             return StepDefinition("loop", f"one iteration of the loop at {loop.describe()}", loop=loop)
         return None
-    if now - obs.start >= WINDOW_AFTER_S:
+    if now - obs.start - compile_s >= WINDOW_AFTER_S:
         return StepDefinition("window", "a 100 ms window (nothing in the script repeats)", window_s=0.1)
     return None
 

@@ -8,8 +8,9 @@ loop around `generate`-style calls, one DataLoader batch, one iteration of a pla
 nothing repeats, timed windows. A stronger source seen later (an optimizer after validation calls of the
 model) takes over and `on_definition` says so, so the capture can start again.
 
-During discovery torch's global module hooks, the loop watcher and a SIGALRM tick (so time-based choices
-are made in the main thread) are on; once the step is known only what that source needs stays on.
+During discovery torch's global module hooks, the loop watcher, torch.compile's compile callbacks (time
+spent compiling is not "nothing repeats") and a SIGALRM tick (so time-based choices are made in the main
+thread) are on; once the step is known only what that source needs stays on.
 `install()` / `uninstall()` put in and take out every hook.
 """
 
@@ -23,6 +24,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.discovery import Observations, RootCall, StepDefinition, decide
 from gpudoctor.runner.loops import LoopKey, LoopWatcher, UserCode
 from gpudoctor.runner.modules import CallHook, RootWatcher
@@ -73,6 +75,7 @@ class StepDetector:
         self._warning_filter: Any = None
         self._idle_iterations: dict[LoopKey, int] = {}  # loop iterations since the last step
         self._last_step = time.perf_counter()
+        self._compiling = CompileTime()  # while discovering: compilation is not "nothing repeats"
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> StepDetector:
@@ -96,6 +99,7 @@ class StepDetector:
             warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING)
             self._warning_filter = warnings.filters[0]
             self._roots = RootWatcher(self._on_root, self._user_code).start()
+            self._compiling.install()
             self._loops = LoopWatcher(self._on_iteration, self._user_code).start()
             if self._loops.unavailable:
                 self.notes.append(f"loops not watched: {self._loops.unavailable}")
@@ -200,7 +204,7 @@ class StepDetector:
     def _decide(self) -> None:
         if self.definition is not None:
             return
-        found = decide(self._obs, time.perf_counter())
+        found = decide(self._obs, time.perf_counter(), self._compiling.seconds())
         if found is not None:
             self._commit(found)
 
@@ -232,6 +236,7 @@ class StepDetector:
         return self._root_modules.get(max(counts, key=counts.__getitem__))
 
     def _stop_discovery(self, keep_loop: bool) -> None:
+        self._compiling.uninstall()
         if self._roots is not None:
             self._roots.stop()
             self._roots = None
