@@ -60,12 +60,13 @@ class FakeLauncher:
         self.batch: dict[str, int] = {}
         self.edits: dict[str, tuple[Edit, ...]] = {}
         self.seen: dict[str, bool] = {}  # what every round observes of the script (conv2d, cudnn_tf32)
+        self.round_by: dict[str, float] = {}  # a configuration's round length where not round_s
 
     def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
         self.calls.append((label, fixes, exact_random))
         if self.interrupt_at is not None and len(self.calls) >= self.interrupt_at:
             raise KeyboardInterrupt
-        self.clock.now += self.round_s
+        self.clock.now += self.round_by.get("+".join(fixes), self.round_s)
         key = "+".join(fixes) or "baseline"
         median = self.step_us.get(key, self.step_us["baseline"])
         times = tuple(median * (1 + self.noise * self.rng.standard_normal(20)))
@@ -305,6 +306,12 @@ def test_the_budget_starts_no_fix_whose_rounds_would_not_fit() -> None:
     # fused_optimizer's 6 rounds would end at 130 s: not one of them is started
     assert not fused.kept and fused.reason == "the time budget ran out after 0 of 3 rounds"
     assert not any(fixes == ("fused_optimizer",) for _, fixes, _ in launcher.calls) and clock.now == 70.0
+    # and the report says how long a budget would have verified it: its 6 rounds and the combination's
+    # 6 after the 70 s spent (190 s)
+    assert (
+        "the time budget (95 s) ran out before 1 of the 2 fixes finished their 3 rounds (a fix is kept "
+        "only when timed in all of them): about 4 min would let them finish (--budget 4m)"
+    ) in report.notes
 
 
 STEP_US = {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0, "no_empty_cache": 90.0,
@@ -439,6 +446,24 @@ def test_shared_baseline_budget_lets_the_least_promising_fixes_go_first() -> Non
     assert tf32.rounds == 3 and tf32.kept
     assert fused.rounds == 0 and fused.reason == "the time budget ran out after 0 of 3 rounds"
     assert clock.now == 70.0
+    assert any(n.startswith("the time budget (90 s) ran out before 1 of the 2 fixes") for n in report.notes)
+
+
+def test_a_budget_spent_in_the_first_round_names_the_budget_that_would_do() -> None:
+    # GIVEN rounds of torch.compile far longer than the reference round the plan was made with (a
+    # ResNet-50 on the H100 with a 2-minute budget: 42 s of compiling a round): planned with 10 s
+    # rounds, both fixes and their combination fit 160 s
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "compile": 60.0})
+    launcher.round_by = {"compile": 100.0}
+    report = session(launcher, clock, "tf32,compile", shared_baseline=True, budget_s=160.0).run()
+    # THEN after one round of each (130 s) not even one fix's two rounds left fit, nothing is kept,
+    # and the note names a budget that holds the rounds left of each beside the baseline's, and
+    # their combination's: 130 + 2 × 10 + 2 × 100 + 2 × 10 + 3 × (10 + 100) = 700 s
+    assert [v.rounds for v in report.verdicts] == [1, 1] and not report.final and clock.now == 130.0
+    assert all(v.reason == "the time budget ran out after 1 of 3 rounds" for v in report.verdicts)
+    note = next(n for n in report.notes if n.startswith("the time budget (160 s)"))
+    assert note.endswith("about 12 min would let them finish (--budget 12m)")
 
 
 def test_shared_baseline_budget_keeps_back_the_time_to_verify_the_fixes_together() -> None:

@@ -6,6 +6,7 @@ the report so far go to callbacks after every round (the CLI draws bars and writ
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -169,6 +170,7 @@ class FixSession:
                 self._update(self.report())
         self._combine()
         self._stack()
+        self._budget_note()
 
     def _try(
         self,
@@ -409,6 +411,33 @@ class FixSession:
 
         return median(at.runs) < median(at.base)
 
+    def _budget_note(self) -> None:
+        """Where the budget cut fixes short of their rounds (so none of them could be kept), about how
+        long a budget would have let them finish: their rounds left at the length measured so far (a
+        compiled configuration's own), the baseline's beside them, and the time to verify the faster
+        ones together."""
+        budget, rounds = self.options.budget_s, self.options.rounds
+        cut = [t for t in self.tried if t.failure and t.failure.startswith("the time budget ran out")]
+        if budget is None or not cut:
+            return
+        left = [rounds - len(t.candidate) for t in cut]
+        base_rounds = max(left) if self.options.shared_baseline else sum(left)
+        more = sum(n * self._typical_s(t.fixes) for n, t in zip(left, cut, strict=True))
+        more += base_rounds * self._typical_s(())
+        faster = [
+            t.fixes
+            for t in self.tried
+            # kept, or cut short while looking faster (or before it was timed): it may be kept
+            if t.verdict.kept or (t in cut and (t.verdict.measured_saving_pct or 1.0) > 0.0)
+        ]
+        needed = self.clock() - self.start + more + self._reserve_s(faster)
+        minutes = max(1, math.ceil(needed / 60))
+        self.notes.append(
+            f"the time budget ({_minutes(budget)}) ran out before {len(cut)} of the {len(self.tried)} "
+            f"fixes finished their {rounds} rounds (a fix is kept only when timed in all of them): about "
+            f"{minutes} min would let them finish (--budget {minutes}m)"
+        )
+
     def _ran_out(self, k: int, reserved: bool) -> str:
         why = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
         return why + (" (the rest is kept to verify the faster fixes together)" if reserved else "")
@@ -549,6 +578,11 @@ class FixSession:
             elapsed_s=self.clock() - self.start,
             baseline_spread_pct=spread,
         )
+
+
+def _minutes(seconds: float) -> str:
+    """As --budget was likely given: 2 min, 95 s."""
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:.0f} s"
 
 
 def _spread_pct(medians: list[float]) -> float | None:
