@@ -250,9 +250,16 @@ def environment() -> dict[str, Any]:
 
         info["torch"] = torch.__version__
         info["device"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-        info["driver"] = None
+        info["cuda"] = torch.version.cuda
     except ImportError:
         pass
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+    except Exception:  # no NVML (a CPU machine): no driver to name
+        info["driver"] = None
     for package in ("transformers", "torchvision", "lightning", "pytorch_lightning"):
         try:
             from importlib import metadata
