@@ -57,6 +57,7 @@ MEMORY_EVERY_S = 0.02  # light-phase memory statistics at most this often (each 
 MEMORY_EACH_STEPS = 5  # after the first steps of the phase, each read alone
 MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fall
 SETTLE_SLACK_S = 0.02  # a step within this of the fastest is warm whatever the ratio
+SETTLE_STEPS = 3  # the last warm-up steps whose fastest a warm step is held to
 
 
 @dataclass(frozen=True)
@@ -322,9 +323,12 @@ class LiveCapture:
         return max(self.options.light_steps, min(seconds, MAX_MARKS))
 
     def _warmed_up(self) -> bool:
-        """At least --warmup steps, and until a step takes no more than twice the fastest so far (the
-        first calls of a compiled model, cudnn.benchmark's search), within a cap. With ranks, --warmup
-        steps alone: a choice every rank makes at the same step."""
+        """At least --warmup steps, and until a step takes no more than twice the fastest of the last
+        SETTLE_STEPS (after the first calls of a compiled model, cudnn.benchmark's search), within a
+        cap. Not the fastest so far: while the GPU's queue fills, a loop the GPU bounds ends its first
+        steps at the host's pace, many times faster than it will run (ViT-B/16 in float32 on the H100:
+        every warm-up ran to the cap, 50 steps of 98 ms). With ranks, --warmup steps alone: a choice
+        every rank makes at the same step."""
         n = len(self._warm) - 1  # whole steps between boundaries
         if self.lockstep:
             return n >= max(self.options.warmup, 1)
@@ -333,7 +337,8 @@ class LiveCapture:
         if n < max(self.options.warmup, 1):
             return self.options.warmup == 0 and n >= 0
         times = [b - a for a, b in itertools.pairwise(self._warm)]
-        settled = times[-1] <= max(2 * min(times), min(times) + SETTLE_SLACK_S)  # jitter is not warm-up
+        recent = times[-SETTLE_STEPS:]
+        settled = times[-1] <= max(2 * min(recent), min(recent) + SETTLE_SLACK_S)  # jitter is not warm-up
         return settled or n >= self.options.warmup + MAX_EXTRA_WARMUP
 
     def _mark_every(self) -> int:
