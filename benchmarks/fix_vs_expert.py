@@ -257,7 +257,10 @@ def environment() -> dict[str, Any]:
         import pynvml
 
         pynvml.nvmlInit()
-        info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        try:
+            info["driver"] = pynvml.nvmlSystemGetDriverVersion()
+        finally:
+            pynvml.nvmlShutdown()
     except Exception:  # no NVML (a CPU machine): no driver to name
         info["driver"] = None
     for package in ("transformers", "torchvision", "lightning", "pytorch_lightning"):

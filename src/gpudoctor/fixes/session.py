@@ -64,6 +64,9 @@ class Progress:
     together: bool = False  # every fix in each round, beside one baseline (FixOptions.shared_baseline)
 
 
+RAN_OUT = "the time budget ran out"  # a fix's failure when the budget cut its rounds short (_ran_out)
+
+
 class Launcher(Protocol):
     """Runs one round in a fresh process: the script with `fixes` applied (none: the baseline)."""
 
@@ -417,18 +420,16 @@ class FixSession:
         compiled configuration's own), the baseline's beside them, and the time to verify the faster
         ones together."""
         budget, rounds = self.options.budget_s, self.options.rounds
-        cut = [t for t in self.tried if t.failure and t.failure.startswith("the time budget ran out")]
+        cut = [t for t in self.tried if t.failure and t.failure.startswith(RAN_OUT)]
         if budget is None or not cut:
             return
         left = [rounds - len(t.candidate) for t in cut]
         base_rounds = max(left) if self.options.shared_baseline else sum(left)
         more = sum(n * self._typical_s(t.fixes) for n, t in zip(left, cut, strict=True))
         more += base_rounds * self._typical_s(())
-        faster = [
-            t.fixes
-            for t in self.tried
-            # kept, or cut short while looking faster (or before it was timed): it may be kept
-            if t.verdict.kept or (t in cut and (t.verdict.measured_saving_pct or 1.0) > 0.0)
+        # kept, or cut short while looking faster (or before it was timed): it may be kept
+        faster = [t.fixes for t in self.tried if t.verdict.kept] + [
+            t.fixes for t in cut if t.verdict.measured_saving_pct is None or t.verdict.measured_saving_pct > 0
         ]
         needed = self.clock() - self.start + more + self._reserve_s(faster)
         minutes = max(1, math.ceil(needed / 60))
@@ -439,7 +440,7 @@ class FixSession:
         )
 
     def _ran_out(self, k: int, reserved: bool) -> str:
-        why = f"the time budget ran out after {k - 1} of {self.options.rounds} rounds"
+        why = f"{RAN_OUT} after {k - 1} of {self.options.rounds} rounds"
         return why + (" (the rest is kept to verify the faster fixes together)" if reserved else "")
 
     def _numerics(self, fixes: tuple[str, ...], run: RoundResult) -> NumericsCheck:
