@@ -61,7 +61,9 @@ def test_save_then_compare_passes_and_a_regression_exits_1(tmp_path: Path) -> No
     assert r.exit_code == 0, r.output
     assert [m.label for m in load_measurements(base)] == ["loop"]
     # the same work again: no regression
-    loose = ("--threshold", "0.5")  # CI machines are noisy; a 20× slowdown still stands out
+    # CI machines are noisy (the same 1 µs loop once timed 1.75× its saved baseline on a shared 2-core
+    # machine): a regression here is over 4×, which twenty times the work still is
+    loose = ("--threshold", "3")
     r = run(
         "bench", "sum(range(100))", "--label", "loop", "--compare", base, *loose, "--device", "cpu", *QUICK
     )
