@@ -37,6 +37,14 @@ def timed(keep: bool, a: argparse.Namespace) -> dict:
             "wall_s": r.get("wall_s"), "device": r.get("device")}  # fmt: skip
 
 
+def torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return str(torch.__version__)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, required=True)
@@ -49,7 +57,9 @@ def main() -> int:
     for _ in range(a.pairs):
         for keep in (True, False):
             runs.append(dict(timed(keep, a), cache="warm"))
-            a.out.write_text(json.dumps({"runs": runs}, indent=1))
+            a.out.write_text(
+                json.dumps({"torch": torch_version(), "cpus": os.cpu_count(), "runs": runs}, indent=1)
+            )
     for r in runs:
         print(f"{r['cache']:4} keep={r['keep_workers']!s:5} step {r['step_ms']:7.2f} ms  windows "
               + " ".join(f"{w:.1f}" for w in r["window_ms"]))  # fmt: skip
