@@ -26,19 +26,12 @@ ROOT = Path(__file__).resolve().parent.parent
 CHILD = r"""
 import json, os, sys, time
 import torch
+from gpudoctor.monitor.procs import parent_pid
 from gpudoctor.runner.compile_workers import stop_compile_workers
 
 def children(pid):
-    found = []
-    for name in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rpartition(")")[2].split()
-        except OSError:
-            continue
-        if name.isdigit() and len(fields) > 1 and fields[1] == str(pid):
-            found.append(int(name))
-    return found
+    pids = [int(n) for n in os.listdir("/proc") if n.isdigit()] if os.path.isdir("/proc") else []
+    return [p for p in pids if parent_pid(p) == pid]
 
 how = sys.argv[1]
 device = "cuda" if torch.cuda.is_available() else "cpu"
