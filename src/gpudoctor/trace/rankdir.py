@@ -22,12 +22,19 @@ class RankFile:
 
 
 def rank_files(directory: Path) -> list[RankFile]:
-    """The candidate trace files of a directory, in name order (their rank is read from the traces);
-    without any, the traces in its `rank-K/` folders, by K. JSON of another kind (a record, a manifest)
-    among them is for the loader to pass over."""
-    direct = sorted(f for f in directory.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
-    if direct:
-        return [RankFile(f) for f in direct]
+    """The traces in a directory's `rank-K/` folders, by K (a `gpudoctor run` of several ranks, whose
+    own analysis.json sits beside them); without any, its candidate trace files, in name order (their
+    rank is read from the traces). JSON of another kind (a record, a manifest) among them is for the
+    loader to pass over."""
+    in_folders = _rank_folders(directory)
+    if in_folders:
+        return in_folders
+    return [
+        RankFile(f) for f in sorted(directory.iterdir()) if f.is_file() and f.name.endswith(TRACE_SUFFIXES)
+    ]
+
+
+def _rank_folders(directory: Path) -> list[RankFile]:
     out = []
     folders = sorted(
         (int(m.group(1)), d) for d in directory.iterdir() if d.is_dir() and (m := RANK_DIR.match(d.name))
