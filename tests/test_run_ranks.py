@@ -324,3 +324,49 @@ def test_sigterm_ends_the_script_then_only_cuts_the_wait_short(tmp_path: Path) -
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     finally:
         signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.slow
+def test_a_script_stopped_after_its_trace_has_its_process_group_ended(tmp_path: Path) -> None:
+    # GIVEN a gloo DDP script that never reaches its own destroy_process_group: gpudoctor stops it at a
+    # step boundary once its steps are traced (torch warns at exit on every NCCL rank otherwise)
+    result = torchrun(tmp_path / "run", env={"SAY_PG_AT_EXIT": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    # THEN on every rank the group is ended, as the script's own end would have
+    for rank in (0, 1):
+        assert record(tmp_path / "run", rank)["outcome"] == "stopped"
+        assert f"rank {rank}: process group up at exit: False" in result.stdout
+
+
+@pytest.mark.slow
+def test_a_script_too_short_for_the_phases_under_torchrun_says_what_to_pass(tmp_path: Path) -> None:
+    # GIVEN a script of 6 steps: it ends before its traced phase (warm-up 2, 5 timed, 1 + 3 traced)
+    result = torchrun(tmp_path / "run", env={"STEPS": "6"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = " ".join(result.stdout.split())  # the terminal may wrap the line
+    # THEN one line says what happened, why it is not run again, and the options that fit its steps
+    assert "no rank was traced: the script ended after 6 steps, before its traced phase" in out
+    assert "under torchrun gpudoctor does not run it again" in out
+    # (1 warm-up, 2 timed, then the profiler's own warm-up step and 1 traced: 5 of its 6)
+    assert "--warmup 1 --warmup-seconds 0 --light-steps 2 --light-seconds 0 --steps 1" in out
+    assert not (tmp_path / "run" / "analysis.json").exists()
+
+
+def test_fix_under_torchrun_says_why_it_is_not_offered(tmp_path: Path) -> None:
+    # GIVEN `gpudoctor fix` started as one rank of several (torchrun's environment)
+    from typer.testing import CliRunner
+
+    from gpudoctor.cli.main import app
+
+    env = {
+        "RANK": "0",
+        "WORLD_SIZE": "2",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "29599",
+    }
+    result = CliRunner().invoke(app, ["fix", str(SCRIPT)], env=env)
+    # THEN one line says it does not run there yet and what to do instead, exit 2, no traceback
+    assert result.exit_code == 2
+    assert "gpudoctor fix does not run under torchrun yet" in result.output
+    assert "docs/fix.md" in result.output and "Traceback" not in result.output

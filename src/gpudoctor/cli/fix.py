@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.runner.ranks import RankEnv
 from gpudoctor.util.errors import UsageError
 
 if TYPE_CHECKING:
@@ -46,6 +47,14 @@ def _ids(text: str | None) -> tuple[str, ...]:
     from gpudoctor.fixes.catalog import validate
 
     return tuple(validate(f.strip()) for f in (text or "").split(",") if f.strip())
+
+
+SEVERAL_RANKS = (
+    "gpudoctor fix does not run under torchrun yet: a fix must be applied and timed on every rank at once "
+    "(each round a torchrun of its own, the ranks' steps timed together), which it does not do; diagnose "
+    "the ranks with `torchrun ... -m gpudoctor run`, or fix one rank's loop on one GPU first "
+    "(docs/fix.md, 'Several GPUs')"
+)
 
 
 def fix_command(
@@ -83,6 +92,8 @@ def fix_command(
 
     if compile_mode is not None and compile_mode not in MODES:
         raise UsageError(f"--compile-mode must be one of {', '.join(MODES)}")
+    if RankEnv.from_environ() is not None:
+        raise UsageError(SEVERAL_RANKS)
     inputs = None
     if from_run is not None:
         script, inputs = load_from_run(from_run)

@@ -16,7 +16,8 @@ from typing import Any
 from rich.console import Console
 
 from gpudoctor.runner.capture import LiveOptions
-from gpudoctor.runner.ranks import RANK_INFO, RankRun
+from gpudoctor.runner.ranks import RANK_INFO, RECORD, RankRun
+from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 
 ANALYSIS = "analysis.json"
@@ -77,6 +78,9 @@ def combine(out: Path, console: Console) -> dict[str, Any] | None:
     from gpudoctor.report.terminal import render_analysis, render_rank_overview
     from gpudoctor.trace import load_trace
 
+    if not any(out.glob("rank-*/trace*.json*")):
+        console.print(untraced_ranks(out))
+        return None
     try:
         run = analyze_directory(out, all_reports=len(list(out.glob("rank-*"))) <= FULL_REPORTS_MAX)
     except GpudoctorError as err:
@@ -99,6 +103,47 @@ def combine(out: Path, console: Console) -> dict[str, Any] | None:
     _alignment_line(doc["run"], console)
     console.print(f"\nrun directory: {out}")
     return doc
+
+
+def untraced_ranks(out: Path) -> str:
+    """Why no rank left a trace, and what to do: a script that ended before its traced phase is not
+    run again under torchrun (every rank would have to start the script's process group anew): the
+    phases that fit the steps it ran, as the options to pass."""
+    from gpudoctor.cli.run import fitted_options
+
+    records = []
+    for path in sorted(out.glob(f"rank-*/{RECORD}")):
+        try:
+            records.append(RunRecord.from_json(json.loads(path.read_text())))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    if not records:
+        return f"no rank left a record or a trace in {out}: the ranks ended before gpudoctor could write"
+    first = min(records, key=lambda r: r.steps_seen)
+    head = f"no rank was traced: the script ended after {first.steps_seen} steps"
+    if first.outcome not in ("completed", "exit") or first.exit_code != 0:
+        return f"{head} ({first.outcome}, exit status {first.exit_code}), before its traced phase"
+    fit = fitted_options(first, LiveOptions(**_known(first.options)))
+    if fit is None or fit.trace_all or first.step is None:
+        return (
+            f"{head}, too few to time and trace apart; under torchrun gpudoctor does not run it again "
+            "(every rank would have to start its process group anew): let it run more steps"
+        )
+    flags = (
+        f"--warmup {fit.warmup} --warmup-seconds 0 --light-steps {fit.light_steps} --light-seconds 0 "
+        f"--steps {fit.steps}"
+    )
+    return (
+        f"{head}, before its traced phase; under torchrun gpudoctor does not run it again (every rank "
+        f"would have to start its process group anew): run it with {flags} (phases that fit "
+        f"{first.steps_seen} steps), or let it run more steps"
+    )
+
+
+def _known(options: dict[str, Any]) -> dict[str, Any]:
+    """The run's options as recorded, those LiveOptions has (a record from another version may differ)."""
+    fields = vars(LiveOptions())
+    return {k: v for k, v in options.items() if k in fields}
 
 
 def alignment(out: Path) -> dict[str, Any]:

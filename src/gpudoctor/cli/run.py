@@ -203,6 +203,12 @@ def _capture(
         if rank is not None:  # torchrun's SIGTERM from here on must not cut the writing of results short
             rank.script_ended = True
         capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
+    if end.outcome == "stopped":  # stopped at a step boundary: end its process group as its end would
+        from gpudoctor.runner.ranks import end_process_group
+
+        note = end_process_group()
+        if note is not None:
+            capture.notes.append(note)
     record = _record(capture, end, argv, started, options)
     if rundir is not None:
         record = rundir.finish(record)

@@ -267,6 +267,40 @@ class RankRun:
             return self.env.rank == 0
 
 
+END_GROUP_TIMEOUT_S = 30.0
+
+
+def end_process_group(timeout_s: float = END_GROUP_TIMEOUT_S) -> str | None:
+    """The script's default process group ended, as the script would have ended it had gpudoctor not
+    stopped it at a step boundary (torch warns at exit on every rank that `destroy_process_group()` was
+    not called and resources may leak). Every rank stops at the same step, after that step's
+    collectives were issued: the GPU is drained first. Done on a thread given `timeout_s`, so that a
+    communicator waiting on a rank that is gone cannot hold this one; a note when it did not end."""
+    import sys
+
+    dist = sys.modules.get("torch.distributed")  # the script never imported it: nothing to end
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    failed: list[str] = []
+
+    def end() -> None:
+        try:
+            import torch
+
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()
+            dist.destroy_process_group()
+        except Exception as err:  # the script's group is the script's: note it, never fail the run
+            failed.append(f"{type(err).__name__}: {err}")
+
+    worker = threading.Thread(target=end, name="gpudoctor-end-group", daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        return f"the script's process group did not end within {timeout_s:.0f} s of its stop"
+    return f"the script's process group could not be ended: {failed[0]}" if failed else None
+
+
 def connect_store(env: RankEnv, timeout_s: float) -> tuple[Any, str | None]:
     """(a store under gpudoctor/<run id>/, None) or (None, why not)."""
     try:
