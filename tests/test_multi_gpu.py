@@ -177,13 +177,18 @@ def test_the_straggler_is_found_with_its_cause_and_the_others_wait(name: str) ->
     # THEN it is the first finding about the run: rank 1, its GPU waiting for its host
     assert f.id == "straggler" and f.title == "Rank 1 is a straggler: host work"
     assert f.values["rank"] == 1 and "neither in the DataLoader nor in synchronizations" in f.evidence[2]
-    # AND what fixing it saves at most: rank 0's wait, never more than the step less rank 0's own work
+    # AND what fixing it saves at most: rank 0's wait, never more than the unprofiled step less the
+    # GPU floor (the heaviest GPU's compute and copies, and the transfer: the least exposed communication)
     step = statistics.median([unprofiled(name, 0), unprofiled(name, 1)])
-    own = x.overview.ranks[0].work_us
-    assert f.est_saving_pct == pytest.approx(100 * min(x.wait_us[0], step - own) / step, abs=0.05)
+    figures = x.overview.ranks
+    floor = max(r.gpu_work_us for r in figures) + min(r.communication_us for r in figures)
+    assert x.overview.slowest.paced_by == "host" and x.overview.slowest.catch_up_us < x.wait_us[0]
+    assert f.est_saving_pct == pytest.approx(100 * min(x.wait_us[0], step - floor) / step, abs=0.05)
     # AND the transfers are shown not to be the limit, at the rate computed from the kernels
     biggest = max(x.collectives, key=lambda c: c.bytes * c.calls)
-    assert f"moves at {fmt_rate(biggest.busbw)} bus bandwidth where no rank waits" in f.evidence[3]
+    assert any(
+        f"moves at {fmt_rate(biggest.busbw)} bus bandwidth where no rank waits" in e for e in f.evidence
+    )
     if name == "ddp_stack":  # recorded with stacks: the planted function is named
         assert f.sources == ("record_ddp.py(50): straggle",)
 
@@ -314,4 +319,5 @@ def test_a_slower_gpu_and_uneven_work_are_told_apart_by_the_kernels_grids(tmp_pa
     assert imbalance is not None and imbalance.values["compute_us"] == pytest.approx(3000, rel=1e-3)
     step = statistics.median(r.figures.step_p50_us for r in s)
     assert imbalance.est_saving_pct == pytest.approx(100 * (3000 - 2500) / step, abs=0.1)
-    assert straggler is not None and straggler.title == "Rank 1 is a straggler: uneven work"
+    # AND one cause is one finding: the straggler it makes is load_imbalance's, not said twice
+    assert straggler is None and d.bound.startswith("Rank 1 holds the others back")

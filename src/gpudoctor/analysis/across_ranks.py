@@ -63,7 +63,7 @@ class AcrossRanks:
 
 
 def across_ranks(summaries: Sequence[RankSummary]) -> AcrossRanks:
-    overview = rank_overview_of([s.figures for s in summaries])
+    overview = rank_overview_of([s.figures for s in summaries], unprofiled_step_us(summaries))
     deviation = _deviation(summaries)
     order = sorted(range(len(summaries)), key=lambda i: (-(deviation[i] or 0.0), summaries[i].rank))
     steps, matched = _matched_calls(summaries)
@@ -79,6 +79,30 @@ def across_ranks(summaries: Sequence[RankSummary]) -> AcrossRanks:
         link=link,
         steps_compared=tuple(sorted(steps)),
     )
+
+
+def unprofiled_step_us(summaries: Sequence[RankSummary]) -> float | None:
+    """The ranks' median unprofiled step time, where every rank's is known (they step together)."""
+    known = [s.unprofiled_step_us for s in summaries]
+    return statistics.median(u for u in known if u) if known and all(known) else None
+
+
+def own_pace_us(x: AcrossRanks, summary: RankSummary) -> float | None:
+    """A rank's own unprofiled step, where it waits for a straggler: the run's unprofiled step less that
+    wait (host-paced: what the step would lose if the straggler caught up; GPU-paced: the straggler's
+    GPU work beyond this rank's). A rank's own findings are judged against it: the time it waits for
+    another rank is not its GPU idling for its own host. None where the run's step stands (no
+    straggler, the straggler itself, or no unprofiled step)."""
+    s = x.overview.slowest
+    if s is None or not s.straggler or s.catch_up_us is None or not s.unprofiled_step_us:
+        return None
+    if summary.rank == s.rank:
+        return None
+    if s.paced_by == "gpu":
+        wait = max(s.work_us - (summary.figures.gpu_work_us or 0.0), 0.0)
+    else:
+        wait = s.catch_up_us
+    return s.unprofiled_step_us - wait
 
 
 def _deviation(summaries: Sequence[RankSummary]) -> tuple[float | None, ...]:

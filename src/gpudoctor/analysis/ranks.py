@@ -1,12 +1,21 @@
 """`rank_overview(analyses) -> RankOverview`: the ranks of a distributed run side by side — each
 rank's step time, GPU busy share by kind and idle share by cause — and the slowest rank, the one the
-others wait on in their collectives. Pure: it reads the `Analysis` of each rank, nothing else."""
+others wait on in their collectives. Pure: it reads the `Analysis` of each rank, nothing else.
+
+The profiler slows each rank's host, not its kernels, and not every rank alike: in a trace a balanced
+run shows one rank 10% longer outside communication, and a rank with a larger batch can be the one
+that waits. Where the unprofiled step is known the slowest rank is judged against it: the GPU work
+of each rank (compute and copies, as traced: kernels run at their own speed) and the shortest
+exposed communication over the ranks (the transfer, no wait) say how short the step could be. When
+the heaviest GPU accounts for the unprofiled step, the GPUs pace the run and the slowest rank is the
+one with the most GPU work; otherwise a host paces it, the rank longest outside communication in the
+trace, and catching up can save at most the unprofiled step less that GPU floor."""
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline import IDLE_CAUSES
@@ -35,6 +44,7 @@ class RankFigures:
     # longer outside communication arrives late at each collective, and the others wait for it there.
     work_us: float | None
     communication_us: float | None
+    gpu_work_us: float | None = None  # per step: compute and copies no communication hides (as traced)
 
 
 @dataclass(frozen=True)
@@ -46,7 +56,13 @@ class Slowest:
     # The other ranks' exposed communication per step beyond the slowest rank's own (median over them):
     # what they wait on it in collectives. None when no rank communicates.
     comm_wait_us: float | None
-    straggler: bool  # spread ≥ STRAGGLER_SPREAD
+    straggler: bool  # spread ≥ STRAGGLER_SPREAD (and, unprofiled, catch_up_us ≥ that share of the step)
+    # Judged against the unprofiled step (None where it is unknown): the most the step can lose if this
+    # rank caught up — the unprofiled step less the GPU floor, or its GPU work beyond the others' where
+    # the GPUs pace the run — and what paces the run: "gpu" or "host".
+    catch_up_us: float | None = None
+    paced_by: str | None = None
+    unprofiled_step_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -60,10 +76,14 @@ def rank_overview(analyses: Sequence[Analysis]) -> RankOverview:
     return rank_overview_of([rank_figures(a) for a in analyses])
 
 
-def rank_overview_of(figures: Sequence[RankFigures]) -> RankOverview:
-    """The same from each rank's figures (what a worker that analyzed one rank sends back)."""
+def rank_overview_of(figures: Sequence[RankFigures], step_us: float | None = None) -> RankOverview:
+    """The same from each rank's figures (what a worker that analyzed one rank sends back); with the
+    run's unprofiled step time, the slowest rank judged against it."""
     ranks = tuple(figures)
-    return RankOverview(ranks, _slowest(ranks))
+    slowest = _slowest(ranks)
+    if slowest is not None and step_us:
+        slowest = _unprofiled(slowest, ranks, step_us)
+    return RankOverview(ranks, slowest)
 
 
 def rank_figures(a: Analysis) -> RankFigures:
@@ -98,6 +118,9 @@ def rank_figures(a: Analysis) -> RankFigures:
         idle_share_by_cause={c: w.idle_by_cause_us.get(c, 0.0) / w.window_us for c in IDLE_CAUSES},
         work_us=per_step * (1 - comm),
         communication_us=per_step * comm,
+        gpu_work_us=per_step
+        * (kinds.get("compute", 0.0) + sum(kinds.get(k, 0.0) for k in COPY_KINDS))
+        / w.window_us,
     )
 
 
@@ -115,6 +138,39 @@ def _slowest(ranks: tuple[RankFigures, ...]) -> Slowest | None:
     if own is not None and waits and (own > 0 or any(w > 0 for w in waits)):
         wait = max(statistics.median(waits) - own, 0.0)
     return Slowest(slow.rank, slow.work_us or 0.0, typical, spread, wait, spread >= STRAGGLER_SPREAD)
+
+
+GPU_PACED = 0.9  # the heaviest GPU's work and the transfer make this share of the unprofiled step
+
+
+def _unprofiled(slow: Slowest, ranks: tuple[RankFigures, ...], step_us: float) -> Slowest:
+    """The slowest rank judged against the unprofiled step: which rank paces the run, and the most
+    the step can lose if it caught up."""
+    timed = [r for r in ranks if r.gpu_work_us is not None and r.work_us]
+    if len(timed) < 2:
+        return slow
+    transfer = min((r.communication_us or 0.0) for r in timed)  # the rank that waits least: no wait
+    heaviest = max(timed, key=lambda r: r.gpu_work_us or 0.0)
+    floor = (heaviest.gpu_work_us or 0.0) + transfer
+    if floor >= GPU_PACED * step_us:  # the GPUs pace the run: the most GPU work is the slowest rank
+        others = [r.gpu_work_us or 0.0 for r in timed if r is not heaviest]
+        typical = statistics.median(others)
+        spread = (heaviest.gpu_work_us or 0.0) / typical - 1 if typical > 0 else 0.0
+        catch_up = max((heaviest.gpu_work_us or 0.0) - typical, 0.0)
+        waits = [r.communication_us for r in timed if r is not heaviest and r.communication_us is not None]
+        wait = max(statistics.median(waits) - (heaviest.communication_us or 0.0), 0.0) if waits else None
+        return Slowest(
+            heaviest.rank, heaviest.gpu_work_us or 0.0, typical, spread, wait,
+            spread >= STRAGGLER_SPREAD and catch_up >= STRAGGLER_SPREAD * step_us,
+            catch_up, "gpu", step_us,
+        )  # fmt: skip
+    catch_up = max(step_us - floor, 0.0)
+    if slow.comm_wait_us is not None:
+        catch_up = min(catch_up, slow.comm_wait_us)
+    straggler = slow.straggler and catch_up >= STRAGGLER_SPREAD * step_us
+    return replace(
+        slow, straggler=straggler, catch_up_us=catch_up, paced_by="host", unprofiled_step_us=step_us
+    )
 
 
 __all__ = [

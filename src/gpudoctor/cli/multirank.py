@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpudoctor.analysis.across_ranks import AcrossRanks, across_ranks
+from gpudoctor.analysis.across_ranks import AcrossRanks, across_ranks, own_pace_us
 from gpudoctor.analysis.rank_summary import RankSummary, summarize_rank
 from gpudoctor.cli.rank_pool import SERIAL_BELOW, RankJob, default_workers, jobs_for, run_jobs
 from gpudoctor.report.json_out import RANKS_SCHEMA, Report, report_json
@@ -93,7 +93,32 @@ def analyze_directory(
     for r in run_jobs([_full(j, True) for j in missing], max(len(missing), 1), again):
         reports[r.summary.rank] = r.report  # type: ignore[assignment]
     paths = {s.rank: s.path for s in summaries}
+    summaries = at_own_pace(summaries, reports, across)
     return RanksRun(summaries, reports, across, diagnose_ranks(across, summaries), paths)
+
+
+def at_own_pace(
+    summaries: tuple[RankSummary, ...], reports: dict[int, Report], across: AcrossRanks
+) -> tuple[RankSummary, ...]:
+    """The reports of ranks that wait for a straggler diagnosed again against their own pace (the
+    unprofiled step less that wait: `own_pace_us`), in place, and their summaries' top findings with
+    them; the summaries, updated."""
+    from dataclasses import replace
+
+    from gpudoctor.analysis.rank_summary import TopFinding
+    from gpudoctor.rules import diagnose
+
+    out = []
+    for summary in summaries:
+        own = own_pace_us(across, summary)
+        if own is not None and summary.rank in reports:
+            a = replace(reports[summary.rank][0], unprofiled_step_us=own)
+            d = diagnose(a)
+            reports[summary.rank] = (a, d)
+            tops = tuple(TopFinding(f.id, f.est_saving_pct, f.title) for f in d.findings[:3])
+            summary = replace(summary, top_findings=tops)
+        out.append(summary)
+    return tuple(out)
 
 
 def ranks_from_reports(reports: Sequence[Report], saved: dict[str, Any] | None = None) -> RanksRun:

@@ -203,7 +203,7 @@ def _figures(a: Analysis, d: Diagnosis, ranks: RanksView | None) -> str:
     cells = "".join(f'<div class="tile"><b>{escape(v)}</b><span>{escape(k)}</span></div>' for k, v in tiles)
     if ranks is not None and ranks.overview.slowest is not None:
         s, n = ranks.overview.slowest, len(ranks.overview.ranks)
-        spread = f"{s.spread * 100:+.0f}% time outside comm."
+        spread = f"{s.spread * 100:+.0f}% " + ("GPU work" if s.paced_by == "gpu" else "time outside comm.")
         value, what = (
             (f"rank {s.rank} of {n}", f"straggler: {spread}")
             if s.straggler

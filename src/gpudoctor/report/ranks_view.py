@@ -189,10 +189,21 @@ def slowest_sentence(overview: RankOverview) -> str | None:
         head = f"Rank {s.rank} is the straggler"
     else:
         head = f"The ranks are balanced (within {STRAGGLER_SPREAD:.0%}); the slowest is rank {s.rank}"
+    what = "of GPU work (compute and copies)" if s.paced_by == "gpu" else "outside communication"
     text = (
-        f"{head}: {fmt_us(s.work_us)} per step outside communication, {spread} against the other "
+        f"{head}: {fmt_us(s.work_us)} per step {what}, {spread} against the other "
         f"ranks' median ({fmt_us(s.others_work_us)})."
     )
+    if s.paced_by == "gpu":
+        return text + (
+            f" Unprofiled, the GPUs pace the {fmt_us(s.unprofiled_step_us)} step: the profiler's cost on the "
+            "hosts changes which rank waits in the trace, not which one the others wait for."
+        )
+    if s.catch_up_us is not None:
+        text += (
+            f" Unprofiled, at most {fmt_us(s.catch_up_us)} of the {fmt_us(s.unprofiled_step_us)} step would go "
+            "if it caught up (the step less the heaviest GPU's work and the transfer)."
+        )
     if s.comm_wait_us is None:
         return text + " No rank has communication kernels in its trace."
     if s.straggler:

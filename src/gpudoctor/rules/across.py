@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import RankSummary
-from gpudoctor.rules.base import MIN_SAVING_PCT
+from gpudoctor.analysis.ranks import STRAGGLER_SPREAD
+from gpudoctor.rules.base import MIN_SAVING_PCT, us
 from gpudoctor.rules.collectives import comm_bandwidth_low
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding
 from gpudoctor.rules.imbalance import load_imbalance
@@ -30,16 +31,33 @@ def diagnose_ranks(x: AcrossRanks, summaries: Sequence[RankSummary]) -> Diagnosi
             if f is not None and f.est_saving_pct >= MIN_SAVING_PCT:
                 found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, f.id))
+    return Diagnosis(
+        SCHEMA,
+        tuple(found),
+        bound_line(x, len(summaries), found[0] if found else None),
+        {"step_us": step_us, "ranks": float(len(summaries))},
+    )
+
+
+def bound_line(x: AcrossRanks, ranks: int, first: Finding | None = None) -> str:
+    """What holds the run back, in one sentence: the rank with more work where uneven work is the
+    first finding, else the slowest rank and by what, or that none does."""
     s = x.overview.slowest
     if s is None:
-        bound = "One rank: nothing to compare."
-    elif s.straggler:
-        bound = f"Rank {s.rank} holds the others back: {100 * s.spread:+.0f}% time outside communication."
-    else:
-        bound = (
-            f"The {len(summaries)} ranks are balanced (the slowest, rank {s.rank}, {100 * s.spread:+.1f}%)."
+        return "One rank: nothing to compare."
+    if first is not None and first.id == "load_imbalance":
+        spread = first.values["compute_us"] / first.values["median_compute_us"] - 1
+        return f"Rank {first.values['rank']:.0f} holds the others back: uneven work, {100 * spread:+.0f}% compute."
+    what = "more GPU work" if s.paced_by == "gpu" else "time outside communication"
+    if s.straggler:
+        return f"Rank {s.rank} holds the others back: {100 * s.spread:+.0f}% {what}."
+    if s.catch_up_us is not None and s.paced_by == "host" and s.spread >= STRAGGLER_SPREAD:
+        return (
+            f"The {ranks} ranks are balanced once the profiler's cost is out: in the trace rank {s.rank} spends "
+            f"{100 * s.spread:+.0f}% longer outside communication, but unprofiled at most "
+            f"{us(s.catch_up_us)} of the {us(s.unprofiled_step_us or 0.0)} step would go if it caught up."
         )
-    return Diagnosis(SCHEMA, tuple(found), bound, {"step_us": step_us, "ranks": float(len(summaries))})
+    return f"The {ranks} ranks are balanced (the slowest, rank {s.rank}, {100 * s.spread:+.1f}% {what})."
 
 
 def run_step_us(summaries: Sequence[RankSummary]) -> float | None:

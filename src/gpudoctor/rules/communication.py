@@ -55,8 +55,9 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
         exposed_us -= f.per_step(sum(a.comms.exposed_by_collective_us.get(k, 0.0) for k in OTHER_RULES))
     if exposed_us <= 1e-6:
         return None
-    # At most the exposed communication goes, and never more than the step minus the other GPU work.
-    saving_us = min(exposed_us, max(f.step_us - (f.busy_us - exposed_us), 0.0))
+    traced_us = exposed_us
+    exposed_us = exposed_in_step(f, traced_us)
+    saving_us = exposed_us  # at most the exposed communication goes
     concurrent = a.timeline.concurrent_kinds_us.get(COMMUNICATION, 0.0)
     whole = a.timeline.gpu_window
     exposed_share = (
@@ -64,10 +65,8 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
     )
     comm_kernels = [k for k in a.kernels.top if k.category == COMMUNICATION]
     waiting = bool(comm_kernels) and comm_kernels[0].mean_us >= UNEVEN * comm_kernels[0].median_us
-    evidence = [
-        f"{us(exposed_us)} {step_phrase(f)} ({pct(f.pct(exposed_us))}) the GPU only communicates: "
-        f"{pct(100 * exposed_share)} of its communication time has no compute beside it.",
-    ]
+    evidence = [exposed_sentence(f, exposed_us, traced_us, "the GPU only communicates")]
+    evidence[0] += f": {pct(100 * exposed_share)} of its communication time has no compute beside it."
     if comm_kernels:
         k = comm_kernels[0]
         evidence.append(
@@ -88,7 +87,32 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
         f.pct(saving_us),
         evidence,
         FIX,
-        {"exposed_comm_us": exposed_us, "exposed_share": exposed_share, "step_us": f.step_us},
+        {
+            "exposed_comm_us": exposed_us,
+            "traced_exposed_comm_us": traced_us,
+            "exposed_share": exposed_share,
+            "step_us": f.step_us,
+        },
+    )
+
+
+def exposed_in_step(f: Facts, traced_us: float) -> float:
+    """Exposed communication per step as the step can hold it. The GPU's other work (kernels) runs at
+    its own speed under the profiler, but a collective that waits for another rank lasts as long as
+    that rank's host takes to get there, and the profiler slows hosts: against the unprofiled step, at
+    most the step less the GPU's other work."""
+    return min(traced_us, max(f.step_us - (f.busy_us - traced_us), 0.0))
+
+
+def exposed_sentence(f: Facts, exposed_us: float, traced_us: float, what: str) -> str:
+    """'X of each unprofiled step (N%) <what>', with the traced figure beside it where the step could
+    not hold it (no share of a step over 100%)."""
+    head = f"{us(exposed_us)} {step_phrase(f)} ({pct(f.pct(exposed_us))}) {what}"
+    if traced_us <= exposed_us * 1.001:
+        return head
+    return (
+        f"At most {head} ({us(traced_us)} per traced {us(f.traced_step_us)} step: a collective that waits "
+        "for a slower rank lasts as long as that rank's host, which the profiler slows)"
     )
 
 

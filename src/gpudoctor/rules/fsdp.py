@@ -9,7 +9,8 @@ from __future__ import annotations
 import statistics
 
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.rules.base import finding, pct, size, step_phrase, us
+from gpudoctor.rules.base import finding, size, us
+from gpudoctor.rules.communication import exposed_in_step, exposed_sentence
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
@@ -43,14 +44,14 @@ def fsdp_exposed(a: Analysis, f: Facts) -> Finding | None:
         return None
     exposed = {k: f.per_step(c.exposed_by_collective_us.get(k, 0.0)) for k in SHARDED}
     total = {k: f.per_step(c.comm_by_collective_us.get(k, 0.0)) for k in SHARDED}
-    exposed_us = sum(exposed.values())
-    if exposed_us <= 0:
+    traced_us = sum(exposed.values())
+    if traced_us <= 0:
         return None
-    saving_us = min(exposed_us, max(f.step_us - (f.busy_us - exposed_us), 0.0))
+    saving_us = exposed_in_step(f, traced_us)
     evidence = [
-        f"{us(exposed_us)} {step_phrase(f)} ({pct(f.pct(exposed_us))}) of all-gather and reduce-scatter has "
-        f"no compute beside it: all-gather {us(exposed['all_gather'])} of {us(total['all_gather'])}, "
-        f"reduce-scatter {us(exposed['reduce_scatter'])} of {us(total['reduce_scatter'])}.",
+        exposed_sentence(f, saving_us, traced_us, "of all-gather and reduce-scatter has no compute beside it")
+        + f": all-gather {us(exposed['all_gather'])} of {us(total['all_gather'])}, reduce-scatter "
+        f"{us(exposed['reduce_scatter'])} of {us(total['reduce_scatter'])} per traced step.",
     ]
     gathers = [x for x in c.calls if x.collective == "all_gather" and x.step is not None]
     if gathers:

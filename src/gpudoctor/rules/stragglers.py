@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import RankSummary
+from gpudoctor.analysis.ranks import Slowest
 from gpudoctor.rules.base import finding, pct, size, us
 from gpudoctor.rules.finding import Finding, Fix
 from gpudoctor.rules.imbalance import FIX as FIX_UNEVEN
@@ -82,21 +83,55 @@ def straggler(x: AcrossRanks, summaries: Sequence[RankSummary], step_us: float) 
         return None
     slow = next(r for r in summaries if r.rank == s.rank)
     others = [r for r in summaries if r.rank != s.rank]
+    uneven = bool(uneven_kernels(x))
+    if s.paced_by == "gpu":  # unprofiled, its GPU paces the run: more or slower GPU work
+        if uneven:
+            return None  # different shapes on different ranks: load_imbalance says it, with its kernels
+        return _finding(s, slow, x, s.catch_up_us or 0.0, step_us, _slower_gpu(slow, others, s))
     waits = [w for r, w in zip(summaries, x.wait_us, strict=True) if r.rank != s.rank and w is not None]
     wait_us = statistics.median(waits) if waits else s.comm_wait_us
     if wait_us is None or wait_us <= 0:
         return None
-    # At most the others' wait goes, and never more than the step less their own time outside it.
-    busy_others = statistics.median(r.figures.work_us or 0.0 for r in others)
-    saving_us = min(wait_us, max(step_us - busy_others, 0.0))
-    cause = straggler_cause(slow, others, bool(uneven_kernels(x)))
-    evidence = [
-        f"Rank {s.rank} spends {us(s.work_us)} per step outside communication, {100 * s.spread:+.0f}% against "
-        f"the other ranks' median ({us(s.others_work_us)}).",
-        f"The others wait for it {us(wait_us)} per step in their collectives: the time their kernel of each "
-        "call runs beyond the same call's shortest over the ranks (where no rank waits).",
-        cause.detail,
-    ]
+    if s.catch_up_us is not None:  # the most the unprofiled step can lose: less than the traced wait
+        saving_us = min(wait_us, s.catch_up_us)
+    else:  # at most the others' wait goes, and never more than the step less their own time outside it
+        busy_others = statistics.median(r.figures.work_us or 0.0 for r in others)
+        saving_us = min(wait_us, max(step_us - busy_others, 0.0))
+    cause = straggler_cause(slow, others, uneven)
+    if cause.name == "uneven work":
+        return None  # load_imbalance's
+    return _finding(s, slow, x, saving_us, step_us, cause, wait_us)
+
+
+def _finding(
+    s: Slowest,
+    slow: RankSummary,
+    x: AcrossRanks,
+    saving_us: float,
+    step_us: float,
+    cause: Cause,
+    wait_us: float | None = None,
+) -> Finding:
+    if s.paced_by == "gpu":
+        head = (
+            f"Rank {s.rank}'s GPU works {us(s.work_us)} per step (compute and copies), {100 * s.spread:+.0f}% "
+            f"against the other ranks' median ({us(s.others_work_us)}); with the transfers that is the "
+            f"unprofiled {us(step_us)} step: the GPUs pace the run, and the others wait for this one."
+        )
+        evidence = [head, cause.detail]
+    else:
+        evidence = [
+            f"Rank {s.rank} spends {us(s.work_us)} per step outside communication, {100 * s.spread:+.0f}% "
+            f"against the other ranks' median ({us(s.others_work_us)}).",
+            f"The others wait for it {us(wait_us or 0.0)} per step in their collectives: the time their kernel "
+            "of each call runs beyond the same call's shortest over the ranks (where no rank waits).",
+            cause.detail,
+        ]
+        if s.catch_up_us is not None and wait_us is not None and s.catch_up_us < wait_us:
+            evidence.append(
+                f"Those are traced times, and the profiler slows every host: unprofiled, the {us(step_us)} step "
+                f"less the heaviest GPU's work and the transfer leaves at most {us(s.catch_up_us)} to gain."
+            )
     if x.collectives and x.link is not None:
         top = max(x.collectives, key=lambda c: c.bytes * c.calls)
         evidence.append(
@@ -104,14 +139,30 @@ def straggler(x: AcrossRanks, summaries: Sequence[RankSummary], step_us: float) 
             f"moves at {fmt_rate(top.busbw)} bus bandwidth where no rank waits, "
             f"{pct(100 * (top.link_share or 0.0))} of the link's {fmt_rate(x.link.bytes_per_s)}."
         )
+    values = {"rank": s.rank, "spread": s.spread, "step_us": step_us}
+    if wait_us is not None:
+        values["others_wait_us"] = wait_us
+    if s.catch_up_us is not None:
+        values["catch_up_us"] = s.catch_up_us
     return finding(
         "straggler",
         f"Rank {s.rank} is a straggler: {cause.name}",
         100 * saving_us / step_us,
         evidence,
         FIXES[cause.name],
-        {"rank": s.rank, "spread": s.spread, "others_wait_us": wait_us, "step_us": step_us},
+        values,
         sources=(slow.host_top_frame,) if cause.name == "host work" and slow.host_top_frame else (),
+    )
+
+
+def _slower_gpu(slow: RankSummary, others: Sequence[RankSummary], s: Slowest) -> Cause:
+    clocks = _clock_detail(slow, others)
+    return Cause(
+        "slower GPU",
+        f"Its extra time is GPU work: {us(s.work_us - s.others_work_us)} more per step than the others' median, "
+        "with the same kernels launched with the same shapes"
+        + (f"; {clocks}" if clocks else " (no NVML record to tell whether its clocks were lower)")
+        + ".",
     )
 
 
