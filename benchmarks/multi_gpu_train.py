@@ -2,12 +2,24 @@
 ResNet-50 under bf16 autocast, SGD with momentum, synthetic ImageNet-shaped batches, launched by
 torchrun (one process per GPU, NCCL). Environment:
 
-    PARALLEL=ddp|fsdp      DistributedDataParallel, or FSDP2 (`fully_shard` on each ResNet stage and the root)
+    PARALLEL=ddp|fsdp|none DistributedDataParallel, FSDP2 (`fully_shard` on each ResNet stage and the
+                           root), or none: each rank trains its own replica with no collective at all
+                           (the step without communication, the truth exposed communication is held to)
+    FSDP_RESHARD=1|0       0: `reshard_after_forward=False` on every FSDP unit (no all-gather in backward)
     STRAGGLE_MS=20         rank 1 does this much extra host work (a busy loop) before every step
-    BATCH=64 STEPS=40      per-rank batch size, steps
+    UNEVEN=1.5             rank 1's batch is this many times the others' (load imbalance)
+    BUCKET_MB=25           DDP's gradient bucket cap (100: ResNet-50's 98 MiB of gradients in one all-reduce)
+    SHARED=1.5             every rank gets the mean batch of UNEVEN=1.5's two ranks (its fix: the same images)
+    BATCH=64               per-rank batch size
+    WARMUP_S=3 STEPS=100   warm-up for this long (at least 3 steps; on the H100 the first 2–3 s of
+                           ResNet-50 steps run up to 1.7× slower than later ones), then STEPS timed steps
     MODEL=resnet50|tiny    tiny: a small CNN, for the CPU path (gloo) where torchvision or time is missing
-    TIMES_OUT=dir          each rank writes dir/rankK.json: its step times (CUDA events, else perf_counter)
-                           after 3 warm-up steps, as a user logging throughput would measure them
+    TIMES_OUT=dir          each rank writes dir/rankK.json: the mean step over the timed window with the
+                           GPU synchronized at its two ends (what a step costs), and the per-step times
+                           from CUDA events recorded at each step's end (no sync between them)
+    WINDOWS_OUT=dir        each rank times itself window after window (benchmarks/every_loop/_window.py,
+                           EVERY_LOOP_* for its settings) into dir/rankK.json: under `gpudoctor run`, the
+                           windows inside its light phase time the same steps plainly, in the same process
 
 The timing is the script's own and the same with and without gpudoctor, so the plain run's step time
 and `gpudoctor run`'s light phase are measured alike."""
@@ -15,9 +27,12 @@ and `gpudoctor run`'s light phase are measured alike."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
+import sys
 import time
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -27,8 +42,12 @@ import torch.nn.functional as F
 
 PARALLEL = os.environ.get("PARALLEL", "ddp")
 STRAGGLE_S = float(os.environ.get("STRAGGLE_MS", "0")) / 1e3
-BATCH, STEPS = int(os.environ.get("BATCH", "64")), int(os.environ.get("STEPS", "40"))
-WARMUP = 3
+UNEVEN = float(os.environ.get("UNEVEN", "1"))
+SHARED = float(os.environ.get("SHARED", "1"))
+BUCKET_MB = int(os.environ.get("BUCKET_MB", "25"))
+RESHARD = os.environ.get("FSDP_RESHARD", "1") != "0"
+BATCH, STEPS = int(os.environ.get("BATCH", "64")), int(os.environ.get("STEPS", "100"))
+WARMUP_S, WARMUP_MIN = float(os.environ.get("WARMUP_S", "3")), 3
 
 
 def tiny() -> torch.nn.Module:
@@ -44,7 +63,50 @@ def build(device: torch.device) -> torch.nn.Module:
         return tiny().to(device)
     import torchvision
 
-    return torchvision.models.resnet50().to(device, memory_format=torch.channels_last)
+    # FSDP2 shards contiguous parameters only: channels_last weights for DDP and no communication
+    layout = torch.contiguous_format if PARALLEL == "fsdp" else torch.channels_last
+    return torchvision.models.resnet50().to(device, memory_format=layout)
+
+
+def parallel(model: torch.nn.Module, local: int, cuda: bool) -> torch.nn.Module:
+    if PARALLEL == "none":
+        return model
+    if PARALLEL == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        stages = [m for name, m in model.named_children() if name.startswith("layer")]  # ResNet's four
+        for stage in stages or [m for m in model.children() if any(True for _ in m.parameters())]:
+            fully_shard(stage, reshard_after_forward=RESHARD)
+        fully_shard(model, reshard_after_forward=RESHARD)
+        return model
+    return torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=[local] if cuda else None, bucket_cap_mb=BUCKET_MB
+    )
+
+
+def warmup_steps(started: float, cuda: bool) -> int:
+    """The step the timed window starts after, the same on every rank (a rank that stopped earlier
+    would leave the others in a collective): from the first steps' pace, enough for WARMUP_S."""
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    steps = math.ceil(max(WARMUP_S - elapsed, 0.0) / (elapsed / WARMUP_MIN))
+    more = torch.tensor([steps], device="cuda" if cuda else "cpu")
+    dist.all_reduce(more, op=dist.ReduceOp.MAX)
+    return WARMUP_MIN + int(more.item())
+
+
+def _window_clock(rank: int) -> Callable[[], None]:
+    """every_loop's window clock, one file per rank; a no-op without WINDOWS_OUT."""
+    folder = os.environ.get("WINDOWS_OUT")
+    if not folder:
+        return lambda: None
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    os.environ.update(EVERY_LOOP_TIMING=str(Path(folder) / f"rank{rank}.json"), EVERY_LOOP_CONTINUOUS="1")
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "every_loop"))
+    import _window  # reads the environment at import
+
+    return _window.tick
 
 
 def main() -> None:
@@ -55,23 +117,21 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(device)
     torch.manual_seed(0)
-    model = build(device)
-    if PARALLEL == "fsdp":
-        from torch.distributed.fsdp import fully_shard
-
-        stages = [m for name, m in model.named_children() if name.startswith("layer")]  # ResNet's four
-        for stage in stages or [m for m in model.children() if any(True for _ in m.parameters())]:
-            fully_shard(stage)
-        fully_shard(model)
-    else:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[local] if cuda else None)
+    model = parallel(build(device), local, cuda)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     size = 224 if os.environ.get("MODEL", "resnet50") != "tiny" else 64
-    images = torch.randn(BATCH, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (BATCH,), device=device)
+    batch = round(BATCH * UNEVEN) if rank == 1 else BATCH
+    if SHARED != 1:
+        batch = round(BATCH * (1 + SHARED) / 2)
+    images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
     straggle = STRAGGLE_S if rank == 1 else 0.0
+    tick = _window_clock(rank)
+    out = os.environ.get("TIMES_OUT")  # without it (under gpudoctor run) no sync and no event: a plain loop
     marks: list[object] = []
-    for step in range(STEPS):
+    window: list[float] = []
+    started, step, timed = time.perf_counter(), 0, -1  # timed: the step the timed window starts after
+    while (out and timed < 0) or step - max(timed, 0) < STEPS:
         if straggle:  # host work before the step on one rank: logging, a slow data pipeline, ...
             end = time.perf_counter() + straggle
             while time.perf_counter() < end:
@@ -81,13 +141,22 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step >= WARMUP - 1:
+        step += 1
+        tick()
+        if not out:
+            continue
+        if step == WARMUP_MIN:
+            timed = warmup_steps(started, cuda)
+        if 0 <= timed <= step:
             if cuda:
                 marks.append(torch.cuda.Event(enable_timing=True))
                 marks[-1].record()  # type: ignore[attr-defined]
             else:
                 marks.append(time.perf_counter())
-    out = os.environ.get("TIMES_OUT")
+        if step == timed or (timed >= 0 and step - timed == STEPS):  # the window's ends, GPU drained
+            if cuda:
+                torch.cuda.synchronize()
+            window.append(time.perf_counter())
     if out:
         if cuda:
             torch.cuda.synchronize()
@@ -95,7 +164,15 @@ def main() -> None:
         else:
             times = [(b - a) * 1e6 for a, b in pairwise(marks)]  # type: ignore[operator]
         Path(out).mkdir(parents=True, exist_ok=True)
-        doc = {"rank": rank, "median_us": statistics.median(times), "times_us": times}
+        doc = {
+            "rank": rank,
+            "batch": batch,
+            "mean_us": (window[1] - window[0]) * 1e6 / len(times),
+            "window_s": window[1] - window[0],
+            "median_us": statistics.median(times),
+            "warmup_steps": timed,
+            "times_us": times,
+        }
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(doc))
     dist.destroy_process_group()
 

@@ -30,6 +30,25 @@ def test_the_multi_gpu_benchmark_runs_its_cpu_path(tmp_path: Path) -> None:
         assert run["alignment"]["aligned"] and run["alignment"]["ranks_traced"] == [0, 1]
         assert all(t > 0 for t in run["light_step_us"])
         assert result["checks"][f"{name}_aligned"]
-        assert sorted(p.name for p in (tmp_path / "fixtures" / name).iterdir()) == [
-            "manifest.json", "rank0.json.gz", "rank1.json.gz",
-        ]  # fmt: skip
+        folder = tmp_path / "fixtures" / name
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "analysis.json",
+            "manifest.json",
+            "rank-0",
+            "rank-1",
+        ]
+        for rank in (0, 1):  # what the CPU tests read: as a run directory of several ranks
+            assert {p.name for p in (folder / f"rank-{rank}").iterdir()} == {
+                "rank.json",
+                "record.json",
+                "trace.json.gz",
+            }
+    # AND the findings derived again from those recordings, on the CPU, by this tree (--reanalyze)
+    again = tmp_path / "again"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "multi_gpu.py"), "--reanalyze", str(tmp_path / "multi_gpu.json"),
+           "--fixtures", str(tmp_path / "fixtures"), "--out", str(again)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    redone = json.loads((again / "multi_gpu.json").read_text())
+    assert redone["reanalyzed"]["from"] == "fixtures"
+    assert redone["runs"]["ddp"]["light_step_us"] == result["runs"]["ddp"]["light_step_us"]  # measured: kept
