@@ -23,6 +23,7 @@ from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.device.ceilings import Ceilings, reference_ceilings
 from gpudoctor.device.links import Link, reference_link
+from gpudoctor.trace.content import Accelerator, accelerator, no_gpu_activity_reason
 from gpudoctor.trace.iterations import StepSource, find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
@@ -45,6 +46,10 @@ class TraceSummary:
     span_us: float
     profiler_config: dict[str, Any]
     skipped: dict[str, int]
+    # The accelerator's vendor and architecture (AMD traces say gfx, not sm_); None where none is recorded.
+    accelerator: Accelerator | None = None
+    # Where the trace has no CUDA/ROCm GPU activity: what it holds instead, and why it is not analyzed.
+    no_gpu_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,7 +156,7 @@ def _analyze(
             raise UsageError(f"no step {step} in this trace (steps: {have})")
         steps = chosen
     if not trace.has_gpu:
-        notes.append("no GPU activity: a CPU-only trace, so GPU figures are not available")
+        notes.append(no_gpu_activity_reason(trace))
     window = (steps[0].window_start_us, steps[-1].window_end_us) if steps else None  # GPU side
     cpu_window = (steps[0].start_us, steps[-1].end_us) if steps else None
     syncs = host_sync_rows(trace)
@@ -238,6 +243,8 @@ def _summary(trace: Trace) -> TraceSummary:
         span_us=span,
         profiler_config=dict(trace.meta.profiler_config),
         skipped=dict(trace.skipped),
+        accelerator=accelerator(trace),
+        no_gpu_reason=None if len(gpu) else no_gpu_activity_reason(trace),
     )
 
 

@@ -462,7 +462,10 @@ def _environment(a: Analysis) -> str:
             rows.append(("device memory", fmt_bytes(d.total_memory_bytes)))
         if d.sm_count:
             rows.append(("SMs", str(d.sm_count)))
-        if d.compute_capability:
+        acc = a.trace.accelerator
+        if acc is not None and acc.vendor != "NVIDIA":
+            rows.append(("vendor, architecture", f"{acc.vendor}, {acc.arch or 'not recorded'}"))
+        elif d.compute_capability:
             rows.append(("compute capability", ".".join(map(str, d.compute_capability))))
     for key, value in sorted(a.trace.profiler_config.items()):
         rows.append((f"profiler {key}", str(value)))

@@ -43,6 +43,8 @@ class Facts:
     kernel_us: float  # kernel time per step
     cpu_ops_us: float = 0.0  # host time in top-level PyTorch ops per step, as traced
     sync_call_us: float = 0.0  # host time in runtime calls that block on the GPU per step, as traced
+    # idle before GPU work whose launching call the trace does not hold (cause unknown), per step
+    other_idle_us: float = 0.0
     # No steps: the "step" is the traced time as a whole, and every figure and saving is a share of it.
     whole_trace: bool = False
 
@@ -146,5 +148,6 @@ def facts_of(a: Analysis) -> Facts | None:
         kernel_us=a.kernels.total_us / n,
         cpu_ops_us=mean("cpu_ops_us"),
         sync_call_us=mean("sync_us"),
+        other_idle_us=causes.get("other", 0.0),
         whole_trace=whole_trace,
     )

@@ -65,7 +65,11 @@ def diagnose(analysis: Analysis) -> Diagnosis:
     memory = memory_findings(analysis.memory_run)
     facts = facts_of(analysis)
     if facts is None:
-        return Diagnosis(SCHEMA, memory, "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
+        reason = analysis.trace.no_gpu_reason
+        said = "No GPU activity in this trace: nothing to diagnose on the GPU."
+        if reason and not reason.startswith("no GPU activity"):
+            said = f"No GPU activity to diagnose: {reason}."
+        return Diagnosis(SCHEMA, memory, said, {})
     if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
         too_little = (
             f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no repeating step "
@@ -109,6 +113,7 @@ def bound(a: Analysis, f: Facts) -> str:
         "waiting for the host": f.host_wait_us * f.host_scale,
         "synchronizations": f.sync_idle_us,
         "launch gaps between queued kernels": f.launch_gap_us,
+        "before GPU work whose launch the trace does not record (cause unknown)": f.other_idle_us,
     }
     cause = max(causes, key=lambda c: causes[c])
     return (
