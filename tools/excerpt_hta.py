@@ -42,7 +42,9 @@ def excerpt(doc: dict[str, Any], per_category: int) -> dict[str, Any]:
                 seen[cat] += 1
                 kept.append(e)
     where = {(e.get("pid"), e.get("tid")) for e in kept} | {(e.get("pid"), 0) for e in kept}
-    named: dict[tuple[Any, Any, Any], dict[str, Any]] = {}  # one of each metadata event per (name, pid, tid): the full files repeat them by the 10,000
+    named: dict[
+        tuple[Any, Any, Any], dict[str, Any]
+    ] = {}  # one of each metadata event per (name, pid, tid): the full files repeat them by the 10,000
     for e in doc["traceEvents"]:
         if e.get("ph") == "M" and (e.get("pid"), e.get("tid")) in where:
             named.setdefault((e.get("name"), e.get("pid"), e.get("tid")), e)
