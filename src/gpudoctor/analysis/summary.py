@@ -16,6 +16,7 @@ from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
+from gpudoctor.analysis.profiler_cost import ProfilerCost, profiler_cost
 from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
@@ -97,6 +98,9 @@ class Analysis:
     comms: CommReport | None = None
     # GPU memory as `gpudoctor run` recorded it (analysis.memory_run); None for a trace alone.
     memory_run: MemoryAnalysis | None = None
+    # What the profiler recorded per step and its estimated host cost; None in an analysis saved before
+    # it existed, or a trace without host events.
+    profiler_cost: ProfilerCost | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -191,6 +195,7 @@ def _analyze(
         batch_evidence=batch_evidence(trace),
         modules=module_view(trace, steps, module_depth),
         comms=comm_report(trace, steps, window, link),
+        profiler_cost=profiler_cost(trace, steps),
     )
 
 
