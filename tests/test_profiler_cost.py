@@ -167,3 +167,99 @@ def test_with_the_unprofiled_step_known_nothing_is_estimated() -> None:
     path, unprofiled = WELL_TUNED["conv_bf16_train"]
     f = facts_of(analyze(load_trace(path), unprofiled_step_us=unprofiled))
     assert f is not None and f.profiler_est_us is None and f.est_unprofiled_us is None
+
+
+# --- the GPU recordings of tools/measure_profiler_cost.py -------------------------------------------
+
+RECORDED = FIXTURES / "profiler_cost"
+_RECORDED = json.loads((RECORDED / "manifest.json").read_text())["workloads"] if RECORDED.exists() else {}
+ACCEPTED = sorted(n for n, w in _RECORDED.items() if w.get("part") == "acceptance" and "runs" in w)
+
+
+@pytest.mark.skipif(not ACCEPTED, reason="not recorded yet: tools/measure_profiler_cost.py --part acceptance")
+@pytest.mark.parametrize("name", ACCEPTED or ["none"])
+def test_recorded_well_tuned_workloads_meet_the_acceptance(name: str) -> None:
+    # GIVEN a well-tuned workload traced with with_stack + record_shapes, and its unprofiled step time
+    entry = _RECORDED[name]
+    path = RECORDED / entry["runs"]["stack_shapes"]["file"]
+    unprofiled = entry["unprofiled_step_us"]["median"]
+    f = facts_of(_analysis(path))
+    assert f is not None and f.est_unprofiled_us is not None
+    # THEN the estimated profiler cost is within ±30% of the measured traced − unprofiled difference
+    predicted, measured = f.traced_step_us - f.est_unprofiled_us, f.traced_step_us - unprofiled
+    assert abs(predicted - measured) <= 0.3 * abs(measured), (predicted, measured)
+    # AND the trace alone gets no critical or major host-side finding
+    d = _alone(path)
+    assert not [
+        f.id for f in d.findings if f.id in HOST_SIDE and f.severity in (Severity.CRITICAL, Severity.MAJOR)
+    ]
+
+
+# --- the recorder's own counting and fitting (CPU) ---------------------------------------------------
+
+
+def _tool() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "measure_profiler_cost", FIXTURES.parents[1] / "tools" / "measure_profiler_cost.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recorder_counts_events_per_step_as_the_analysis_does() -> None:
+    import gzip
+
+    path, _ = WELL_TUNED["zoo profiler_distortion.slow"]
+    with gzip.open(path, "rb") as fh:
+        counted = _tool().count_events(json.load(fh))  # type: ignore[attr-defined]
+    cost = _analysis(path).profiler_cost
+    assert cost is not None and len(counted["traced_step_us"]) == 3
+    for kind in ("event", "compiled_launch", "shaped_op", "python_frame"):
+        assert counted["counts_per_step"][kind] == pytest.approx(cost.counts[kind], rel=0.02), kind
+
+
+def test_the_fit_recovers_per_event_costs_from_host_bound_probes(tmp_path: Path) -> None:
+    # GIVEN probes whose traced time is the unprofiled time plus known per-event costs
+    truth = {
+        "event": 2.0,
+        "compiled_launch": 20.0,
+        "shaped_op": 3.0,
+        "memory_event": 1.0,
+        "python_frame": 1.5,
+    }
+    base = {
+        "event": 1000.0,
+        "compiled_launch": 0.0,
+        "shaped_op": 0.0,
+        "memory_event": 0.0,
+        "python_frame": 0.0,
+    }
+
+    def run(counts: dict[str, float], unprofiled: float) -> dict:
+        return {
+            "counts_per_step": counts,
+            "traced_step_us": [unprofiled + sum(truth[k] * v for k, v in counts.items())],
+        }
+
+    eager = {
+        "default": run(base, 5000.0),
+        "record_shapes": run({**base, "shaped_op": 700.0}, 5000.0),
+        "profile_memory": run({**base, "event": 1010.0, "memory_event": 300.0}, 5000.0),
+        "with_stack": run({**base, "python_frame": 4000.0}, 5000.0),
+    }
+    compiled = {"default": run({**base, "event": 400.0, "compiled_launch": 100.0}, 3000.0)}
+    doc = {
+        "environment": {"device_name": "test"},
+        "workloads": {
+            "eager_probe": {"runs": eager, "unprofiled_step_us": {"median": 5000.0}},
+            "compiled_probe": {"runs": compiled, "unprofiled_step_us": {"median": 3000.0}},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    # THEN the fit gives them back
+    fitted = _tool().fit(tmp_path)["costs_us"]  # type: ignore[attr-defined]
+    assert fitted == pytest.approx(truth)
