@@ -352,13 +352,23 @@ def _roofline(a: Analysis) -> str:
             _num(p.bytes_per_s, fmt_rate(p.bytes_per_s)),
             _num(p.intensity, f"{p.intensity:.3g}"),
             _text(p.bound or "?"),
-            _num(p.ceiling_share, fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "n/a"),
+            _num(
+                p.ceiling_share,
+                (fmt_pct(p.ceiling_share) + ("*" if p.beyond_ceiling else ""))
+                if p.ceiling_share is not None
+                else "n/a",
+            ),
         ]
         for p in r.points
     ]
+    beyond = "".join(
+        f'<p class="note">* {escape(p.kernel[:80])}: {escape(p.beyond_ceiling)}.</p>'
+        for p in r.points
+        if p.beyond_ceiling
+    )
     head = ("kernel", "op", "dtype", "time", "FLOP/s", "bandwidth", "FLOPs/byte", "bound", "of ceiling")
     body = f'<p class="note">{escape(note)}</p>{chart}<div class="legend">{keys}</div>' + _table(head, rows)
-    return _section(title, body, "roofline")
+    return _section(title, body + beyond, "roofline")
 
 
 def _ops(a: Analysis) -> str:
