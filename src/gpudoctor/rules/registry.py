@@ -11,6 +11,7 @@ from gpudoctor.rules.base import MIN_SAVING_PCT, Rule, pct, us
 from gpudoctor.rules.batch import small_batch
 from gpudoctor.rules.collectives import comm_link_bound
 from gpudoctor.rules.communication import communication_exposed
+from gpudoctor.rules.copy_overlap import copy_overlap
 from gpudoctor.rules.data_parallel import data_parallel
 from gpudoctor.rules.facts import Facts, facts_of
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
@@ -35,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     launch_overhead,
     host_python,
     pageable_copy,
+    copy_overlap,
     tensor_cores_unused,
     attention_materialized,
     unfused_elementwise,
