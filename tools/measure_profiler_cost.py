@@ -13,6 +13,7 @@ Parts (each well under 10 minutes on an H100; self-contained: torch, torchvision
     PYTHONPATH=src python tools/measure_profiler_cost.py --part probes --out $OUT/profiler_cost
     PYTHONPATH=src python tools/measure_profiler_cost.py --part acceptance --out $OUT/profiler_cost
     python tools/measure_profiler_cost.py --fit tests/fixtures/profiler_cost   # on any machine, no GPU
+    python tools/measure_profiler_cost.py --merge OTHER_RUN --out tests/fixtures/profiler_cost
 
 Everything merges into `<out>/manifest.json`; `--fit` writes benchmarks/results/profiler_cost.json.
 """
@@ -347,6 +348,20 @@ def fit(folder: Path) -> dict[str, Any]:
     }
 
 
+def merge(source: Path, dest: Path) -> None:
+    """Copy `source`'s traces into `dest` and its workloads into `dest/manifest.json` (one recording
+    split over several GPU calls)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    theirs = json.loads((source / "manifest.json").read_text())
+    path = dest / "manifest.json"
+    ours = json.loads(path.read_text()) if path.exists() else {"workloads": {}}
+    ours["environment"] = theirs.get("environment", ours.get("environment"))
+    ours["workloads"] = {**ours.get("workloads", {}), **theirs["workloads"]}
+    for trace in source.glob("*.json.gz"):
+        shutil.copyfile(trace, dest / trace.name)
+    path.write_text(json.dumps(ours, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--part", choices=("probes", "acceptance"))
@@ -356,7 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timing", type=int, default=40, help="unprofiled steps timed, before and after")
     p.add_argument("--active", type=int, default=3, help="profiled steps")
     p.add_argument("--fit", type=Path, default=None, help="fit per-event costs from a recorded folder")
+    p.add_argument("--merge", type=Path, default=None, help="merge another recorded folder into --out")
     args = p.parse_args(argv)
+    if args.merge is not None:
+        merge(args.merge, args.out)
+        return 0
     if args.fit is not None:
         result = fit(args.fit)
         RESULT.write_text(json.dumps(result, indent=1) + "\n")
