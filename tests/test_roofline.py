@@ -359,3 +359,39 @@ def test_a_trace_with_damaged_shapes_analyzes_and_reports(write_trace: Any) -> N
     assert a.roofline is not None
     for p in a.roofline.points:
         assert all(np.isfinite(x) for x in (p.flops, p.bytes, p.flops_per_s, p.bytes_per_s, p.intensity))
+
+
+# --- shares over 100% say why ------------------------------------------------------------------------
+
+
+def test_no_share_over_100_percent_goes_unexplained() -> None:
+    # GIVEN the H100 transformer fixture, where a matmul and an in-place add beat their measured ceilings
+    a = analyze(load_trace(TRANSFORMER))
+    assert a.roofline is not None
+    over = [p for p in a.roofline.points if p.ceiling_share is not None and p.ceiling_share > 1]
+    assert {p.bound for p in over} == {"compute", "memory"}
+    # THEN each says why, and only those do
+    for p in a.roofline.points:
+        assert (p.beyond_ceiling is not None) == (p in over)
+    compute = next(p for p in over if p.bound == "compute")
+    memory = next(p for p in over if p.bound == "memory")
+    assert "8192³ matmul" in (compute.beyond_ceiling or "")
+    assert "L2 cache" in (memory.beyond_ceiling or "") and "device-to-device copy" in (
+        memory.beyond_ceiling or ""
+    )
+    # AND every renderer marks the share and prints the reason
+    md = "\n".join(render_markdown(a, diagnose(a)).splitlines())
+    assert "103.4%\\*" in md and "cuBLAS runs this shape faster" in md  # markdown shows the top 5
+    html = render_html(a, diagnose(a))
+    assert "114.0%*" in html and "faster than the" in html
+
+
+def test_operands_that_fit_in_l2_are_named_as_the_reason() -> None:
+    a = analyze(load_trace(TRANSFORMER))
+    assert a.roofline is not None and a.roofline.ceilings is not None
+    from gpudoctor.analysis.roofline import _beyond
+
+    limits = dataclasses.replace(a.roofline.ceilings, l2_cache_bytes=50 * 2**20)
+    said = _beyond(1.2, "memory", "float32", 8 * 2**20, limits)
+    assert said is not None and "8 MiB per call" in said and "50 MiB L2 cache" in said
+    assert _beyond(0.97, "memory", "float32", 8 * 2**20, limits) is None

@@ -63,15 +63,22 @@ def test_the_syncs_are_named_with_their_source_line() -> None:
 
 
 def test_profiler_overhead_is_taken_out() -> None:
-    # Profiled, the transformer step looks host-bound (launch overhead, major); measured without the
-    # profiler its GPU is busy 94% of the step: a minor finding and an info about the distortion.
+    # Profiled, the transformer step looks host-bound (launch overhead up to 18% of the traced step);
+    # measured without the profiler its GPU is busy 94% of the step: a minor finding and an info about
+    # the distortion. On the trace alone the profiler's cost is estimated from what it recorded, and the
+    # finding is judged without it: minor, not major, with the saving the trace bounds still shown.
     traced, real = diagnosis("transformer_train", unprofiled=False), diagnosis("transformer_train")
     seen, actual = traced.get("launch_overhead"), real.get("launch_overhead")
-    assert seen is not None and seen.severity in (Severity.CRITICAL, Severity.MAJOR)
+    assert seen is not None and seen.est_saving_pct >= 8 and seen.severity is Severity.MINOR
+    assert seen.values["saving_without_profiler_pct"] < 8
+    assert any("profiler_distortion" in e and "gpudoctor run" in e for e in seen.evidence)
     assert actual is not None and actual.severity in (Severity.MINOR, Severity.INFO)
     assert actual.est_saving_pct < seen.est_saving_pct / 3
-    assert real.get("profiler_distortion") is not None and traced.get("profiler_distortion") is None
+    assert real.get("profiler_distortion") is not None
+    estimated = traced.get("profiler_distortion")
+    assert estimated is not None and estimated.values["est_profiler_us"] > 0
     assert real.bound.startswith("GPU-bound") and not traced.bound.startswith("GPU-bound")
+    assert "The profiler itself may account for" in traced.bound
 
 
 def test_a_cpu_only_analysis_has_nothing_to_diagnose() -> None:

@@ -15,6 +15,7 @@ import pytest
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.rules import Diagnosis, Severity, diagnose
 from gpudoctor.trace import load_trace
+from gpudoctor.workloads import zoo
 
 ZOO = Path(__file__).parent / "fixtures" / "zoo"
 MANIFEST: dict[str, Any] = (
@@ -66,4 +67,8 @@ def test_every_rule_has_a_case() -> None:
     # the collectives' rules on the DDP recordings and crafted FSDP / pipeline traces (test_multi_gpu.py)
     several = {"data_parallel", "communication_exposed", "host_python", "comm_link_bound", "fsdp_exposed"}
     expected = {r.__name__ for r in RULES} - several - {"pipeline_bubble"}
-    assert expected <= set(CASES)
+    # Defined in the zoo and awaiting its GPU recording (tools/record_zoo.py --only copy_overlap): until
+    # then the rule is checked on crafted traces (tests/test_copy_overlap.py).
+    pending = {"copy_overlap"} - set(CASES)
+    assert all(zoo.case(rule).rule == rule for rule in pending)
+    assert expected - pending <= set(CASES)

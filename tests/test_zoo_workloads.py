@@ -30,6 +30,7 @@ RULES = [
     "host_sync",
     "launch_overhead",
     "pageable_copy",
+    "copy_overlap",
     "tensor_cores_unused",
     "attention_materialized",
     "unfused_elementwise",

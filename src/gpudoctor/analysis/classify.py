@@ -12,7 +12,10 @@ from gpudoctor.trace.model import Kind, Trace
 # HTA counts a kernel as communication when its name contains "nccl"; we add RCCL and the
 # collective names that other backends (and NCCL's newer `ncclDevKernel_*`) use.
 COMMUNICATION = re.compile(r"nccl|rccl|AllReduce|AllGather|ReduceScatter|AllToAll|SendRecv|Broadcast", re.I)
-MATMUL = re.compile(r"gemm|matmul|nvjet|cutlass|xmma|_mma|gmma|cublas|hipblaslt|splitK|Kernel2", re.I)
+# rocBLAS / hipBLASLt name their Tensile GEMM kernels `Cijk_<A>_<B>_<types>_MT…` (C[i,j] = Σk A·B).
+MATMUL = re.compile(
+    r"gemm|matmul|nvjet|cutlass|xmma|_mma|gmma|cublas|hipblaslt|rocblas|splitK|Kernel2|^Cijk_", re.I
+)
 # Fused attention (FlashAttention, cuDNN / CUTLASS fused MHA, memory-efficient attention).
 ATTENTION = re.compile(r"flash|fmha|attention|sdpa|_mha|mem_eff", re.I)
 NORMALIZATION = re.compile(r"batch_?norm|bn_fw|bn_bw|layer_?norm|rms_?norm|group_?norm|instance_?norm", re.I)
@@ -37,7 +40,8 @@ CONVOLUTION = re.compile(
 # SIMT kernels (no tensor cores) say sgemm/dgemm/simt or name a plain fp32 tile.
 TENSOR_CORE = re.compile(
     r"h\d{3,5}gemm|s\d{3,5}gemm|i\d{3,5}gemm|884|1688|16816|16832|hmma|gmma|wgmma|xmma|tensorop|"
-    r"tf32|bf16|f16|fp16|e4m3|e5m2|nvjet|sm\d\d_xmma|_h16|tst",
+    r"tf32|bf16|f16|fp16|e4m3|e5m2|nvjet|sm\d\d_xmma|_h16|tst|"
+    r"^Cijk_.*_MI\d+x\d+x\d+_",  # Tensile on AMD's matrix cores (MFMA instruction MIMxNxK)
     re.I,
 )
 NOT_TENSOR_CORE = re.compile(r"simt|sgemm(?!.*tf32)|dgemm|gemv|gemvx|fp32_?nt|_f32f32_f32f32", re.I)

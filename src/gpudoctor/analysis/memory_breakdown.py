@@ -37,6 +37,7 @@ class SiteBytes:
     category: str  # the category of most of its bytes
     inner: str | None = None  # the innermost line outside torch, where it is not `site` (a model's file)
     script_line: str | None = None  # the line of the script that was run (its loop), for most bytes
+    kept_by: str | None = None  # a leak's: the script's line that stores what this line allocated
 
 
 @dataclass(frozen=True)

@@ -11,11 +11,13 @@ Pure: the caller reads the files."""
 from __future__ import annotations
 
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpudoctor.analysis.keeping import keeping_line
 from gpudoctor.analysis.memory_breakdown import (
     MemoryBreakdown,
     SiteBytes,
@@ -248,7 +250,28 @@ def _growing_sites(run: Mapping[str, Any], snapshots: Mapping[str, Any]) -> tupl
         grew = s.bytes - (old.bytes if old else 0)
         if grew > 0:
             rows.append(replace(s, bytes=grew // (n1 - n0), blocks=s.blocks - (old.blocks if old else 0)))
-    return tuple(sorted(rows, key=lambda r: (-r.bytes, r.site)))
+    kept = _with_keeping_lines(rows, script, run.get("script_source"))
+    return tuple(sorted(kept, key=lambda r: (-r.bytes, r.site)))
+
+
+def _with_keeping_lines(rows: list[SiteBytes], script: str | None, source: Any) -> list[SiteBytes]:
+    """Each growing line of the script with the later line that stores what it allocated, where the
+    run recorded the script's text (`runner.memory`) and one does (`analysis.keeping`)."""
+    if not script or not isinstance(source, str):
+        return rows
+    base = script.replace("\\", "/").rsplit("/", 1)[-1]
+    out = []
+    for r in rows:
+        m = _SITE.match(r.site)
+        if m and m.group(1).replace("\\", "/").rsplit("/", 1)[-1] == base:
+            kept = keeping_line(source, int(m.group(2)))
+            if kept is not None:
+                r = replace(r, kept_by=f"{m.group(1)}:{kept}")
+        out.append(r)
+    return out
+
+
+_SITE = re.compile(r"^(.*):(\d+) in ")
 
 
 def _live_by_line(snapshot: Any, script: str | None) -> tuple[SiteBytes, ...]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -24,6 +24,7 @@ from gpudoctor.analysis.opwork import FAMILIES, OpWork, op_family, op_work
 from gpudoctor.device.ceilings import Ceilings
 from gpudoctor.trace.links import op_parents, op_rows, op_subtrees
 from gpudoctor.trace.model import Kind, Trace
+from gpudoctor.util.units import fmt_bytes
 
 TOP_POINTS = 20
 # fp32 matmuls and convolutions on tensor cores run as TF32: their kernels say so
@@ -50,6 +51,8 @@ class RooflinePoint:
     attainable_flops_per_s: float | None  # min(peak, intensity × bandwidth); None without ceilings
     bound: str | None  # "memory" or "compute", by which ceiling is lower at this intensity
     ceiling_share: float | None  # achieved / attainable
+    # Where ceiling_share > 1: why the kernel beats its measured ceiling (never a share over 100% unsaid)
+    beyond_ceiling: str | None = None
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,9 @@ class RooflineCeilings:
     bytes_per_s: float
     flops: dict[str, float]  # dtype -> FLOP/s
     source: str  # where the figures come from, for the reader
+    copy_bytes: int = 0  # the buffer the copy ceiling was measured with (0: not recorded)
+    matmul_n: int = 0  # the n of the n³ matmuls the FLOP/s ceilings were measured with
+    l2_cache_bytes: int | None = None  # the GPU's L2, where the trace or the device table says
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,9 @@ def roofline(
         rows = rows[(trace.ts[rows] >= window[0]) & (trace.ts[rows] < window[1])]
     kernel_us = float(trace.dur[rows].sum())
     limits = _ceilings(ceilings)
+    info = trace.device_info
+    if limits is not None and info is not None and info.l2_cache_bytes:
+        limits = replace(limits, l2_cache_bytes=info.l2_cache_bytes)
     if not len(rows):
         return Roofline((), limits, 0.0, 0.0, 0.0, "no kernels in this trace")
     anchor, work, from_trace = _anchors(trace, rows)
@@ -111,7 +120,7 @@ def _ceilings(c: Ceilings | None) -> RooflineCeilings | None:
         return None
     flops = {k: v for k, v in c.matmul_flops.items() if c.flops_for(k) is not None}
     source = c.source or f"measured on this machine {c.measured_at}".strip()
-    return RooflineCeilings(c.device_name, c.copy_bytes_per_s, flops, source)
+    return RooflineCeilings(c.device_name, c.copy_bytes_per_s, flops, source, c.copy_bytes, c.matmul_n)
 
 
 def _no_ceilings(trace: Trace) -> str:
@@ -330,4 +339,31 @@ def _point(
         attainable_flops_per_s=attainable,
         bound=bound,
         ceiling_share=share if share is None or math.isfinite(share) else None,
+        beyond_ceiling=_beyond(share, bound, peak, nbytes / len(dur), limits),
+    )
+
+
+def _beyond(
+    share: float | None, bound: str | None, peak: str, bytes_per_call: float, limits: RooflineCeilings | None
+) -> str | None:
+    """Why a kernel reaches more than its measured ceiling; None where it does not."""
+    if share is None or not math.isfinite(share) or share <= 1.0 or limits is None:
+        return None
+    if bound == "compute":
+        shape = f"{limits.matmul_n}³" if limits.matmul_n else "one large square"
+        return (
+            f"above the {peak} FLOP/s measured on a {shape} matmul: cuBLAS runs this shape faster, or the "
+            "clocks ran higher than at that measurement; that ceiling is a reference, not the peak"
+        )
+    l2 = limits.l2_cache_bytes
+    if l2 and bytes_per_call <= l2:
+        return (
+            f"its operands ({fmt_bytes(bytes_per_call)} per call) fit in the {fmt_bytes(l2)} L2 cache, which "
+            "serves them faster than the DRAM the copy ceiling measured"
+        )
+    copy = f"{fmt_bytes(limits.copy_bytes)} " if limits.copy_bytes else ""
+    return (
+        f"it moved its bytes (each operand counted once) faster than the {copy}device-to-device copy that "
+        "measured the memory ceiling: part of its operands were still in the L2 cache (written by the kernel "
+        "before it), or the copy's rate falls short of the DRAM's; against the DRAM the share is lower"
     )

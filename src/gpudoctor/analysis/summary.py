@@ -16,6 +16,7 @@ from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
+from gpudoctor.analysis.profiler_cost import ProfilerCost, profiler_cost
 from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
@@ -23,6 +24,7 @@ from gpudoctor.analysis.transfers import TransferReport, transfer_report
 from gpudoctor.device import DeviceInfo
 from gpudoctor.device.ceilings import Ceilings, reference_ceilings
 from gpudoctor.device.links import Link, reference_link
+from gpudoctor.trace.content import Accelerator, accelerator, no_gpu_activity_reason
 from gpudoctor.trace.iterations import StepSource, find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
@@ -45,6 +47,10 @@ class TraceSummary:
     span_us: float
     profiler_config: dict[str, Any]
     skipped: dict[str, int]
+    # The accelerator's vendor and architecture (AMD traces say gfx, not sm_); None where none is recorded.
+    accelerator: Accelerator | None = None
+    # Where the trace has no CUDA/ROCm GPU activity: what it holds instead, and why it is not analyzed.
+    no_gpu_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -92,6 +98,9 @@ class Analysis:
     comms: CommReport | None = None
     # GPU memory as `gpudoctor run` recorded it (analysis.memory_run); None for a trace alone.
     memory_run: MemoryAnalysis | None = None
+    # What the profiler recorded per step and its estimated host cost; None in an analysis saved before
+    # it existed, or a trace without host events.
+    profiler_cost: ProfilerCost | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -151,7 +160,7 @@ def _analyze(
             raise UsageError(f"no step {step} in this trace (steps: {have})")
         steps = chosen
     if not trace.has_gpu:
-        notes.append("no GPU activity: a CPU-only trace, so GPU figures are not available")
+        notes.append(no_gpu_activity_reason(trace))
     window = (steps[0].window_start_us, steps[-1].window_end_us) if steps else None  # GPU side
     cpu_window = (steps[0].start_us, steps[-1].end_us) if steps else None
     syncs = host_sync_rows(trace)
@@ -186,6 +195,7 @@ def _analyze(
         batch_evidence=batch_evidence(trace),
         modules=module_view(trace, steps, module_depth),
         comms=comm_report(trace, steps, window, link),
+        profiler_cost=profiler_cost(trace, steps),
     )
 
 
@@ -238,6 +248,8 @@ def _summary(trace: Trace) -> TraceSummary:
         span_us=span,
         profiler_config=dict(trace.meta.profiler_config),
         skipped=dict(trace.skipped),
+        accelerator=accelerator(trace),
+        no_gpu_reason=None if len(gpu) else no_gpu_activity_reason(trace),
     )
 
 

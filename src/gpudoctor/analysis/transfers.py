@@ -26,6 +26,8 @@ class TransferStat:
     pageable_count: int  # host side in pageable (not pinned) memory
     pageable_bytes: int
     blocking_count: int  # the launching call returned only after the copy ended
+    # copy time on a stream that also runs kernels: in order with that compute, it cannot overlap it
+    on_compute_stream_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,13 @@ def transfer_report(trace: Trace, window: tuple[float, float] | None = None) -> 
     blocking = np.zeros(len(copies), dtype=bool)
     call_end = trace.ts[launch[linked]] + trace.dur[launch[linked]]
     blocking[linked] = call_end >= trace.ts[copies[linked]] + trace.dur[copies[linked]] - SYNC_TOLERANCE_US
+    kernels = trace.rows(Kind.KERNEL)
+    if window is not None:
+        kernels = kernels[(trace.ts[kernels] >= window[0]) & (trace.ts[kernels] < window[1])]
+    compute_streams = np.unique(trace.device[kernels].astype(np.int64) * (1 << 40) + trace.stream[kernels])
+    on_compute = np.isin(
+        trace.device[copies].astype(np.int64) * (1 << 40) + trace.stream[copies], compute_streams
+    )
     stats = []
     for d in classify.COPY_DIRECTIONS:
         mine = direction == d
@@ -72,6 +81,7 @@ def transfer_report(trace: Trace, window: tuple[float, float] | None = None) -> 
                 pageable_count=int(pageable.sum()),
                 pageable_bytes=int(size[pageable].sum()),
                 blocking_count=int(blocking[mine].sum()),
+                on_compute_stream_us=float(trace.dur[rows][on_compute[mine]].sum()),
             )
         )
     return TransferReport(tuple(stats), len(memsets), float(trace.dur[memsets].sum()))

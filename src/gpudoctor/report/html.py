@@ -352,13 +352,23 @@ def _roofline(a: Analysis) -> str:
             _num(p.bytes_per_s, fmt_rate(p.bytes_per_s)),
             _num(p.intensity, f"{p.intensity:.3g}"),
             _text(p.bound or "?"),
-            _num(p.ceiling_share, fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "n/a"),
+            _num(
+                p.ceiling_share,
+                (fmt_pct(p.ceiling_share) + ("*" if p.beyond_ceiling else ""))
+                if p.ceiling_share is not None
+                else "n/a",
+            ),
         ]
         for p in r.points
     ]
+    beyond = "".join(
+        f'<p class="note">* {escape(p.kernel[:80])}: {escape(p.beyond_ceiling)}.</p>'
+        for p in r.points
+        if p.beyond_ceiling
+    )
     head = ("kernel", "op", "dtype", "time", "FLOP/s", "bandwidth", "FLOPs/byte", "bound", "of ceiling")
     body = f'<p class="note">{escape(note)}</p>{chart}<div class="legend">{keys}</div>' + _table(head, rows)
-    return _section(title, body, "roofline")
+    return _section(title, body + beyond, "roofline")
 
 
 def _ops(a: Analysis) -> str:
@@ -462,7 +472,10 @@ def _environment(a: Analysis) -> str:
             rows.append(("device memory", fmt_bytes(d.total_memory_bytes)))
         if d.sm_count:
             rows.append(("SMs", str(d.sm_count)))
-        if d.compute_capability:
+        acc = a.trace.accelerator
+        if acc is not None and acc.vendor != "NVIDIA":
+            rows.append(("vendor, architecture", f"{acc.vendor}, {acc.arch or 'not recorded'}"))
+        elif d.compute_capability:
             rows.append(("compute capability", ".".join(map(str, d.compute_capability))))
     for key, value in sorted(a.trace.profiler_config.items()):
         rows.append((f"profiler {key}", str(value)))

@@ -126,10 +126,15 @@ def _roofline(a: Analysis) -> list[str]:
     for p in r.points[:TOP_KERNELS]:
         short = p.kernel if len(p.kernel) <= 60 else p.kernel[:59] + "…"
         share = fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "n/a"
+        share += "\\*" if p.beyond_ceiling else ""
         out.append(
             f"| {md_text(short)} | {md_text(p.op)} | {fmt_us(p.time_us)} | {fmt_flops(p.flops_per_s)} | "
             f"{fmt_rate(p.bytes_per_s)} | {p.intensity:.3g} | {p.bound or '?'} | {share} |"
         )
+    beyond = [p for p in r.points[:TOP_KERNELS] if p.beyond_ceiling]
+    if beyond:
+        out.append("")
+        out += [f"\\* {md_text(p.kernel[:60])}: {md_text(p.beyond_ceiling or '')}." for p in beyond]
     return out
 
 

@@ -251,6 +251,7 @@ def roofline(r: Roofline, width: int = 860, height: int = 380) -> tuple[str, lis
         radius = 3 + 9 * math.sqrt(p.time_us / longest)
         share = (
             f", {fmt_pct(p.ceiling_share)} of its {p.bound}-bound ceiling"
+            + (f" ({p.beyond_ceiling})" if p.beyond_ceiling else "")
             if p.ceiling_share is not None
             else ""
         )

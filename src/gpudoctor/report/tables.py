@@ -79,13 +79,23 @@ def render_roofline(r: Roofline | None, console: Console, top: int) -> None:
             fmt_rate(p.bytes_per_s),
             f"{p.intensity:.3g}",
             p.bound or "-",
-            fmt_pct(p.ceiling_share) if p.ceiling_share is not None else "-",
+            _share(p.ceiling_share, p.beyond_ceiling),
         )
     console.print(t)
     if narrow:
         for i, name in enumerate(names):
             console.print(cut(f"  {i + 1:>2} {name}"))
     dim_line(console, f"FLOPs and bytes known for {fmt_pct(r.coverage)} of kernel time · {r.note}")
+    for i, p in enumerate(r.points[:top]):
+        if p.beyond_ceiling:
+            dim_line(console, f"* {names[i]}: {p.beyond_ceiling}")
+
+
+def _share(share: float | None, beyond: str | None) -> str:
+    """A share of the ceiling; over 100% it is starred, the reason printed below the table."""
+    if share is None:
+        return "-"
+    return fmt_pct(share) + ("*" if beyond else "")
 
 
 def _short_op(name: str, width: int = 24) -> str:

@@ -109,11 +109,14 @@ def _device_text(analysis: Analysis) -> str:
     if d is None:
         return "no GPU recorded"
     parts = [d.name]
+    acc = analysis.trace.accelerator
     if d.sm_count:
-        parts.append(f"{d.sm_count} SMs")
+        parts.append(f"{d.sm_count} {'CUs' if acc is not None and acc.vendor == 'AMD' else 'SMs'}")
     if d.total_memory_bytes:
         parts.append(fmt_bytes(d.total_memory_bytes))
-    if d.compute_capability:
+    if acc is not None and acc.vendor != "NVIDIA":
+        parts.append(f"{acc.vendor} {acc.arch}" if acc.arch else acc.vendor)
+    elif d.compute_capability:
         parts.append(f"sm_{d.compute_capability[0]}{d.compute_capability[1]}")
     return ", ".join(parts)
 

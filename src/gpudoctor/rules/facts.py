@@ -43,6 +43,12 @@ class Facts:
     kernel_us: float  # kernel time per step
     cpu_ops_us: float = 0.0  # host time in top-level PyTorch ops per step, as traced
     sync_call_us: float = 0.0  # host time in runtime calls that block on the GPU per step, as traced
+    # idle before GPU work whose launching call the trace does not hold (cause unknown), per step
+    other_idle_us: float = 0.0
+    # A trace alone (no unprofiled step time): the profiler's estimated host cost per traced step and the
+    # step it leaves (analysis.profiler_cost); None where the unprofiled step is known or nothing is known.
+    profiler_est_us: float | None = None
+    est_unprofiled_us: float | None = None
     # No steps: the "step" is the traced time as a whole, and every figure and saving is a share of it.
     whole_trace: bool = False
 
@@ -89,10 +95,11 @@ class Facts:
         return total_us / self.steps
 
 
-def facts_of(a: Analysis) -> Facts | None:
+def facts_of(a: Analysis, unprofiled_us: float | None = None) -> Facts | None:
     """None when the trace has no GPU activity: nothing for the GPU rules to say. Without steps the
     traced time is one whole: its host figures count (`Analysis.whole_trace`), and a step time measured
-    without the profiler does not apply to it."""
+    without the profiler does not apply to it. `unprofiled_us` stands in for the analysis's unprofiled
+    step time (the doctor passes the profiler-cost estimate's, to judge findings without the profiler)."""
     if a.window is None:
         return None
     whole = a.whole_trace
@@ -118,7 +125,10 @@ def facts_of(a: Analysis) -> Facts | None:
         return sum(float(getattr(s.cpu, attr)) for s in rows) / n if rows else 0.0
 
     whole_trace = not a.steps
-    step = a.unprofiled_step_us if a.unprofiled_step_us and not whole_trace else traced
+    known = unprofiled_us or a.unprofiled_step_us
+    step = known if known and not whole_trace else traced
+    cost = a.profiler_cost
+    estimate = cost is not None and not a.unprofiled_step_us and not whole_trace and unprofiled_us is None
     traced_idle = max(traced - busy, 0.0)
     idle = max(step - busy, 0.0)
     return Facts(
@@ -146,5 +156,8 @@ def facts_of(a: Analysis) -> Facts | None:
         kernel_us=a.kernels.total_us / n,
         cpu_ops_us=mean("cpu_ops_us"),
         sync_call_us=mean("sync_us"),
+        other_idle_us=causes.get("other", 0.0),
         whole_trace=whole_trace,
+        profiler_est_us=cost.est_us if estimate and cost is not None else None,
+        est_unprofiled_us=cost.est_unprofiled_us(traced, busy) if estimate and cost is not None else None,
     )

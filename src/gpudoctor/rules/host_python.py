@@ -8,23 +8,13 @@ from __future__ import annotations
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
-from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.rules.finding import Finding
+from gpudoctor.rules.loop_advice import HOST_PYTHON_FIXES, host_python_fix, loop_of
 
 MIN_SHARE = 0.25  # of the traced step: below this, Python between ops is the usual module overhead
 
-FIX = Fix(
-    summary="Take per-step Python off the training thread's critical path: log and compute metrics every "
-    "N steps, prepare data in DataLoader workers, keep values on the GPU; torch.compile removes the "
-    "framework's own Python between ops. In a data-parallel run, every rank waits for the slowest one.",
-    snippet="""\
-loader = torch.utils.data.DataLoader(dataset, batch_size=64, num_workers=8,   # prepare data in workers
-                                     pin_memory=True, persistent_workers=True)
-compiled_step = torch.compile(train_step)          # fewer Python-level ops per step
-for step, (inputs, targets) in enumerate(loader):
-    loss = compiled_step(inputs.to("cuda", non_blocking=True), targets.to("cuda", non_blocking=True))
-    if step % 100 == 0:                              # log rarely: reading the loss syncs too
-        print(f"step {step} loss {loss.item():.4f}")""",
-)
+
+__all__ = ["HOST_PYTHON_FIXES", "host_python"]  # the loop variants of its fix (rules.loop_advice)
 
 
 def host_python(a: Analysis, f: Facts) -> Finding | None:
@@ -59,8 +49,9 @@ def host_python(a: Analysis, f: Facts) -> Finding | None:
         "The GPU waits while the host runs Python between ops",
         f.pct(saving_us),
         evidence,
-        FIX,
+        host_python_fix(loop_of(a, f)),
         {"host_python_us": python_us, "gpu_wait_us": wait_us, "traced_step_us": f.traced_step_us},
+        # the code shown fits the loop: training, inference without a loader, generate (rules.loop_advice)
         sources=tuple(g.frame for g in where),
     )
 

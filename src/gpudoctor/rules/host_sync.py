@@ -8,6 +8,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.rules.loop_advice import HOST_SYNC_INFERENCE_FIX, host_sync_fix, loop_of
 
 FIX = Fix(
     summary="Keep per-step values on the GPU and read them back rarely; find hidden syncs with "
@@ -25,6 +26,9 @@ for step, (inputs, targets) in enumerate(loader):
         print(f"loss {running_loss.item() / 100:.4f}")
         running_loss.zero_()""",
 )
+
+
+__all__ = ["HOST_SYNC_INFERENCE_FIX", "host_sync"]  # the loop variants of its fix (rules.loop_advice)
 
 
 def host_sync(a: Analysis, f: Facts) -> Finding | None:
@@ -62,7 +66,7 @@ def host_sync(a: Analysis, f: Facts) -> Finding | None:
         "Host-device synchronizations inside the step",
         f.pct(drained),
         evidence,
-        FIX,
+        host_sync_fix(loop_of(a, f), FIX),
         {"syncs_per_step": per_step, "drained_idle_us": drained, "step_us": f.step_us},
         sources=tuple(dict.fromkeys(s.source for s in sites if s.source)),
     )

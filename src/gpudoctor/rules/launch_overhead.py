@@ -12,6 +12,9 @@ from gpudoctor.rules.finding import Finding, Fix
 
 MIN_LAUNCHES_PER_STEP = 100
 MAX_MEAN_KERNEL_US = 50.0
+# An inferred iteration can be a single op (a loop of identical tiny ops repeats every launch): then the
+# launches come back to back — one at least every 20 µs of the step — over 100 or more in the trace.
+MIN_LAUNCHES_PER_MS = 50.0
 
 FIX = Fix(
     summary="Launch the step's kernels as one CUDA graph (torch.compile mode='reduce-overhead', or "
@@ -38,7 +41,11 @@ graph.replay()                               # static_out now holds the result""
 
 
 def launch_overhead(a: Analysis, f: Facts) -> Finding | None:
-    if f.launch_count < MIN_LAUNCHES_PER_STEP:
+    per_ms = 1000 * f.launch_count / f.traced_step_us if f.traced_step_us > 0 else 0.0
+    dense = per_ms >= MIN_LAUNCHES_PER_MS and f.launch_count * f.steps >= MIN_LAUNCHES_PER_STEP
+    if f.launch_count < MIN_LAUNCHES_PER_STEP and not dense:
+        return None
+    if f.launch_count <= 0:
         return None
     mean_kernel = f.kernel_us / f.launch_count
     if mean_kernel > MAX_MEAN_KERNEL_US:

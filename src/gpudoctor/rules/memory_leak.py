@@ -4,6 +4,7 @@ whose held memory grew between two snapshots, and when at this rate the device i
 
 from __future__ import annotations
 
+from gpudoctor.analysis.memory_breakdown import SiteBytes
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.rules.base import finding, pct, size
 from gpudoctor.rules.finding import Finding, Fix, Severity
@@ -40,7 +41,7 @@ def memory_leak(m: MemoryAnalysis) -> Finding | None:
     if leak.sites:
         evidence.append(
             "Memory held by these lines grew: "
-            + "; ".join(f"{where(s)} +{size(s.bytes)} per step" for s in leak.sites[:4])
+            + "; ".join(f"{where(s)} +{size(s.bytes)} per step{_kept(s)}" for s in leak.sites[:4])
             + "."
         )
     else:
@@ -58,7 +59,21 @@ def memory_leak(m: MemoryAnalysis) -> Finding | None:
             "steps": leak.steps,
             "steps_to_full": leak.steps_to_full if leak.steps_to_full is not None else -1,
         },
-        sources=tuple(s.site for s in leak.sites[:4]),
+        sources=tuple(s.site for s in leak.sites[:4])
+        + tuple(s.kept_by for s in leak.sites[:4] if s.kept_by and s.kept_by not in _lines(s.site)),
         severity=Severity.CRITICAL if critical else Severity.MAJOR,
         memory_bytes=int(max(leak.growth, leak.bytes_per_step * HORIZON_STEPS)),
     )
+
+
+def _kept(s: SiteBytes) -> str:
+    """', kept by train.py:31 (it stores what that line allocates)' where the run saw the storing line."""
+    if not s.kept_by:
+        return ""
+    if s.kept_by in _lines(s.site):
+        return " (the same line keeps it)"
+    return f", kept by {s.kept_by} (it stores what that line allocates)"
+
+
+def _lines(site: str) -> str:
+    return site.split(" in ", 1)[0]

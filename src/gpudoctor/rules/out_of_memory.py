@@ -71,7 +71,7 @@ def out_of_memory(m: MemoryAnalysis) -> Finding | None:
             )
             + "."
         )
-    cause, advice = _what_fits(o, short)
+    cause, advice = _what_fits(o, short, m.training)
     evidence.append(advice)
     return finding(
         "out_of_memory",
@@ -92,8 +92,10 @@ def out_of_memory(m: MemoryAnalysis) -> Finding | None:
     )
 
 
-def _what_fits(o: OomReport, short: int) -> tuple[str, str]:
-    """The category to act on and a sentence on what would make the allocation fit."""
+def _what_fits(o: OomReport, short: int, training: bool) -> tuple[str, str]:
+    """The category to act on and a sentence on what would make the allocation fit. A batch that fits
+    is a bound, never a promise: the step may fail before allocating all it needs (the rest of the
+    forward's activations, the backward's gradients, the first optimizer step's state)."""
     cached_free = o.reserved - o.allocated
     if cached_free >= o.requested and o.largest_free_block < o.requested:
         return "fragmentation", (
@@ -106,13 +108,56 @@ def _what_fits(o: OomReport, short: int) -> tuple[str, str]:
     top = max(held, key=lambda c: held[c])
     scaling = held.get("activations", 0) + held.get("inputs", 0) + held.get("temporaries", 0)
     if top in ("activations", "inputs", "temporaries") and scaling > short:
-        keep = 1 - short / scaling
+        to_come, said = _still_to_allocate(o, training)
+        keep = (scaling - short - to_come) / scaling
+        share = f"{size(scaling)}, {pct(100 * scaling / max(o.allocated, 1))} of what was held"
+        if keep <= 0:
+            return top, (
+                f"Activations, inputs and temporaries ({share}) grow with the batch, but {said}: no smaller "
+                "batch is sure to fit; checkpoint activations, or run `gpudoctor batch SCRIPT` to find one."
+            )
         return top, (
-            f"Activations, inputs and temporaries ({size(scaling)}, {pct(100 * scaling / max(o.allocated, 1))} of what "
-            f"was held) grow with the batch: a batch at most {pct(100 * keep)} of this one should fit "
-            "(halve it to be safe), or keep the batch and checkpoint activations."
+            f"Activations, inputs and temporaries ({share}) grow with the batch. A batch of at most "
+            f"{pct(100 * keep)} of this one can fit, and that is an upper bound: {said}. Halve it, or run "
+            "`gpudoctor batch SCRIPT`, which finds the largest that fits by running it; or keep the batch "
+            "and checkpoint activations."
         )
     return top, (
         f"{CATEGORY_LABELS.get(top, top).capitalize()} hold the most ({size(held[top])}); freeing "
         f"{size(short)} of it makes this allocation fit."
+    )
+
+
+# Adam(W)'s state: two tensors the size of each parameter (the most common optimizer's; SGD with
+# momentum keeps one, plain SGD none).
+ADAM_STATE_PER_PARAMETER_BYTE = 2
+
+
+def _still_to_allocate(o: OomReport, training: bool) -> tuple[int, str]:
+    """What the step had yet to allocate when it failed, as far as the snapshot tells (bytes counted
+    in the bound) and a sentence saying what that is and what is left out."""
+    params = o.categories.get("parameters", 0)
+    if not training or not params:
+        return 0, (
+            "the failure may have come before the step had allocated all it needs, and what it still "
+            "needed is not known"
+        )
+    counted, parts = 0, []
+    if not o.categories.get("gradients"):
+        counted += params
+        parts.append(f"the backward's gradients (about the parameters' {size(params)})")
+    if not o.categories.get("optimizer_state"):
+        counted += ADAM_STATE_PER_PARAMETER_BYTE * params
+        parts.append(
+            f"the first optimizer step's state (up to {size(ADAM_STATE_PER_PARAMETER_BYTE * params)} for Adam)"
+        )
+    if not parts:
+        return 0, (
+            "the failure may have come partway through the step, before the rest of its activations "
+            "were allocated, which the snapshot cannot count"
+        )
+    return counted, (
+        "the failure came before "
+        + " and ".join(parts)
+        + ", counted here, and partway through the forward, whose remaining activations are not"
     )

@@ -3,6 +3,7 @@ fix can save, and say what bounds the step."""
 
 from __future__ import annotations
 
+from gpudoctor.analysis.profiler_cost import UNCERTAINTY
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.allocator import allocator_thrash
 from gpudoctor.rules.attention import attention_materialized
@@ -10,6 +11,7 @@ from gpudoctor.rules.base import MIN_SAVING_PCT, Rule, pct, us
 from gpudoctor.rules.batch import small_batch
 from gpudoctor.rules.collectives import comm_link_bound
 from gpudoctor.rules.communication import communication_exposed
+from gpudoctor.rules.copy_overlap import copy_overlap
 from gpudoctor.rules.data_parallel import data_parallel
 from gpudoctor.rules.facts import Facts, facts_of
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Severity
@@ -25,7 +27,7 @@ from gpudoctor.rules.memory_registry import memory_findings
 from gpudoctor.rules.optimizer import optimizer_unfused
 from gpudoctor.rules.pageable_copy import pageable_copy
 from gpudoctor.rules.pipeline import pipeline_bubble
-from gpudoctor.rules.profiler import profiler_distortion
+from gpudoctor.rules.profiler import HOST_SIDE, profiler_distortion, without_profiler
 from gpudoctor.rules.tensor_cores import tensor_cores_unused
 
 RULES: tuple[Rule, ...] = (
@@ -34,6 +36,7 @@ RULES: tuple[Rule, ...] = (
     launch_overhead,
     host_python,
     pageable_copy,
+    copy_overlap,
     tensor_cores_unused,
     attention_materialized,
     unfused_elementwise,
@@ -65,16 +68,28 @@ def diagnose(analysis: Analysis) -> Diagnosis:
     memory = memory_findings(analysis.memory_run)
     facts = facts_of(analysis)
     if facts is None:
-        return Diagnosis(SCHEMA, memory, "No GPU activity in this trace: nothing to diagnose on the GPU.", {})
+        reason = analysis.trace.no_gpu_reason
+        said = "No GPU activity in this trace: nothing to diagnose on the GPU."
+        if reason and not reason.startswith("no GPU activity"):
+            said = f"No GPU activity to diagnose: {reason}."
+        return Diagnosis(SCHEMA, memory, said, {})
     if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
         too_little = (
             f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no repeating step "
             f"(profile a few steps with torch.profiler's schedule and prof.step())."
         )
         return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts))
+    # A trace alone: each host-side finding's severity is judged again on the step without what the
+    # profiler may have added (the high end of its estimated cost); its saving stays the trace's bound.
+    bare = None
+    if facts.est_unprofiled_us is not None and analysis.profiler_cost is not None:
+        high = analysis.profiler_cost.est_unprofiled_us(facts.traced_step_us, facts.busy_us, UNCERTAINTY)
+        bare = facts_of(analysis, high)
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
+        if f is not None and bare is not None and f.id in HOST_SIDE:
+            f = without_profiler(f, rule(analysis, bare), facts)
         if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
@@ -109,12 +124,19 @@ def bound(a: Analysis, f: Facts) -> str:
         "waiting for the host": f.host_wait_us * f.host_scale,
         "synchronizations": f.sync_idle_us,
         "launch gaps between queued kernels": f.launch_gap_us,
+        "before GPU work whose launch the trace does not record (cause unknown)": f.other_idle_us,
     }
     cause = max(causes, key=lambda c: causes[c])
-    return (
+    said = (
         f"The GPU idles {pct(100 - busy)} {each}, mostly {cause}; when busy, "
         f"{pct(100 * top_us / total)} of its time is {top_cat}."
     )
+    if cause == "waiting for the host" and f.profiler_est_us and f.est_unprofiled_us:
+        said += (
+            f" The profiler itself may account for {us(f.traced_step_us - f.est_unprofiled_us)} of each "
+            f"step (estimated from what it recorded; profiler_distortion)."
+        )
+    return said
 
 
 def _summary(f: Facts) -> dict[str, float | None]:

@@ -400,6 +400,7 @@ class MemoryRecorder:
             "schema": RUN_SCHEMA,
             "device": str(self._device) if self._device is not None else "cpu",
             "script": self._script,
+            "script_source": _script_source(self._script) if self.steps else None,  # a leak's keeping line
             "capacity": self.capacity,
             "budget": self.budget,
             "training": self._watch.stepped,
@@ -448,6 +449,21 @@ def _on_oom(device: int, alloc: int, device_allocated: int, device_free: int) ->
 def _script_path() -> str | None:
     """The running script (runpy sets sys.argv[0] to it, also with -m)."""
     return os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else None  # as runner.launch runs it
+
+
+MAX_SCRIPT_SOURCE = 256 * 1024
+
+
+def _script_source(path: str | None) -> str | None:
+    """The script's text, for the analysis to find the line that keeps a leak's tensors; None if it
+    cannot be read or is larger than MAX_SCRIPT_SOURCE."""
+    try:
+        if path and os.path.getsize(path) <= MAX_SCRIPT_SOURCE:
+            with open(path, encoding="utf-8") as f:
+                return f.read()
+    except (OSError, UnicodeDecodeError):
+        pass
+    return None
 
 
 def _file(name: str) -> str:

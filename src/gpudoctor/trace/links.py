@@ -26,9 +26,41 @@ def gpu_rows_of_launch(trace: Trace, launches: np.ndarray) -> np.ndarray:
 
 
 def op_rows(trace: Trace, rows: np.ndarray) -> np.ndarray:
-    """The CPU op whose `External id` a runtime call or GPU activity carries (-1 if none)."""
+    """The CPU op a runtime call or GPU activity belongs to (-1 if none): the op whose `External id` it
+    carries; in traces where those ids are the correlation ids (`external_ids_collide`), the innermost
+    op around the launching call on its thread."""
     ops = trace.rows(Kind.CPU_OP)
-    return _match(trace.external_id, ops, rows)
+    if not external_ids_collide(trace):
+        return _match(trace.external_id, ops, rows)
+    rows = np.asarray(rows, dtype=np.int64)
+    out = np.full(len(rows), -1, dtype=np.int64)
+    is_gpu = np.isin(trace.kind[rows], np.array([int(k) for k in GPU_ACTIVITY_KINDS], dtype=np.int8))
+    launch = rows.copy()
+    if is_gpu.any():
+        launch[is_gpu] = launch_rows(trace, rows[is_gpu])
+    host = (launch >= 0) & np.isin(trace.kind[np.maximum(launch, 0)], [int(k) for k in LAUNCH_KINDS])
+    if host.any():
+        out[host] = enclosing_rows(trace, ops, launch[host])
+    return out
+
+
+# Older Kineto (before ~2023) wrote each runtime call's and GPU activity's correlation id as its
+# `External id` too, a counter that collides with the CPU ops' own External ids: op 51 and the copy
+# with correlation 51 are unrelated. Then only time containment links a launch to its op.
+_COLLIDE_SHARE = 0.9
+
+
+def external_ids_collide(trace: Trace) -> bool:
+    """Whether the launches' `External id`s are their correlation ids (see above), not their ops'."""
+    memo = trace._memo.get("external_ids_collide")
+    if memo is None:
+        launches = trace.rows(*LAUNCH_KINDS)
+        both = launches[(trace.external_id[launches] >= 0) & (trace.correlation[launches] >= 0)]
+        same = int((trace.external_id[both] == trace.correlation[both]).sum())
+        memo = trace._memo["external_ids_collide"] = np.array(
+            len(both) >= 10 and same >= _COLLIDE_SHARE * len(both)
+        )
+    return bool(memo)
 
 
 def _match(key: np.ndarray, candidates: np.ndarray, queries: np.ndarray) -> np.ndarray:

@@ -591,7 +591,7 @@ class _Builder:
             self.skip(f"unknown category {cat[:40]!r} (kept as OTHER)", count)
         comm_calls = _comm_calls(self.comm_calls, origin)
         return Trace(
-            meta=_meta(path, top, origin),
+            meta=_meta(path, top, origin, dict(self.unknown_categories)),
             names=tuple(self.names.strings),
             memory=MemoryEvents(**mem),
             labels=tuple(self.labels.strings),
@@ -689,7 +689,7 @@ def _concat(blocks: list[np.ndarray], column: str) -> np.ndarray:
     return np.empty(0, dtype=dtype)
 
 
-def _meta(path: str, top: dict[str, Any], origin: float) -> TraceMeta:
+def _meta(path: str, top: dict[str, Any], origin: float, other: dict[str, int]) -> TraceMeta:
     props = top.get("deviceProperties")
     if not isinstance(props, list):  # a damaged trace: a number, say, where the list should be
         props = []
@@ -719,6 +719,7 @@ def _meta(path: str, top: dict[str, Any], origin: float) -> TraceMeta:
         trace_name=str(top["traceName"]) if "traceName" in top else None,
         profiler_config=config,
         run_step=top[RUN_STEP_KEY] if isinstance(top.get(RUN_STEP_KEY), str) else None,
+        other_categories=other,
     )
 
 

@@ -112,6 +112,9 @@ class TraceMeta:
     trace_name: str | None
     profiler_config: dict[str, Any] = field(default_factory=dict)
     run_step: str | None = None  # how `gpudoctor run` found the step it marked ("one call of X.forward")
+    # Events of categories gpudoctor does not read (kept as Kind.OTHER), counted by category, lower-cased:
+    # what a trace holds besides CUDA/ROCm activity ("mtia_ccp_events", "cuda_profiler_range").
+    other_categories: dict[str, int] = field(default_factory=dict)
 
     @property
     def rank(self) -> int:

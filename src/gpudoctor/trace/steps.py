@@ -98,6 +98,13 @@ def steps_from_spans(
         return ()
     cpu = [(float(a), float(b)) for a, b in spans]
     gpu, before = _gpu_spans(trace, cpu)
+    if not launches_recorded(trace):
+        # Where most GPU work has no recorded launch (a sampled or trimmed trace), the GPU cannot say
+        # when a step's work ran: the windows are the CPU spans, the step times the loop's own.
+        return tuple(
+            Step(int(n), c0, c1, *(g if g is not None else (None, None)), c0, c1, thread)
+            for n, (c0, c1), g in zip(numbers, cpu, gpu, strict=True)
+        )
     # Window boundaries: a step opens once the host started it and the GPU finished the one before.
     opens = []
     previous_gpu_end = before
@@ -112,6 +119,16 @@ def steps_from_spans(
         g0, g1 = gpu[i] if gpu[i] is not None else (None, None)
         steps.append(Step(int(number), *cpu[i], g0, g1, opens[i], max(closes[i], opens[i]), thread))
     return tuple(steps)
+
+
+MIN_LINKED_SHARE = 0.5  # of the GPU activities, with their launching call recorded
+
+
+def launches_recorded(trace: Trace) -> bool:
+    """Whether most of the trace's GPU activity has its launching call in the trace (no GPU activity:
+    True, nothing is missing)."""
+    gpu = trace.rows(*GPU_ACTIVITY_KINDS)
+    return not len(gpu) or float((launch_rows(trace, gpu) >= 0).mean()) >= MIN_LINKED_SHARE
 
 
 def _gpu_spans(

@@ -9,6 +9,7 @@ from gpudoctor.workloads.base import Workload
 from gpudoctor.workloads.zoo import (
     attention,
     cnn_cases,
+    copy_overlap,
     gpt_cases,
     host_sync,
     input_pipeline,
@@ -28,6 +29,7 @@ _CASES: dict[str, ZooCase] = {
         host_sync.CASE,
         launch_overhead.CASE,
         pageable_copy.CASE,
+        copy_overlap.CASE,
         tensor_cores.CASE,
         attention.CASE,
         unfused_elementwise.CASE,

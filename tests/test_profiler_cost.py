@@ -1,0 +1,265 @@
+"""The profiler's own cost estimated from a trace alone (analysis.profiler_cost), held to the committed
+traces whose step time was also measured without the profiler (tests/fixtures/traces and zoo manifests),
+and what the doctor does with it on a trace alone: no critical or major host-side verdict on host time the
+profiler may have added, and the planted cause still first on the zoo's host-bound cases."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import pytest
+
+from gpudoctor.analysis.profiler_cost import COSTS, COSTS_STATUS
+from gpudoctor.analysis.summary import Analysis, analyze
+from gpudoctor.rules import Diagnosis, Severity, diagnose
+from gpudoctor.rules.facts import facts_of
+from gpudoctor.rules.profiler import HOST_SIDE
+from gpudoctor.trace import load_trace
+
+FIXTURES = Path(__file__).parent / "fixtures"
+TRACES = json.loads((FIXTURES / "traces" / "manifest.json").read_text())["fixtures"]
+ZOO = json.loads((FIXTURES / "zoo" / "manifest.json").read_text())
+
+
+def _unprofiled(entry: dict) -> float:
+    return float(entry["unprofiled_step_us"]["median"])
+
+
+# (trace file, unprofiled step µs) of every committed trace of a well-tuned step (GPU busy ≥ 90% of the
+# unprofiled step) that the profiler slowed by ≥ 10%: the class the acceptance measures.
+WELL_TUNED = {
+    "conv_bf16_train": (FIXTURES / "traces/conv_bf16_train.json.gz", _unprofiled(TRACES["conv_bf16_train"])),
+    "transformer_train": (
+        FIXTURES / "traces/transformer_train.json.gz",
+        _unprofiled(TRACES["transformer_train"]),
+    ),
+    "transformer_shapes": (
+        FIXTURES / "traces/transformer_shapes.json.gz",
+        _unprofiled(TRACES["transformer_shapes"]),
+    ),
+    **{
+        f"zoo {case}.{variant}": (
+            FIXTURES / "zoo" / ZOO["cases"][case][variant]["file"],
+            _unprofiled(ZOO["cases"][case][variant]),
+        )
+        for case, variant in [
+            ("profiler_distortion", "slow"),
+            ("profiler_distortion", "fixed"),
+            ("small_batch", "fixed"),
+            ("allocator_thrash", "fixed"),
+            ("input_pipeline", "fixed"),
+        ]
+    },
+}
+
+
+@functools.cache
+def _analysis(path: Path) -> Analysis:
+    return analyze(load_trace(path))
+
+
+def _predicted_vs_measured(name: str) -> tuple[float, float]:
+    path, unprofiled = WELL_TUNED[name]
+    f = facts_of(_analysis(path))
+    assert f is not None and f.est_unprofiled_us is not None
+    return f.traced_step_us - f.est_unprofiled_us, f.traced_step_us - unprofiled
+
+
+def test_every_cost_says_where_it_comes_from() -> None:
+    assert set(COSTS) == {"event", "compiled_launch", "shaped_op", "memory_event", "python_frame"}
+    assert all(c.us > 0 and c.source for c in COSTS.values())
+    assert COSTS_STATUS.startswith("provisional")  # until tools/measure_profiler_cost.py has run
+
+
+@pytest.mark.parametrize("name", sorted(WELL_TUNED))
+def test_the_well_tuned_traces_are_what_this_file_says(name: str) -> None:
+    path, unprofiled = WELL_TUNED[name]
+    f = facts_of(_analysis(path))
+    assert f is not None
+    assert f.busy_us >= 0.9 * unprofiled * 0.98  # busy ≥ 90% unprofiled (2% for run-to-run spread)
+    assert f.traced_step_us >= 1.1 * unprofiled
+
+
+# Within ±30% of the measured traced − unprofiled difference: the acceptance's target. Outside it with
+# the provisional costs: transformer_train (+33%: its GPU work hides part of the profiler's cost) and the
+# zoo's input_pipeline.fixed (−44%: its loader workers' host time varies run to run); both listed below.
+WITHIN_30 = {
+    "conv_bf16_train",
+    "transformer_shapes",
+    "zoo profiler_distortion.slow",
+    "zoo profiler_distortion.fixed",
+    "zoo small_batch.fixed",
+    "zoo allocator_thrash.fixed",
+}
+
+
+@pytest.mark.parametrize("name", sorted(WITHIN_30))
+def test_the_estimate_is_within_30_percent_of_the_measured_difference(name: str) -> None:
+    predicted, measured = _predicted_vs_measured(name)
+    assert abs(predicted - measured) <= 0.3 * measured, (predicted, measured)
+
+
+@pytest.mark.parametrize("name", sorted(set(WELL_TUNED) - WITHIN_30))
+def test_the_known_misses_stay_within_50_percent(name: str) -> None:
+    predicted, measured = _predicted_vs_measured(name)
+    assert abs(predicted - measured) <= 0.5 * measured, (predicted, measured)
+
+
+def test_with_stack_records_are_counted_and_priced() -> None:
+    path, _ = WELL_TUNED["zoo profiler_distortion.slow"]
+    cost = _analysis(path).profiler_cost
+    assert cost is not None
+    assert cost.options == ("with_stack", "record_shapes", "profile_memory")
+    assert cost.counts["python_frame"] > 5000 and cost.counts["compiled_launch"] > 100
+    priced = sum(COSTS[k].us * n for k, n in cost.counts.items())
+    assert cost.est_us == pytest.approx(priced)
+
+
+@functools.cache
+def _alone(path: Path) -> Diagnosis:
+    return diagnose(_analysis(path))
+
+
+# The estimate misses most of the profiler's cost where the loader's worker processes and pin-memory
+# thread add host time the trace does not hold as ops (−44% on input_pipeline.fixed): a known miss, kept
+# visible until measured costs (tools/measure_profiler_cost.py) or a model of loader threads close it.
+_LOADER_MISS = pytest.mark.xfail(strict=True, reason="profiler cost in loader threads not estimated")
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(n, marks=_LOADER_MISS) if n == "zoo input_pipeline.fixed" else n
+        for n in sorted(WELL_TUNED)
+    ],
+)
+def test_a_well_tuned_trace_alone_gets_no_critical_or_major_host_side_finding(name: str) -> None:
+    d = _alone(WELL_TUNED[name][0])
+    serious = [
+        (f.id, f.severity.value)
+        for f in d.findings
+        if f.id in HOST_SIDE and f.severity in (Severity.CRITICAL, Severity.MAJOR)
+    ]
+    assert not serious
+    distortion = d.get("profiler_distortion")
+    assert distortion is not None and "gpudoctor run" in " ".join(distortion.evidence)
+
+
+def test_a_host_side_finding_keeps_the_traces_bound_and_says_why_it_is_milder() -> None:
+    d = _alone(WELL_TUNED["zoo profiler_distortion.slow"][0])
+    f = d.get("launch_overhead")
+    assert f is not None and f.severity is Severity.MINOR and f.est_saving_pct > 20
+    assert f.values["saving_without_profiler_pct"] < 8
+    assert "--step-time-ms" in f.evidence[-1]
+
+
+@pytest.mark.parametrize(
+    "rule", ["launch_overhead", "input_pipeline", "optimizer_unfused", "small_batch", "host_sync"]
+)
+def test_the_zoo_planted_host_side_cause_still_comes_first_on_the_trace_alone(rule: str) -> None:
+    d = _alone(FIXTURES / "zoo" / ZOO["cases"][rule]["slow"]["file"])
+    assert d.findings[0].id == rule, [(f.id, f.est_saving_pct) for f in d.findings]
+
+
+def test_with_the_unprofiled_step_known_nothing_is_estimated() -> None:
+    path, unprofiled = WELL_TUNED["conv_bf16_train"]
+    f = facts_of(analyze(load_trace(path), unprofiled_step_us=unprofiled))
+    assert f is not None and f.profiler_est_us is None and f.est_unprofiled_us is None
+
+
+# --- the GPU recordings of tools/measure_profiler_cost.py -------------------------------------------
+
+RECORDED = FIXTURES / "profiler_cost"
+_RECORDED = json.loads((RECORDED / "manifest.json").read_text())["workloads"] if RECORDED.exists() else {}
+ACCEPTED = sorted(n for n, w in _RECORDED.items() if w.get("part") == "acceptance" and "runs" in w)
+
+
+@pytest.mark.skipif(not ACCEPTED, reason="not recorded yet: tools/measure_profiler_cost.py --part acceptance")
+@pytest.mark.parametrize("name", ACCEPTED or ["none"])
+def test_recorded_well_tuned_workloads_meet_the_acceptance(name: str) -> None:
+    # GIVEN a well-tuned workload traced with with_stack + record_shapes, and its unprofiled step time
+    entry = _RECORDED[name]
+    path = RECORDED / entry["runs"]["stack_shapes"]["file"]
+    unprofiled = entry["unprofiled_step_us"]["median"]
+    f = facts_of(_analysis(path))
+    assert f is not None and f.est_unprofiled_us is not None
+    # THEN the estimated profiler cost is within ±30% of the measured traced − unprofiled difference
+    predicted, measured = f.traced_step_us - f.est_unprofiled_us, f.traced_step_us - unprofiled
+    assert abs(predicted - measured) <= 0.3 * abs(measured), (predicted, measured)
+    # AND the trace alone gets no critical or major host-side finding
+    d = _alone(path)
+    assert not [
+        f.id for f in d.findings if f.id in HOST_SIDE and f.severity in (Severity.CRITICAL, Severity.MAJOR)
+    ]
+
+
+# --- the recorder's own counting and fitting (CPU) ---------------------------------------------------
+
+
+def _tool() -> object:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "measure_profiler_cost", FIXTURES.parents[1] / "tools" / "measure_profiler_cost.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_recorder_counts_events_per_step_as_the_analysis_does() -> None:
+    import gzip
+
+    path, _ = WELL_TUNED["zoo profiler_distortion.slow"]
+    with gzip.open(path, "rb") as fh:
+        counted = _tool().count_events(json.load(fh))  # type: ignore[attr-defined]
+    cost = _analysis(path).profiler_cost
+    assert cost is not None and len(counted["traced_step_us"]) == 3
+    for kind in ("event", "compiled_launch", "shaped_op", "python_frame"):
+        assert counted["counts_per_step"][kind] == pytest.approx(cost.counts[kind], rel=0.02), kind
+
+
+def test_the_fit_recovers_per_event_costs_from_host_bound_probes(tmp_path: Path) -> None:
+    # GIVEN probes whose traced time is the unprofiled time plus known per-event costs
+    truth = {
+        "event": 2.0,
+        "compiled_launch": 20.0,
+        "shaped_op": 3.0,
+        "memory_event": 1.0,
+        "python_frame": 1.5,
+    }
+    base = {
+        "event": 1000.0,
+        "compiled_launch": 0.0,
+        "shaped_op": 0.0,
+        "memory_event": 0.0,
+        "python_frame": 0.0,
+    }
+
+    def run(counts: dict[str, float], unprofiled: float) -> dict:
+        return {
+            "counts_per_step": counts,
+            "traced_step_us": [unprofiled + sum(truth[k] * v for k, v in counts.items())],
+        }
+
+    eager = {
+        "default": run(base, 5000.0),
+        "record_shapes": run({**base, "shaped_op": 700.0}, 5000.0),
+        "profile_memory": run({**base, "event": 1010.0, "memory_event": 300.0}, 5000.0),
+        "with_stack": run({**base, "python_frame": 4000.0}, 5000.0),
+    }
+    compiled = {"default": run({**base, "event": 400.0, "compiled_launch": 100.0}, 3000.0)}
+    doc = {
+        "environment": {"device_name": "test"},
+        "workloads": {
+            "eager_probe": {"runs": eager, "unprofiled_step_us": {"median": 5000.0}},
+            "compiled_probe": {"runs": compiled, "unprofiled_step_us": {"median": 3000.0}},
+        },
+    }
+    (tmp_path / "manifest.json").write_text(json.dumps(doc))
+    # THEN the fit gives them back
+    fitted = _tool().fit(tmp_path)["costs_us"]  # type: ignore[attr-defined]
+    assert fitted == pytest.approx(truth)
