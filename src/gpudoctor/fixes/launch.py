@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from gpudoctor.fixes.diagnose import child_env
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
+from gpudoctor.runner.procgroup import end_group
 from gpudoctor.util.errors import GpudoctorError
 
 LOG_TAIL = 2000  # characters of a child's output kept in its result
@@ -32,36 +34,46 @@ class SubprocessLauncher:
         self.target, self.args, self.module = target, args, module
         self.options, self.rounds_dir, self.extra = options, rounds_dir, extra
 
-    def command(self, out: Path, fixes: tuple[str, ...], exact_random: bool) -> list[str]:
+    def command(
+        self, out: Path, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> list[str]:
         o = self.options
+        blocks = ["--switch", ",".join(switch), "--pairs", str(o.blocks), "--block-s", str(o.block_s)]
         return [
             sys.executable, "-m", "gpudoctor.fixes.child", "--fixes", ",".join(fixes), "--out", str(out),
             "--warmup", str(o.warmup), "--steps", str(o.steps), "--record", str(o.record), "--seed", str(o.seed),
-            *(["-m"] if self.module else []), *(["--exact-random"] if exact_random else []), *self.extra,
-            "--", self.target, *self.args,
+            "--warmup-s", str(o.warmup_s), "--steps-s", str(o.steps_s),
+            *(["-m"] if self.module else []), *(["--exact-random"] if exact_random else []),
+            *(blocks if switch else []), *self.extra, "--", self.target, *self.args,
         ]  # fmt: skip
 
-    def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    def __call__(
+        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
         self.rounds_dir.mkdir(parents=True, exist_ok=True)
         out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
         out.unlink(missing_ok=True)
-        cmd = self.command(out, fixes, exact_random)
+        cmd = self.command(out, fixes, exact_random, switch)
         try:
-            with log.open("w") as f:
-                proc = subprocess.run(
-                    cmd,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    env=child_env(),
-                    timeout=self.options.child_timeout_s,
-                )
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
-            return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                               log_tail=log_tail(log), exact_random=exact_random)  # fmt: skip
+            with log.open("w") as f:  # a process group of its own: what it leaves running ends with it
+                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
+                                        start_new_session=True)  # fmt: skip
         except OSError as err:
             raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
-        return read_round(out, log, code, fixes, exact_random)
+        try:
+            code = proc.wait(timeout=self.options.child_timeout_s)
+        except subprocess.TimeoutExpired:
+            end_group(proc.pid)
+            proc.wait()
+            return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
+                               log_tail=log_tail(log), exact_random=exact_random)  # fmt: skip
+        except KeyboardInterrupt:
+            end_group(proc.pid)
+            proc.wait()
+            raise
+        result = read_round(out, log, code, fixes, exact_random)
+        left = end_group(proc.pid)
+        return replace(result, leftover_processes=left) if left else result
 
 
 def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
@@ -85,6 +97,4 @@ def log_tail(log: Path) -> str:
 
 
 def _with_tail(result: RoundResult, tail: str) -> RoundResult:
-    from dataclasses import replace
-
     return replace(result, log_tail=tail)

@@ -29,6 +29,7 @@ from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
+from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
 from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = "trace.json.gz"
@@ -78,6 +79,8 @@ class LiveOptions:
     module_depth: int = 3  # module ranges in the traced phase to this depth (-1: none)
     trace_all: bool = False  # trace the whole script (no steps, no light phase): for a short script
     memory_history: str = "outside-light"  # runner.memory: outside-light, always, off
+    # the light phase as an A/B in blocks (timing.blocks): `on_switch` turns the candidate off and on
+    blocks: BlockPlan | None = None
 
 
 class LiveCapture:
@@ -89,8 +92,10 @@ class LiveCapture:
         options: LiveOptions,
         script_files: tuple[str, ...] = (),
         on_phase: Callable[[str, LiveCapture], None] | None = None,
+        on_switch: Callable[[bool], None] | None = None,
     ) -> None:
         self.out_dir = out_dir
+        self.on_switch = on_switch
         self.options = options
         self.script_files = script_files
         # Told of each phase it enters ("light", "traced", "done"): runner.ranks, whose ranks must enter
@@ -114,6 +119,8 @@ class LiveCapture:
         self.trace_files: tuple[str, ...] = ()
         self.notes: list[str] = []
         self._clock: StepClock | None = None
+        self._blocks: BlockSchedule | None = None
+        self.blocks: tuple[Block, ...] = ()  # the light phase's blocks, with LiveOptions.blocks
         self._cuda = False
         self._detector: StepDetector | None = None
         self._warm: list[float] = []  # host times of the warm-up boundaries
@@ -228,9 +235,13 @@ class LiveCapture:
                 self._start_light()
             return
         if self.phase == "light":
-            assert self._clock is not None
-            self._clock.boundary()
-            if self._light_done():
+            if self._blocks is not None:
+                done = self._blocks.boundary()
+            else:
+                assert self._clock is not None
+                self._clock.boundary()
+                done = self._light_done()
+            if done:
                 self._end_light()
                 if o.light_only:
                     self.phase = "done"
@@ -311,15 +322,28 @@ class LiveCapture:
         self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.environment = environment(self._cuda)
         self._start_nvml()
-        self._clock = StepClock(self._cuda, every=self._mark_every())
         self._light_start = time.perf_counter()
         self._light_calls = self._detector.calls if self._detector else 0
-        self._clock.boundary()
         self.phase = "light"
+        plan = self.options.blocks
+        if plan is not None:
+            sync = torch.cuda.synchronize if self._cuda else None
+            self._blocks = BlockSchedule(
+                plan, self.on_switch or (lambda on: None), cuda=self._cuda, sync=sync
+            )
+            self._blocks.boundary()
+            return
+        self._clock = StepClock(self._cuda, every=self._mark_every())
+        self._clock.boundary()
 
     def _end_light(self) -> None:
-        assert self._clock is not None
-        self.light = _step_times(self._clock)
+        if self._blocks is not None:
+            self.blocks = tuple(self._blocks.blocks)
+            clock = self.blocks[0].clock if self.blocks else ("cuda_events" if self._cuda else "perf_counter")
+            self.light = StepTimes(clock, tuple(t for b in self.blocks for t in b.step_times_us))
+        else:
+            assert self._clock is not None
+            self.light = _step_times(self._clock)
         if self._detector is not None and self._detector.root_module is not None and self.light.times_us:
             self.calls_per_step = (self._detector.calls - self._light_calls) / len(self.light.times_us)
         self._read_memory()

@@ -14,6 +14,28 @@ CONVERT = "{name} = {name}.to(memory_format=torch.channels_last)"
 class ChannelsLast(FixPatch):
     fix_id = "channels_last"
     order = 30
+    switchable = True  # the weights converted back and forth (in the step after a switch, not timed)
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._module: Any = None
+        self._hook: Any = None
+
+    def switch(self, on: bool) -> None:
+        import torch
+
+        module = self._module
+        if module is None or (self._hook is not None) == on:
+            return
+        if on:
+            module.to(memory_format=torch.channels_last)
+            self._hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
+            return
+        for t in (*module.parameters(), *module.buffers()):
+            if t.dim() == 4:
+                t.data = t.data.contiguous()
+        self._hook.remove()
+        self._hook = None
 
     def _apply(self) -> None:
         self.ctx.finder.on_root(self._on_root)
@@ -38,8 +60,9 @@ class ChannelsLast(FixPatch):
 
         self.restorer.on_restore(back)
         module.to(memory_format=cl)
-        hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
-        self.restorer.on_restore(hook.remove)
+        self._module = module
+        self._hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
+        self.restorer.on_restore(lambda: self._hook.remove() if self._hook is not None else None)
         self.snippet = (
             CONVERT.format(name="model") + "\n" + CONVERT.format(name="inputs") + "  # each 4-D input batch"
         )
