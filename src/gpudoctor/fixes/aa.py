@@ -8,8 +8,9 @@ verdict is trusted. The unchanged script against itself, through the same machin
 - in blocks of one process: the no-op switched off and on, A B B A …, as a switchable fix is timed.
 
 Each live comparison gets a verdict (any but "no significant difference" is a false one), and the
-recorded processes and blocks are resampled into ≥ 200 A/A comparisons of the session's own size (4
-process pairs, `--blocks` block pairs): the false-positive rate of its test on this script and machine."""
+recorded processes and blocks are resampled into 200 A/A comparisons each of the session's own size (up
+to 4 process pairs, any pairing of the recorded processes; `--blocks` block pairs, stretches of adjacent
+blocks): the false-positive rate of its test on this script and machine."""
 
 from __future__ import annotations
 
@@ -137,7 +138,9 @@ def run_aa(
     means = [r.mean_step_us for r in rounds if r.mean_step_us]
     if len(means) >= 4:
         pairs = min(4, len(means) // 2)
-        rate, n = false_positive_rate(means, pairs, unit="process pair", comparisons=COMPARISONS)
+        rate, n = false_positive_rate(
+            means, pairs, unit="process pair", pairing=True, comparisons=COMPARISONS
+        )
         found.append(FalsePositives("process pair", pairs, n, rate))
     if len(block_means) >= 2 * options.blocks:
         rate, n = false_positive_rate(block_means, options.blocks, comparisons=COMPARISONS)
