@@ -244,7 +244,10 @@ def test_a_fix_that_raises_or_does_not_apply_when_run_is_reverted_with_the_reaso
     launcher.not_applicable.add("fused_optimizer")
     report = session(launcher, clock, "tf32,fused_optimizer").run()
     tf32, fused = report.verdicts
-    assert not tf32.kept and "out of memory" in tf32.reason
+    # tf32's one process failed: as switching itself may have broken it, a fresh pair tells — it fails too
+    assert not tf32.kept and "out of memory" in tf32.reason and tf32.unit is None
+    assert any(n.startswith("tf32: its A/B in one process failed") for n in report.notes)
+    assert [fixes for _, fixes, *_ in launcher.calls].count(("tf32",)) == 2
     assert not fused.kept and fused.reason == "does not apply: no optimizer"
 
 

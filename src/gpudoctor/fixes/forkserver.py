@@ -39,10 +39,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from gpudoctor.fixes.diagnose import child_env
 from gpudoctor.fixes.launch import SubprocessLauncher, log_tail, read_round
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
+from gpudoctor.runner.child import child_env
 from gpudoctor.runner.procgroup import end_group
 
 # imported by the server before any fork (what every round imports anyway)

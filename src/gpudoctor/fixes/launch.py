@@ -1,23 +1,19 @@
 """`SubprocessLauncher`: each round of `gpudoctor fix` as `python -m gpudoctor.fixes.child` in a fresh
-process, in the current folder, its output in `<rounds>/<label>.log`, its result read back from
-`<rounds>/<label>.json`. A child that runs past the time limit, dies, or writes nothing is a
-`RoundResult` saying so, never an exception."""
+process through the runner's child protocol (`runner.child`), in the current folder, its output in
+`<rounds>/<label>.log`, its result read back from `<rounds>/<label>.json`. A child that runs past the
+time limit, dies, or writes nothing is a `RoundResult` saying so, never an exception."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
 
-from gpudoctor.fixes.diagnose import child_env
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
-from gpudoctor.runner.procgroup import end_group
+from gpudoctor.runner.child import log_tail, run_child
 from gpudoctor.util.errors import GpudoctorError
-
-LOG_TAIL = 2000  # characters of a child's output kept in its result
 
 
 class SubprocessLauncher:
@@ -52,28 +48,15 @@ class SubprocessLauncher:
     ) -> RoundResult:
         self.rounds_dir.mkdir(parents=True, exist_ok=True)
         out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
-        out.unlink(missing_ok=True)
-        cmd = self.command(out, fixes, exact_random, switch)
-        try:
-            with log.open("w") as f:  # a process group of its own: what it leaves running ends with it
-                proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
-                                        start_new_session=True)  # fmt: skip
-        except OSError as err:
-            raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
-        try:
-            code = proc.wait(timeout=self.options.child_timeout_s)
-        except subprocess.TimeoutExpired:
-            end_group(proc.pid)
-            proc.wait()
+        argv = self.command(out, fixes, exact_random, switch)[3:]  # after `python -m gpudoctor.fixes.child`
+        run = run_child(
+            "gpudoctor.fixes.child", argv, result=out, log=log, timeout_s=self.options.child_timeout_s
+        )
+        if run.timed_out:
             return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                               log_tail=log_tail(log), exact_random=exact_random)  # fmt: skip
-        except KeyboardInterrupt:
-            end_group(proc.pid)
-            proc.wait()
-            raise
-        result = read_round(out, log, code, fixes, exact_random)
-        left = end_group(proc.pid)
-        return replace(result, leftover_processes=left) if left else result
+                               log_tail=run.log_tail, exact_random=exact_random)  # fmt: skip
+        result = read_round(out, log, run.exit_code or 0, fixes, exact_random)
+        return replace(result, leftover_processes=run.leftover) if run.leftover else result
 
 
 def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
@@ -87,13 +70,6 @@ def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_ra
     except (ValueError, TypeError, KeyError, GpudoctorError) as err:
         return RoundResult(fixes, "crashed", code, error=f"unreadable result: {err}", log_tail=tail)
     return _with_tail(result, tail)
-
-
-def log_tail(log: Path) -> str:
-    try:
-        return log.read_text(errors="replace")[-LOG_TAIL:]
-    except OSError:
-        return ""
 
 
 def _with_tail(result: RoundResult, tail: str) -> RoundResult:

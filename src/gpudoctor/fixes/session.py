@@ -229,10 +229,18 @@ class FixSession:
         if r.switch_error is not None:
             self.notes.append(f"{label}: {r.switch_error}; its A/B ran in fresh processes")
             return None
-        at.failure = r.failure or not_applied(r, moving)
-        if at.failure is None:
-            at.runs.append(r)
-            at.numerics = self._numerics(fixes, r)
+        missing = not_applied(r, moving)
+        if missing is not None:
+            at.failure = missing
+            return self._tried(at)
+        if r.failure is not None:
+            # switching may be what broke it (CUDA graphs beside eager steps, say): fresh processes tell
+            self.notes.append(
+                f"{label}: its A/B in one process failed ({r.failure}); it ran in fresh processes"
+            )
+            return None
+        at.runs.append(r)
+        at.numerics = self._numerics(fixes, r)
         return self._tried(at)
 
     def _try_processes(
