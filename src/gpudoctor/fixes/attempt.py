@@ -10,11 +10,12 @@ import statistics
 from dataclasses import dataclass, field
 
 from gpudoctor.fixes.candidates import Candidate
-from gpudoctor.fixes.catalog import title_of
+from gpudoctor.fixes.catalog import spec_of, title_of
 from gpudoctor.fixes.observe import Observations
-from gpudoctor.fixes.result import FixVerdict, StepDistribution
+from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.verify import NumericsCheck, compare_pairs, decision
+from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.timing.blocks import block_pairs
 from gpudoctor.timing.paired import Pair, PairedComparison
 
@@ -183,3 +184,51 @@ def spread_pct(values: list[float]) -> float | None:
 def minutes(seconds: float) -> str:
     """As --budget was likely given: 2 min, 95 s."""
     return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:.0f} s"
+
+
+def looks_faster(at: Attempt) -> bool:
+    """Not yet timed, or its mean step so far under the baseline's (it may be kept)."""
+    if not at.runs or not at.base:
+        return True
+    per = per_sample(at.fixes)
+
+    def mean(rounds: list[RoundResult]) -> float:
+        n = [(r.observations.samples_per_step if r.observations and per else None) or 1 for r in rounds]
+        return statistics.fmean((r.mean_step_us or 0.0) / k for r, k in zip(rounds, n, strict=True))
+
+    return mean(at.runs) < mean(at.base)
+
+
+def stackable(t: Tried, final: tuple[str, ...]) -> bool:
+    """Measured alone without gain, nothing failed, the same results, of a group the recommended
+    configuration has none of (a larger batch is left out: its times are per sample)."""
+    v = t.verdict
+    groups = {spec_of(f).group for f in final}
+    return (
+        not v.kept
+        and t.failure is None
+        and v.verdict in ("same", "ambiguous", "slower")
+        and (v.numerics is None or v.numerics.ok)
+        and not per_sample(t.fixes)
+        and not {spec_of(f).group for f in t.fixes} & groups
+    )
+
+
+def calibration(tried: list[Tried], diagnosis: Diagnosis | None) -> tuple[CalibrationEntry, ...]:
+    """Each rule's own estimate against what each fix answering it measured (a fix answering several
+    findings is predicted the largest of their savings; each finding is judged by its own)."""
+    own = {f.id: f.est_saving_pct for f in diagnosis.findings} if diagnosis else {}
+    return tuple(
+        CalibrationEntry(
+            rule,
+            t.verdict.fix,
+            own.get(rule, t.verdict.predicted_saving_pct or 0.0),
+            t.verdict.measured_saving_pct,
+            t.verdict.ci_low_pct,
+            t.verdict.ci_high_pct,
+            t.verdict.kept,
+        )
+        for t in tried
+        if t.verdict.rounds
+        for rule in t.verdict.rules
+    )

@@ -8,87 +8,40 @@ Progress and the report so far go to callbacks after every round (the CLI draws 
 
 from __future__ import annotations
 
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 from gpudoctor.fixes.applies import why_not
 from gpudoctor.fixes.attempt import (
     Attempt,
     Tried,
+    calibration,
     going,
-    minutes,
+    looks_faster,
     not_applied,
     not_run,
-    per_sample,
     random_differs,
     saving,
     spread_pct,
+    stackable,
     verdict_of,
 )
+from gpudoctor.fixes.budget import RAN_OUT, RESERVED, Budget
 from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
-from gpudoctor.fixes.catalog import TF32_TOLERANCE, can_switch, spec_of, title_of
+from gpudoctor.fixes.catalog import can_switch, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.frameworks import in_framework_terms
-from gpudoctor.fixes.result import CalibrationEntry, FixReport
+from gpudoctor.fixes.guard import numerics_of
+from gpudoctor.fixes.options import FixOptions, Launcher, Progress
+from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
-from gpudoctor.fixes.verify import NumericsCheck, check_numerics, noise_floor
+from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.timing.compare import SAME_WITHIN
 
 NOISY_SPREAD_PCT = 10.0  # the baseline's processes further apart than this: the report says so
-RAN_OUT = "the time budget ran out"  # a fix's failure when the budget cut its rounds short (_ran_out)
-RESERVED = " (the rest is kept to verify the faster fixes together)"
 LEFTOVER = "rounds left processes running after they ended"
-
-
-@dataclass(frozen=True)
-class FixOptions:
-    rounds: int = 4  # fresh-process pairs per fix that cannot be switched in a running process
-    warmup: int = 5  # steps skipped in each round (compilation included) …
-    warmup_s: float = 1.0  # … and at least this long (GPU clocks ramp up after the idle process start)
-    steps: int = 20  # steps timed in each fresh-process round …
-    steps_s: float = 2.0  # … and at least this long (a loop's periodic stalls inside the window)
-    record: int = 5  # steps whose losses or outputs are compared
-    seed: int = 0
-    budget_s: float | None = None
-    child_timeout_s: float = 600.0
-    allow_batch: bool = False
-    compile_mode: str | None = None
-    only: tuple[str, ...] = ()
-    skip: tuple[str, ...] = ()
-    same_within: float = SAME_WITHIN
-    fork: bool = True  # rounds forked from a server that imported the libraries (fixes.forkserver)
-    # one baseline process per round for all the fresh-process fixes (A B C D, D C B A, …)
-    shared_baseline: bool = False
-    # fixes not faster alone tried on top of the recommended configuration (FixSession._stack)
-    stack: bool = True
-    blocks: int = 8  # block pairs of an in-process A/B (0: every fix in fresh processes)
-    block_s: float = 0.5  # seconds a block lasts at least (its periodic stalls inside it)
-
-
-@dataclass(frozen=True)
-class Progress:
-    stage: str  # baseline, fix, combination, stack
-    fix: str | None
-    index: int  # of the fix, from 1
-    count: int
-    round: int  # from 1
-    rounds: int
-    side: str  # baseline, candidate, blocks
-    together: bool = False  # every fix in each round, beside one baseline (FixOptions.shared_baseline)
-
-
-class Launcher(Protocol):
-    """Runs one round in a process of its own: the script with `fixes` applied (none: the baseline);
-    `switch`, some of them, turned off and on in blocks (an A/B inside that process)."""
-
-    def __call__(
-        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
-    ) -> RoundResult: ...
 
 
 class FixSession:
@@ -118,9 +71,7 @@ class FixSession:
         self.final: tuple[str, ...] = ()
         self.notes: list[str] = []
         self.complete = self.interrupted = False
-        self._round_s: list[float] = []
-        self._round_s_by: dict[tuple[str, ...], list[float]] = {}  # per configuration (): the baseline
-        self._block_s: list[float] = []  # in-process A/B rounds' lengths
+        self.budget = Budget(options, clock, self.start)
         self._open: list[Attempt] = []  # the configurations being tried now
 
     # -- the run ---------------------------------------------------------------------------------------
@@ -214,9 +165,11 @@ class FixSession:
         at = Attempt(fixes, cand, on_top=on_top, in_blocks=True)
         self._open = [at]
         stage = "fix" if on_top is None else "stack"
-        if not self._fits_s(self._block_round_s() + self._reserve_s(self._kept_with(fixes, cand))):
+        if not self.budget.fits_s(
+            self.budget.block_round_s() + self.budget.reserve_s(self._kept_with(fixes, cand))
+        ):
             at.failure = f"{RAN_OUT} before its A/B in one process" + (
-                RESERVED if self._fits_s(self._block_round_s()) else ""
+                RESERVED if self.budget.fits_s(self.budget.block_round_s()) else ""
             )
             self._open = []
             return self._tried(at)
@@ -224,7 +177,7 @@ class FixSession:
         obs = self.reference.observations if self.reference else None
         t0 = self.clock()
         r = self._round(f"{index:02d}-{label}-blocks", fixes, random_differs(fixes, obs), switch=moving)
-        self._block_s.append(self.clock() - t0)
+        self.budget.block_s.append(self.clock() - t0)
         self._open = []
         if r.switch_error is not None:
             self.notes.append(f"{label}: {r.switch_error}; its A/B ran in fresh processes")
@@ -265,9 +218,9 @@ class FixSession:
                 break
             # its rounds left (a baseline and a candidate each), then the time kept back
             left = 2 * (self.options.rounds - k + 1)
-            reserve = self._reserve_s(self._kept_with(fixes, cand))
-            if not self._has_budget(left, reserve):
-                at.failure = self._ran_out(k, reserved=self._has_budget(left))
+            reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
+            if not self.budget.has(left, reserve):
+                at.failure = self.budget.ran_out(k, reserved=self.budget.has(left))
                 break
             b_first = k % 2 == 0
             for side in ("candidate", "baseline") if b_first else ("baseline", "candidate"):
@@ -305,7 +258,7 @@ class FixSession:
             left = rounds - k + 1
             fit = self._fitting([at for _, at in live], left)
             for _, at in live[fit:]:  # the last chosen (least promising) give way first
-                at.failure = self._ran_out(k, reserved=self._has_budget((1 + len(live)) * left))
+                at.failure = self.budget.ran_out(k, reserved=self.budget.has((1 + len(live)) * left))
             live = live[:fit]
             if not live:
                 break
@@ -347,10 +300,10 @@ class FixSession:
     def _fitting(self, live: list[Attempt], left: int) -> int:
         """How many of `live` (the most promising first) fit their `left` rounds, a baseline and each
         of them per round, with the time kept back to verify those looking faster together."""
-        faster = [at.fixes for at in live if _looks_faster(at)]
+        faster = [at.fixes for at in live if looks_faster(at)]
         for n in range(len(live), 0, -1):
             together = [f for f in faster if f in {at.fixes for at in live[:n]}]
-            if self._has_budget((1 + n) * left, self._reserve_s(together)):
+            if self.budget.has((1 + n) * left, self.budget.reserve_s(together)):
                 return n
         return 0
 
@@ -407,13 +360,15 @@ class FixSession:
         for t in list(self.tried):
             current = self._final_tried()
             group = spec_of(t.fixes[0]).group
-            if current is None or group in seen or not _stackable(t, self.final):
+            if current is None or group in seen or not stackable(t, self.final):
                 continue
             seen.add(group)
             fixes = (*self.final, *t.fixes)
             blocks = self._in_blocks(t.fixes, self.final)
             fits = (
-                self._fits_s(self._block_round_s()) if blocks else self._has_budget(2 * self.options.rounds)
+                self.budget.fits_s(self.budget.block_round_s())
+                if blocks
+                else self.budget.has(2 * self.options.rounds)
             )
             if left or not fits:
                 left.append(t.verdict.fix)
@@ -471,8 +426,7 @@ class FixSession:
             else self.launch(label, fixes, exact_random)
         )
         if not switch:
-            self._round_s.append(self.clock() - t0)
-            self._round_s_by.setdefault(fixes, []).append(self._round_s[-1])
+            self.budget.record(fixes, self.clock() - t0)
         if result.leftover_processes and not any(n.startswith(LEFTOVER) for n in self.notes):
             self.notes.append(
                 f"{LEFTOVER} ({result.leftover_processes} after {label}: the script's DataLoader workers or "
@@ -480,105 +434,14 @@ class FixSession:
             )
         return result
 
-    def _has_budget(self, rounds: int, reserve_s: float = 0.0) -> bool:
-        """Do `rounds` more rounds of the typical length fit, with `reserve_s` kept back after them?"""
-        return self._fits_s(rounds * self._typical_s() + reserve_s)
-
-    def _fits_s(self, seconds: float) -> bool:
-        if self.options.budget_s is None:
-            return True
-        return self.clock() - self.start + seconds <= self.options.budget_s
-
-    def _typical_s(self, fixes: tuple[str, ...] | None = None) -> float:
-        """A round's length: the median of `fixes`' rounds so far, else of all rounds."""
-        own = self._round_s_by.get(fixes) if fixes is not None else None
-        every = own or self._round_s
-        return statistics.median(every) if every else 0.0
-
-    def _block_round_s(self) -> float:
-        """An in-process A/B's length: the median of those so far, else a round's and its blocks."""
-        if self._block_s:
-            return statistics.median(self._block_s)
-        return self._typical_s(()) + 2 * self.options.blocks * self.options.block_s * 1.5
-
-    def _reserve_s(self, fixes: Sequence[tuple[str, ...]]) -> float:
-        """The time to verify `fixes` together, where they span two groups or more (else nothing is
-        combined): `rounds` baseline rounds and as many of the combination, each as long as its
-        slowest member's rounds (a compiled configuration's are long)."""
-        if self.options.budget_s is None or len({spec_of(f[0]).group for f in fixes}) < 2:
-            return 0.0
-        slowest = max(self._typical_s(f) for f in fixes)
-        return self.options.rounds * (self._typical_s(()) + slowest)
-
     def _budget_note(self) -> None:
-        """Where the budget cut fixes short of their rounds (so none of them could be kept), about how
-        long a budget would have let them finish: their rounds left at the length measured so far (a
-        compiled configuration's own), the baseline's beside them, and the time to verify the faster
-        ones together."""
-        budget, rounds = self.options.budget_s, self.options.rounds
-        cut = [t for t in self.tried if t.failure and t.failure.startswith(RAN_OUT)]
-        if budget is None or not cut:
-            return
-        more, base_rounds = 0.0, 0
-        for t in cut:
-            if self._in_blocks(t.fixes):
-                more += self._block_round_s()
-                continue
-            n = rounds - len(t.candidate)
-            more += n * self._typical_s(t.fixes)
-            base_rounds = max(base_rounds, n) if self.options.shared_baseline else base_rounds + n
-        more += base_rounds * self._typical_s(())
-        # kept, or cut short while looking faster (or before it was timed): it may be kept
-        faster = [t.fixes for t in self.tried if t.verdict.kept] + [
-            t.fixes for t in cut if t.verdict.measured_saving_pct is None or t.verdict.measured_saving_pct > 0
-        ]
-        needed = self.clock() - self.start + more + self._reserve_s(faster)
-        mins = max(1, math.ceil(needed / 60))
-        self.notes.append(
-            f"the time budget ({minutes(budget)}) ran out before {len(cut)} of the {len(self.tried)} "
-            f"fixes finished their rounds (a fix is kept only when timed in all of them): about "
-            f"{mins} min would let them finish (--budget {mins}m)"
-        )
-
-    def _ran_out(self, k: int, reserved: bool) -> str:
-        why = f"{RAN_OUT} after {k - 1} of {self.options.rounds} rounds"
-        return why + (RESERVED if reserved else "")
+        note = self.budget.note(self.tried, lambda fixes: self._in_blocks(fixes))
+        if note:
+            self.notes.append(note)
 
     def _numerics(self, fixes: tuple[str, ...], run: RoundResult) -> NumericsCheck:
-        """The run's first losses against the baseline's. A loader fix is judged on speed: with it
-        alone the losses are only held to stay finite (batches made in workers may draw other random
-        numbers); beside fixes that change the arithmetic, those are held to their tolerance against a
-        round of the loader fix alone (the same batches), where one was recorded."""
-        ref = self.reference
-        assert ref is not None
-        loader = tuple(f for f in fixes if spec_of(f).speed_only)
-        arithmetic = [spec_of(f) for f in fixes if not spec_of(f).speed_only]
-        reference, others = list(ref.outputs), [list(b.outputs) for b in self.baselines[1:]]
-        notes = [s.tolerance_note for s in arithmetic] or [spec_of(f).tolerance_note for f in loader]
-        tolerance = None
-        if arithmetic and all(s.tolerance is not None for s in arithmetic):
-            tolerance = max(s.tolerance or 0.0 for s in arithmetic)
-        if loader and arithmetic:
-            alone = self._loader_rounds(loader)
-            if alone:
-                reference, others = list(alone[0].outputs), [list(r.outputs) for r in alone[1:]]
-                notes.append(f"against {'+'.join(loader)} alone (the same batches)")
-            else:
-                tolerance = None
-                notes.append(f"{'+'.join(loader)} changes the batches: only checked to stay finite")
-        seen = ref.observations
-        if tolerance is not None and tolerance < TF32_TOLERANCE and seen is not None and seen.tf32_baseline:
-            # reordered TF32 products move the results by TF32's rounding, not float32's
-            tolerance = TF32_TOLERANCE
-            notes.append("the script's own convolutions or matmuls run in TF32")
-        note = "; ".join(dict.fromkeys(notes))
-        floor = noise_floor(reference, others)
-        return check_numerics(
-            ref.outputs_kind, reference, run.outputs_kind, list(run.outputs), tolerance, floor, note
-        )
-
-    def _loader_rounds(self, loader: tuple[str, ...]) -> list[RoundResult]:
-        return [r for t in self.tried if t.fixes == loader for r in t.candidate if r.outputs]
+        assert self.reference is not None
+        return numerics_of(fixes, run, self.reference, self.baselines, self.tried)
 
     # -- reporting ---------------------------------------------------------------------------------------
     def _progress(
@@ -646,58 +509,10 @@ class FixSession:
             snippets=tuple(dict.fromkeys(snippets)),
             unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
             manual=tuple(self.manual),
-            calibration=_calibration(tried, self.diagnosis),
+            calibration=calibration(tried, self.diagnosis),
             notes=tuple(notes),
             complete=self.complete,
             interrupted=self.interrupted,
             elapsed_s=self.clock() - self.start,
             baseline_spread_pct=spread,
         )
-
-
-def _looks_faster(at: Attempt) -> bool:
-    """Not yet timed, or its mean step so far under the baseline's (it may be kept)."""
-    if not at.runs or not at.base:
-        return True
-    per = per_sample(at.fixes)
-
-    def mean(rounds: list[RoundResult]) -> float:
-        n = [(r.observations.samples_per_step if r.observations and per else None) or 1 for r in rounds]
-        return statistics.fmean((r.mean_step_us or 0.0) / k for r, k in zip(rounds, n, strict=True))
-
-    return mean(at.runs) < mean(at.base)
-
-
-def _stackable(t: Tried, final: tuple[str, ...]) -> bool:
-    """Measured alone without gain, nothing failed, the same results, of a group the recommended
-    configuration has none of (a larger batch is left out: its times are per sample)."""
-    v = t.verdict
-    groups = {spec_of(f).group for f in final}
-    return (
-        not v.kept
-        and t.failure is None
-        and v.verdict in ("same", "ambiguous", "slower")
-        and (v.numerics is None or v.numerics.ok)
-        and not per_sample(t.fixes)
-        and not {spec_of(f).group for f in t.fixes} & groups
-    )
-
-
-def _calibration(tried: list[Tried], diagnosis: Diagnosis | None) -> tuple[CalibrationEntry, ...]:
-    """Each rule's own estimate against what each fix answering it measured (a fix answering several
-    findings is predicted the largest of their savings; each finding is judged by its own)."""
-    own = {f.id: f.est_saving_pct for f in diagnosis.findings} if diagnosis else {}
-    return tuple(
-        CalibrationEntry(
-            rule,
-            t.verdict.fix,
-            own.get(rule, t.verdict.predicted_saving_pct or 0.0),
-            t.verdict.measured_saving_pct,
-            t.verdict.ci_low_pct,
-            t.verdict.ci_high_pct,
-            t.verdict.kept,
-        )
-        for t in tried
-        if t.verdict.rounds
-        for rule in t.verdict.rules
-    )
