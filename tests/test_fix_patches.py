@@ -491,6 +491,23 @@ def test_channels_last_switches_the_weights_and_the_inputs() -> None:
     assert not model._forward_pre_hooks  # the input hook removed by undo
 
 
+def test_channels_last_switches_the_optimizer_state_with_the_weights() -> None:
+    # GIVEN momentum made while the weights were channels_last (the fix on from the start)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(2, 3, 8, 8)
+
+    def look() -> tuple[bool, bool]:
+        model(x).sum().backward()
+        opt.step()
+        buf = opt.state[model.conv.weight]["momentum_buffer"]
+        return model.conv.weight.is_contiguous(), buf.is_contiguous()
+
+    seen = observed_switching("channels_last", model, look, x)
+    # THEN the momentum follows the weights' layout each way
+    assert seen == [(False, False), (True, True), (False, False), (True, True), (False, False)]
+
+
 def test_call_site_fixes_switch_what_they_skip() -> None:
     calls: list[bool] = []
     original = torch.cuda.empty_cache
