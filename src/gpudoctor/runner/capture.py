@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudoctor.runner.compile_workers import stop_compile_workers
 from gpudoctor.runner.discovery import StepDefinition
@@ -29,8 +29,10 @@ from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
-from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
-from gpudoctor.timing.stepclock import StepClock
+
+if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
+    from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
+    from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = "trace.json.gz"
 MEMORY_KEYS = (
@@ -325,6 +327,9 @@ class LiveCapture:
         self._light_start = time.perf_counter()
         self._light_calls = self._detector.calls if self._detector else 0
         self.phase = "light"
+        from gpudoctor.timing.blocks import BlockSchedule
+        from gpudoctor.timing.stepclock import StepClock
+
         plan = self.options.blocks
         if plan is not None:
             sync = torch.cuda.synchronize if self._cuda else None
@@ -386,6 +391,8 @@ class LiveCapture:
             self._prof.add_metadata_json(RUN_STEP_KEY, json.dumps(self.definition.description))
         self._label_modules()
         self._prof_steps = 0
+        from gpudoctor.timing.stepclock import StepClock
+
         self._clock = StepClock(self._cuda)
         self.phase = "traced"
 
