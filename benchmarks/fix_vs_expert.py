@@ -3,8 +3,11 @@
 in fresh processes, alternating — the script as written, the script with the expert's hand-written fixes
 (`--expert`), and the script with the fixes gpudoctor kept — with CUDA-synchronized wall time over
 windows of at least a second (plain_timer.py). Reports each workload's speedups, gpudoctor's as a share
-of the expert's (goal ≥ 90%), whether any slower or numerically broken fix was kept, and predicted
-against measured saving per fix.
+of the expert's — (gpudoctor's speedup − 1) / (the expert's − 1), goal ≥ 80% (issue 26) — whether any
+slower or numerically broken fix was kept, how many of the four most promising candidates got a verdict,
+and predicted against measured saving per fix. The control (`tuned_control`, already tuned: the
+expert's version is the script itself) meets its goal by keeping nothing. A workload that fails is
+recorded with its error; the others go on.
 
     PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --only gpt2_train
     PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --out $OUT --phase fix --only gpt2_train
@@ -35,13 +38,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS_DIR = ROOT / "benchmarks" / "fix_workloads"
 TIMER = WORKLOADS_DIR / "plain_timer.py"
-GOAL = 0.9
+GOAL = 0.8  # share of the expert's gain: (gpudoctor's speedup − 1) / (the expert's speedup − 1)
+CONTROLS = ("tuned_control",)  # nothing to gain: the goal is to keep nothing
 
 # name -> (the script's own arguments, what an expert writes by hand, minutes a GPU run took on the H100:
 # fix + timing, with the --budget of the committed result; GPT-2, ViT, ResNet-50 and Lightning with every
 # round forked from the fork server (2026-11-25), the others before it forked on torch 2.11 (a fresh
 # interpreter per round))
-WORKLOADS: dict[str, tuple[list[str], str, float]] = {
+# (new in issue 26, not yet measured on the GPU: None)
+WORKLOADS: dict[str, tuple[list[str], str, float | None]] = {
     "gpt2_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 11.9),  # --budget 6m
     "vit_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 11.1),  # 7m
     "convnet_nchw": ([], "channels_last, bf16 autocast, cudnn.benchmark", 14.3),  # 10m
@@ -50,6 +55,15 @@ WORKLOADS: dict[str, tuple[list[str], str, float]] = {
     "lightning_fit": ([], 'precision="bf16-mixed", TF32, fused AdamW, torch.compile', 9.5),  # 4m
     "per_param_optimizer": ([], "Adam(fused=True)", 3.6),  # 2m
     "fp32_matmul_loop": ([], "bf16 autocast, TF32", 5.8),  # 4m
+    "hf_trainer_bert": ([], "TrainingArguments(torch_compile=True)", None),
+    "timm_convnext_fp32": (
+        [],
+        "bf16 autocast, channels_last, fused AdamW, 8 workers + pinned, compile",
+        None,
+    ),
+    "torchvision_augment": ([], "8 workers, pinned memory, channels_last, bf16 autocast", None),
+    "item_logging": ([], "loss read every 100 steps, bf16 autocast, fused AdamW", None),
+    "tuned_control": ([], "nothing (already tuned)", None),
 }
 
 
@@ -72,11 +86,12 @@ def run_fix(name: str, out: Path, a: argparse.Namespace) -> dict[str, Any]:
     proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
     (out / f"fix_{name}.log").write_text(proc.stdout + proc.stderr)
     report_file = fix_dir / "fix.json"
+    result = {"exit_code": proc.returncode, "wall_s": time.perf_counter() - t0, "dir": str(fix_dir)}
     if not report_file.exists():
-        raise SystemExit(
-            f"{name}: gpudoctor fix wrote no report (exit {proc.returncode}); see fix_{name}.log"
+        result["error"] = (
+            f"gpudoctor fix wrote no report (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-600:]}"
         )
-    return {"exit_code": proc.returncode, "wall_s": time.perf_counter() - t0, "dir": str(fix_dir)}
+    return result
 
 
 def time_config(
@@ -95,6 +110,8 @@ def time_config(
 
 
 def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> dict[str, Any]:
+    """The script as written, the expert's, and gpudoctor's kept fixes, each in `--timing-rounds` fresh
+    processes, alternating; the mean step of each process over its windows."""
     configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     for k in range(a.timing_rounds):
@@ -106,25 +123,46 @@ def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> di
         runs["gpudoctor"] = runs["plain"]
     step = {c: _median([r["step_s"] for r in rs if r.get("step_s")]) for c, rs in runs.items()}
     errors = {c: [r["error"] for r in rs if r.get("error")] for c, rs in runs.items()}
-    result: dict[str, Any] = {"step_ms": {c: v * 1e3 if v else None for c, v in step.items()}, "errors": errors,
+    result: dict[str, Any] = {"share_definition": "(gpudoctor speedup - 1) / (expert speedup - 1)",
+                              "step_ms": {c: v * 1e3 if v else None for c, v in step.items()}, "errors": errors,
                               "runs": {c: [r.get("windows") for r in rs] for c, rs in runs.items()}}  # fmt: skip
     if step["plain"] and step["expert"] and step["gpudoctor"]:
         expert, ours = step["plain"] / step["expert"], step["plain"] / step["gpudoctor"]
-        result.update(expert_speedup=expert, gpudoctor_speedup=ours, share_of_expert=ours / expert,
-                      meets_goal=ours / expert >= GOAL)  # fmt: skip
-        result["share_of_expert_ci"] = share_ci(result["runs"])
+        share = (ours - 1) / (expert - 1) if expert > 1.02 else None  # no gain to share in a control
+        result.update(expert_speedup=expert, gpudoctor_speedup=ours, speedup_ratio=ours / expert,
+                      share_of_expert=share, meets_goal=share is not None and share >= GOAL)  # fmt: skip
+        if name in CONTROLS:
+            result["meets_goal"] = not final  # the control: kept nothing
+        result["share_of_expert_ci"] = share_ci(result["runs"]) if share is not None else None
     return result
 
 
-def share_ci(runs: dict[str, list[list[list[float]] | None]]) -> list[float] | None:
-    """The 95% interval of gpudoctor's share of the expert's speedup — the expert's step time over
-    gpudoctor's — from each process's windows (seconds, steps): processes resampled, then windows."""
-    from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped
+def share_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int = 2000) -> list[float] | None:
+    """The 95% interval of gpudoctor's share of the expert's gain, (plain/ours − 1) / (plain/expert − 1),
+    from each process's windows (seconds, steps): per configuration, processes resampled, then the
+    windows' mean step within them."""
+    import numpy as np
 
-    steps = {c: [[s / n for s, n in w or []] for w in runs.get(c) or []] for c in ("expert", "gpudoctor")}
-    if not all(any(w) for w in steps.values()):
+    steps = {
+        c: [[s / n for s, n in w or []] for w in runs.get(c) or []] for c in ("plain", "expert", "gpudoctor")
+    }
+    steps = {c: [w for w in ws if w] for c, ws in steps.items()}
+    if not all(steps.values()):
         return None
-    return list(bootstrap_ratio_ci_grouped(steps["gpudoctor"], steps["expert"]))
+    rng = np.random.default_rng(0)
+
+    def draw(ws: list[list[float]]) -> np.ndarray:
+        out = np.empty(resamples)
+        for i in range(resamples):
+            picked = [ws[j] for j in rng.integers(0, len(ws), len(ws))]
+            out[i] = np.mean([np.mean(rng.choice(w, len(w))) for w in picked])
+        return out
+
+    plain, expert, ours = draw(steps["plain"]), draw(steps["expert"]), draw(steps["gpudoctor"])
+    gain = plain / expert - 1
+    share = np.where(np.abs(gain) > 1e-9, (plain / ours - 1) / np.where(np.abs(gain) > 1e-9, gain, 1), np.nan)
+    lo, hi = np.nanquantile(share, [0.025, 0.975])
+    return [float(lo), float(hi)]
 
 
 OPTIONS = ("budget", "shared_baseline", "rounds", "warmup", "steps", "timing_rounds", "phase", "smoke")
@@ -148,6 +186,9 @@ def merge(runs: Path, into: Path) -> None:
     commands = dict(doc.get("commands", {}))
     for path in sorted(runs.rglob("fix_vs_expert_*.json")):
         w = json.loads(path.read_text())
+        if w.get("error") or not w.get("fix"):
+            print(f"{path}: failed ({str(w.get('error'))[:200]}), left out")
+            continue
         if (w.get("options") or {}).get("smoke") or (w.get("environment") or {}).get("device") in (
             None,
             "cpu",
@@ -208,7 +249,11 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
     verdicts = [*report["verdicts"], *([report["combination"]] if report.get("combination") else []),
                 *report.get("stacked", [])]  # fmt: skip
     kept = [v for v in verdicts if v["kept"]]
+    first4 = report["verdicts"][:4]  # the most promising candidates, in the order they were tried
     return {
+        "verdicts_on_first_4": sum(
+            1 for v in first4 if v.get("verdict") or v["reason"].startswith("does not apply")
+        ),
         "final": report["final"],
         "final_saving_pct": report["final_saving_pct"],
         "baseline_step_ms": report["baseline_us"] / 1e3 if report.get("baseline_us") else None,
@@ -229,6 +274,8 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
                     "reason",
                     "compile_s",
                     "payback_steps",
+                    "unit",
+                    "pairs",
                 )
             }
             | {"numerics_max_rel_diff": (v.get("numerics") or {}).get("max_rel_diff")}
@@ -278,11 +325,11 @@ def main() -> int:
     p.add_argument("--out", type=Path)
     p.add_argument("--only", default="", help="comma-separated workload names (default: all)")
     p.add_argument("--phase", choices=("all", "fix", "time"), default="all")
-    p.add_argument("--rounds", type=int, default=3, help="gpudoctor fix --rounds")
+    p.add_argument("--rounds", type=int, default=4, help="gpudoctor fix --rounds")
     p.add_argument("--warmup", type=int, default=5, help="gpudoctor fix --warmup")
     p.add_argument("--steps", type=int, default=15, help="gpudoctor fix --steps")
     p.add_argument(
-        "--budget", default="8m", help="gpudoctor fix --budget, per workload (after its diagnosis)"
+        "--budget", default="10m", help="gpudoctor fix --budget, per workload (after its diagnosis)"
     )
     p.add_argument("--shared-baseline", action="store_true", help="gpudoctor fix --shared-baseline")
     p.add_argument("--timing-rounds", type=int, default=3, help="fresh processes per configuration")
@@ -311,16 +358,12 @@ def main() -> int:
     a.out.mkdir(parents=True, exist_ok=True)
     for name in names:
         t0 = time.perf_counter()
-        fix_run = run_fix(name, a.out, a) if a.phase in ("all", "fix") else None
-        source = a.previous if a.phase == "time" and a.previous else a.out
-        summary = summarize_fix(source / "fix" / name)
-        timing = measure(name, summary["final"], a.out, a) if a.phase in ("all", "time") else None
-        result = {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": summary,
-                  "timing": timing, "wall_s": time.perf_counter() - t0, "environment": environment(),
-                  "options": {k: getattr(a, k) for k in OPTIONS}}  # fmt: skip
-        earlier = source / f"fix_vs_expert_{name}.json"
-        if a.phase == "time" and earlier.exists():
-            result["fix_run"] = json.loads(earlier.read_text()).get("fix_run")
+        try:
+            result = one_workload(name, a)
+        except Exception as err:  # one workload's failure must not lose the others' results
+            result = {"workload": name, "error": f"{type(err).__name__}: {err}", "fix": None, "timing": None}
+        result.update(wall_s=time.perf_counter() - t0, environment=environment(),
+                      options={k: getattr(a, k) for k in OPTIONS})  # fmt: skip
         (a.out / f"fix_vs_expert_{name}.json").write_text(json.dumps(result, indent=1))
         print(_line(result), flush=True)
     combined = [json.loads(f.read_text()) for f in sorted(a.out.glob("fix_vs_expert_*.json"))]
@@ -330,10 +373,36 @@ def main() -> int:
     return 0
 
 
+def one_workload(name: str, a: argparse.Namespace) -> dict[str, Any]:
+    fix_run = run_fix(name, a.out, a) if a.phase in ("all", "fix") else None
+    source = a.previous if a.phase == "time" and a.previous else a.out
+    if fix_run and fix_run.get("error"):
+        return {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": None,
+                "timing": None, "error": fix_run["error"]}  # fmt: skip
+    summary = summarize_fix(source / "fix" / name)
+    timing = measure(name, summary["final"], a.out, a) if a.phase in ("all", "time") else None
+    earlier = source / f"fix_vs_expert_{name}.json"
+    if a.phase == "time" and earlier.exists():
+        fix_run = json.loads(earlier.read_text()).get("fix_run")
+    return {
+        "workload": name,
+        "expert": WORKLOADS[name][1],
+        "fix_run": fix_run,
+        "fix": summary,
+        "timing": timing,
+    }
+
+
 def _line(r: dict[str, Any]) -> str:
+    if r.get("error"):
+        return f"{r['workload']}: failed: {r['error'][:300]}"
     t = r.get("timing") or {}
     fix = r["fix"]
-    share = f"{100 * t['share_of_expert']:.0f}% of the expert's" if t.get("share_of_expert") else "not timed"
+    share = (
+        f"{100 * t['share_of_expert']:.0f}% of the expert's gain"
+        if t.get("share_of_expert") is not None
+        else ("a control" if r["workload"] in CONTROLS else "not timed")
+    )
     if t.get("share_of_expert_ci"):
         share += ", 95% CI {:.0f}–{:.0f}%".format(*(100 * x for x in t["share_of_expert_ci"]))
     speed = (
@@ -342,7 +411,8 @@ def _line(r: dict[str, Any]) -> str:
         else ""
     )
     return (f"{r['workload']}: kept {'+'.join(fix['final']) or 'nothing'}; {speed} ({share}); "
-            f"kept all faster {fix['kept_all_faster']}, numerics ok {fix['kept_all_numerics_ok']}; {r['wall_s']:.0f} s")  # fmt: skip
+            f"kept all faster {fix['kept_all_faster']}, numerics ok {fix['kept_all_numerics_ok']}; "
+            f"verdicts on the first 4: {fix.get('verdicts_on_first_4')}; {r.get('wall_s', 0):.0f} s")  # fmt: skip
 
 
 if __name__ == "__main__":

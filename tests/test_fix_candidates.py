@@ -129,3 +129,57 @@ def test_left_to_the_user_once_per_place_and_not_how_the_run_was_observed() -> N
     )
     _, manual = choose(d, obs())
     assert [m.rule for m in manual] == ["memory_held"]
+
+
+# -- a loader that waits rather than computes ---------------------------------------------------------------
+def waiting(fetch_wall_s: float, fetch_cpu_s: float, batches: int = 10) -> Observations:
+    o = obs(cuda=False, free=1)  # the 2-core CI machine: one core free beside the loop
+    loader = replace(o.loaders[0], fetches=batches, fetch_wall_s=fetch_wall_s, fetch_cpu_s=fetch_cpu_s)
+    return replace(o, loaders=(loader,))
+
+
+def test_a_loader_that_waits_gets_worker_counts_past_the_cores() -> None:
+    # GIVEN a loader whose batches take 8.5 ms of wall time and 0.3 ms of CPU time (2 ms of sleep per
+    # item, 4 items a batch) in a loop of 9.5 ms a step, on a machine with one core free
+    cands, _ = choose(None, waiting(0.085, 0.003), steps=25, step_s=0.0095)
+    workers = [c for c in cands if c.fix.startswith("workers")]
+    # THEN it is offered workers past the core: enough to hide 8.5 ms behind 1 ms (10), the middle first
+    assert [c.fix for c in workers] == ["workers:8", "workers:4", "workers:10"]
+    assert workers[0].why.startswith("the DataLoader waits (its batches take little CPU time)")
+
+
+def test_a_loader_that_computes_gets_workers_up_to_the_free_cores() -> None:
+    cands, _ = choose(None, waiting(0.085, 0.080), steps=25, step_s=0.0095)
+    assert [c.fix for c in cands if c.fix.startswith("workers")] == ["workers:1"]
+    assert worker_values(1, 0, needed=100) == [8, 16, 32]  # never past 32
+
+
+def test_what_does_not_apply_is_said_and_why() -> None:
+    from gpudoctor.fixes.applies import why_not
+
+    o = obs()
+    assert why_not("no_empty_cache", o, 25) == (
+        "does not apply: torch.cuda.empty_cache() is not called in the loop (0 calls in 25 steps)"
+    )
+    once = replace(o, empty_cache=(SiteCount(SITE, 1),))
+    assert why_not("no_empty_cache", once, 25) is not None
+    assert why_not("no_empty_cache", replace(o, empty_cache=(SiteCount(SITE, 24),)), 25) is None
+    assert (
+        why_not("zero_grad_none", o, 25)
+        == "does not apply: zero_grad(set_to_none=False) is not called in the loop"
+    )
+    assert why_not("tf32", replace(o, float32_matmul_precision="high"), 25) == (
+        "does not apply: float32 matmul precision is already 'high'"
+    )
+    assert why_not("channels_last", o, 25) == "does not apply: Net has no Conv2d"
+    assert why_not("workers:4", replace(o, loaders=(replace(o.loaders[0], num_workers=8),)), 25) == (
+        "does not apply: the DataLoader already has 8 workers"
+    )
+    assert (
+        why_not("pin_memory", obs(cuda=False), 25)
+        == "does not apply: no CUDA device: nothing is copied to a GPU"
+    )
+    assert all(
+        why_not(f, o, 25) is None
+        for f in ("tf32", "autocast", "compile", "fused_optimizer", "workers:4", "noop")
+    )

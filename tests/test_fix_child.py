@@ -125,3 +125,54 @@ def test_compile_time_is_measured_apart_from_the_timed_steps(tmp_path: Path) -> 
     assert r.failure is None and r.patches["compile"].applied
     assert r.compile_s > 0 and r.compile_timed_s == 0.0  # compiled during the warm-up steps
     assert r.outputs_kind == "loss" and len(r.outputs) == 3
+
+
+CONV = """\
+import torch
+
+model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(800, 2))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+x = torch.randn(4, 3, 12, 12)
+for step in range(10_000):
+    loss = model(x).square().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(model[0].weight.is_contiguous(), model[0].weight.is_contiguous(memory_format=torch.channels_last))
+"""
+
+BLOCKS = ("--pairs", "2", "--block-s", "0", "--block-steps", "2", "--settle", "1")
+
+
+def test_an_in_process_ab_switches_the_fix_in_blocks_and_times_each(tmp_path: Path) -> None:
+    """The candidate is on from the start (its first losses recorded so), then off and on in blocks
+    A B B A; each block a window of at least two steps, synchronized at its ends."""
+    r = child(tmp_path, CONV, "--fixes", "channels_last", "--switch", "channels_last", *BLOCKS)
+    assert r.failure is None and r.switch == ("channels_last",) and r.switch_error is None
+    assert [b.candidate for b in r.blocks] == [False, True, True, False]
+    assert all(b.steps >= 2 and b.elapsed_us > 0 for b in r.blocks)
+    assert len(r.step_times_us) == sum(b.steps for b in r.blocks)
+    assert r.outputs_kind == "loss" and len(r.outputs) == 3  # recorded with the fix on, from step one
+    assert RoundResult.from_json(r.to_json()) == r
+
+
+def test_the_weights_follow_the_switch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    r = child(tmp_path, CONV, "--fixes", "channels_last", "--switch", "channels_last", *BLOCKS)
+    assert r.failure is None
+    printed = [line.split()[1] == "True" for line in capsys.readouterr().out.splitlines()]
+    runs = [on for i, on in enumerate(printed) if i == 0 or on != printed[i - 1]]
+    # channels_last from the start (warm-up, first losses), NCHW for the A block, channels_last for the
+    # two B blocks, NCHW for the last A block; the step after each switch converts the weights
+    assert runs == [True, False, True, False]
+
+
+def test_a_fix_that_cannot_switch_is_a_failed_round_saying_so(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "fused_optimizer", "--switch", "fused_optimizer",
+              *BLOCKS)  # fmt: skip
+    assert r.switch_error is not None and "cannot be switched" in r.switch_error
+    assert r.failure is not None and r.failure.startswith("could not be switched in the running process")
+
+
+def test_switch_names_only_fixes_the_round_applies(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit):
+        parse(["--out", "r.json", "--fixes", "tf32", "--switch", "compile", "--", "train.py"])

@@ -43,7 +43,7 @@ for x, y in loader:
     opt.step()
     print(f"loss {loss.item():.4f}")
 """
-FAST = ["--warmup", "2", "--steps", "6"]
+FAST = ["--warmup", "2", "--steps", "6", "--warmup-s", "0", "--steps-s", "0"]
 
 
 def fix(*args: str) -> object:
@@ -71,7 +71,9 @@ def test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest(starved: Pa
     workers, zero_grad, fused = report.verdicts
     assert workers.kept and workers.reason == "faster beyond noise" and workers.measured_saving_pct > 20
     assert workers.numerics is not None and workers.numerics.ok and workers.numerics.max_rel_diff == 0.0
-    assert not zero_grad.kept and zero_grad.reason.startswith("not applicable: zero_grad was never called")
+    # the script never calls zero_grad(set_to_none=False): not run at all
+    assert not zero_grad.kept and zero_grad.reason.startswith("does not apply: zero_grad(set_to_none=False)")
+    assert zero_grad.rounds == 0
     # the fused SGD gains nothing alone on this loader-bound loop: it is tried on top of the workers, in
     # processes that apply both patches, with the same losses (zero_grad, not applicable, never is); on
     # a machine noisy enough to call it faster alone, the two are verified together instead
@@ -108,7 +110,7 @@ def test_from_a_run_directory_the_script_and_findings_are_reused(starved: Path, 
 
 @pytest.mark.slow
 def test_item_in_the_loop_is_reported_with_its_line(starved: Path, tmp_path: Path) -> None:
-    options = FixOptions(rounds=1, warmup=1, steps=3, only=("tf32",))
+    options = FixOptions(rounds=1, warmup=1, steps=3, warmup_s=0.0, steps_s=0.0, only=("tf32",))
     report = run_fix(FixTarget("train.py", ()), tmp_path / "fix", options, diagnose=False,
                      child_extra=("--count-cpu-items",))  # fmt: skip
     sync = next(m for m in report.manual if m.rule == "host_sync")
@@ -126,7 +128,9 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
     seen = Observations(None, (), (), (), (), (), "highest", False, False, False, 1)
     calls = []
 
-    def interrupted(self: object, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    def interrupted(
+        self: object, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
         calls.append(label)
         if len(calls) == 4:  # the second round of the fix: Ctrl-C
             raise KeyboardInterrupt
@@ -135,7 +139,9 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
 
     monkeypatch.setattr(launch.SubprocessLauncher, "__call__", interrupted)
     out = tmp_path / "fix"
-    result = fix("--no-diagnose", "--no-fork", "--only", "tf32", "--out", str(out), "train.py")
+    result = fix(
+        "--no-diagnose", "--no-fork", "--blocks", "0", "--only", "tf32", "--out", str(out), "train.py"
+    )
     assert result.exit_code == 130
     report = report_of(out)
     assert report.interrupted and not report.complete
@@ -189,7 +195,9 @@ def test_shared_baseline_reaches_the_session(
     seen = Observations(None, (), (), (), (), (), "highest", False, False, False, 1)
     labels: list[str] = []
 
-    def fake(self: object, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    def fake(
+        self: object, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
         labels.append(label)
         step = 5.0 if fixes else 10.0
         return RoundResult(fixes, "stopped", 0, "perf_counter", (step, step * 1.01, step * 0.99) * 5, 5,
@@ -197,8 +205,36 @@ def test_shared_baseline_reaches_the_session(
 
     monkeypatch.setattr(launch.SubprocessLauncher, "__call__", fake)
     out = tmp_path / "fix"
-    result = fix("--no-diagnose", "--no-fork", "--shared-baseline", "--only", "tf32,zero_grad_none",
+    result = fix("--no-diagnose", "--no-fork", "--shared-baseline", "--blocks", "0", "--only", "tf32,noop",
                  "--rounds", "2", "--out", str(out), "train.py")  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert labels[:4] == ["baseline-0", "base-a1", "01-tf32-b1", "02-zero_grad_none-b1"]
+    assert labels[:4] == ["baseline-0", "base-a1", "01-tf32-b1", "02-noop-b1"]
     assert report_of(out).options["shared_baseline"] is True
+
+
+@pytest.mark.slow
+def test_aa_times_the_script_against_itself_beside_plain_processes(starved: Path, tmp_path: Path) -> None:
+    out = tmp_path / "aa"
+    result = fix(
+        "--aa", "--rounds", "2", "--blocks", "2", "--block-s", "0.05", *FAST, "--out", str(out), "train.py"
+    )
+    assert result.exit_code == 0, result.output
+    from gpudoctor.fixes.aa import AAReport
+
+    report = AAReport.from_json(json.loads((out / "aa.json").read_text()))
+    # four processes of the harness (the script and the no-op patch, A B B A), two plain ones beside
+    assert report.harness is not None and len(report.harness.means_us) == 4
+    assert report.plain is not None and len(report.plain.means_us) == 2 and report.spread_ratio is not None
+    assert (
+        report.processes is not None
+        and report.processes.unit == "process pair"
+        and report.processes.pairs == 2
+    )
+    # the no-op in blocks: three times the session's block pairs recorded, resampled at its size
+    assert report.blocks is not None and report.blocks.unit == "block pair" and report.blocks.pairs == 6
+    assert [(f.unit, f.pairs, f.comparisons) for f in report.false_positives] == [
+        ("process pair", 2, 200),
+        ("block pair", 2, 200),
+    ]
+    assert "the harness's spread is" in result.output and "false-positive rate over 200" in result.output
+    assert starved.read_text() == STARVED

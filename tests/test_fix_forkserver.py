@@ -43,7 +43,7 @@ def write(tmp_path: Path, body: str) -> Path:
 @pytest.fixture
 def launcher(tmp_path: Path) -> Iterator[ForkLauncher]:
     script = write(tmp_path, LOOP)
-    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=60.0)
+    options = FixOptions(warmup=2, steps=5, record=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=60.0)
     made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
     assert isinstance(made, ForkLauncher), how
     try:
@@ -93,7 +93,7 @@ def test_a_round_past_its_time_limit_is_ended_with_what_it_started(tmp_path: Pat
         time.sleep(600)
         """,
     )
-    options = FixOptions(warmup=1, steps=2, child_timeout_s=4.0)
+    options = FixOptions(warmup=1, steps=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=4.0)
     made, _ = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
     assert isinstance(made, ForkLauncher)
     try:
@@ -200,7 +200,7 @@ def test_the_servers_own_settings_do_not_reach_the_script(
     script = write(
         tmp_path, 'import os\nprint("nvml check", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))\n' + LOOP
     )
-    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=60.0)
+    options = FixOptions(warmup=2, steps=5, record=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=60.0)
     made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
     assert isinstance(made, ForkLauncher), how
     try:
@@ -224,7 +224,7 @@ def test_forked_rounds_use_the_gpu(tmp_path: Path) -> None:
             "torch.randn(4, 8)", "torch.randn(4, 8, device='cuda')"
         ),
     )
-    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=120.0)
+    options = FixOptions(warmup=2, steps=5, record=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=120.0)
     made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
     assert isinstance(made, ForkLauncher), how
     try:
@@ -276,7 +276,7 @@ def test_a_library_that_sets_the_nvml_check_itself_keeps_it_in_the_rounds(
         tmp_path,
         'import os, lightning\nprint("nvml check", os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"))\n' + LOOP,
     )
-    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=120.0)
+    options = FixOptions(warmup=2, steps=5, record=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=120.0)
     made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
     assert isinstance(made, ForkLauncher) and "lightning" in made.loaded, how
     try:
@@ -296,7 +296,7 @@ def test_a_round_that_cannot_use_cuda_for_being_forked_runs_again_fresh(tmp_path
         '    raise RuntimeError("CUDA error: initialization error")\n'
     )
     script = write(tmp_path, fails_forked + LOOP)
-    options = FixOptions(warmup=2, steps=5, record=2, child_timeout_s=60.0)
+    options = FixOptions(warmup=2, steps=5, record=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=60.0)
     made, how = start_launcher(str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds")
     assert isinstance(made, ForkLauncher), how
     told: list[str] = []

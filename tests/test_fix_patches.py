@@ -419,3 +419,133 @@ def test_a_model_the_script_compiled_runs_whole_under_the_finder() -> None:
     # THEN the hooks, traced, do nothing: one graph, no break, no error from the hook dicts changing
     assert explained.graph_break_count == 0 and explained.graph_count == 1
     assert out.shape == (1, 2) and finder.root is None
+
+
+# -- switched off and on in the running process (an A/B in blocks) --------------------------------------
+def observed_switching(
+    fix: str, model: torch.nn.Module, look: Any, x: torch.Tensor, **kwargs: Any
+) -> list[Any]:
+    """What `look()` sees after a first call with the fix on, then off, on, off, on; then undone."""
+    seen: list[Any] = []
+
+    def body() -> None:
+        model(x)  # finds the root
+        for on in (True, False, True, False, True):
+            patch.switch(on)
+            seen.append(look())
+
+    c = ctx(__file__)
+    patch = build_patch(fix, c, **kwargs)
+    c.finder.install()
+    try:
+        with patched([patch]):
+            body()
+    finally:
+        c.finder.uninstall()
+    return seen
+
+
+def test_flags_switch_and_undo_puts_back_what_apply_found() -> None:
+    seen = observed_switching(
+        "tf32", torch.nn.Linear(2, 2), torch.get_float32_matmul_precision, torch.randn(1, 2)
+    )
+    assert seen == ["high", "highest", "high", "highest", "high"]
+    seen = observed_switching(
+        "cudnn_benchmark", torch.nn.Linear(2, 2), lambda: torch.backends.cudnn.benchmark, torch.randn(1, 2)
+    )
+    assert seen == [True, False, True, False, True]
+
+
+def test_autocast_and_compile_switch_the_root_forward_and_keep_what_they_made() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    x = torch.randn(2, 8)
+    dtypes = observed_switching("autocast", model, lambda: model(x).dtype, x)
+    assert dtypes == [torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
+    forwards = observed_switching(
+        "compile", model, lambda: vars(model).get("forward"), x, compile_backend="eager"
+    )
+    compiled = forwards[0]
+    assert compiled is not None and forwards == [compiled, None, compiled, None, compiled]  # compiled once
+    assert "forward" not in vars(model)
+
+
+def test_float16_autocast_with_loss_scaling_cannot_switch() -> None:
+    from gpudoctor.fixes.patches.base import NotSwitchable
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(NotSwitchable, match="loss scaling"):
+        observed_switching("autocast:float16", model, lambda: None, torch.randn(1, 2))
+
+
+def test_channels_last_switches_the_weights_and_the_inputs() -> None:
+    model = Net()
+    x = torch.randn(2, 3, 8, 8)
+
+    def look() -> tuple[bool, bool]:
+        model(x)
+        return model.conv.weight.is_contiguous(memory_format=torch.channels_last), model.seen_layouts[-1]
+
+    seen = observed_switching("channels_last", model, look, x)
+    assert seen == [(True, True), (False, False), (True, True), (False, False), (True, True)]
+    assert model.conv.weight.is_contiguous() and not nn_module._global_forward_pre_hooks
+    assert not model._forward_pre_hooks  # the input hook removed by undo
+
+
+def test_channels_last_switches_the_optimizer_state_with_the_weights() -> None:
+    # GIVEN momentum made while the weights were channels_last (the fix on from the start)
+    model = Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(2, 3, 8, 8)
+
+    def look() -> tuple[bool, bool]:
+        model(x).sum().backward()
+        opt.step()
+        buf = opt.state[model.conv.weight]["momentum_buffer"]
+        return model.conv.weight.is_contiguous(), buf.is_contiguous()
+
+    seen = observed_switching("channels_last", model, look, x)
+    # THEN the momentum follows the weights' layout each way
+    assert seen == [(False, False), (True, True), (False, False), (True, True), (False, False)]
+
+
+def test_call_site_fixes_switch_what_they_skip() -> None:
+    calls: list[bool] = []
+    original = torch.cuda.empty_cache
+    torch.cuda.memory.empty_cache, saved = (lambda: calls.append(True)), torch.cuda.memory.empty_cache
+    try:
+        observed_switching(
+            "no_empty_cache", torch.nn.Linear(2, 2), lambda: torch.cuda.empty_cache(), torch.randn(1, 2)
+        )
+    finally:
+        torch.cuda.memory.empty_cache = saved
+    assert calls == [True, True] and torch.cuda.empty_cache is original  # called through when off
+    model = torch.nn.Linear(2, 2)
+
+    def look() -> bool:
+        model(torch.randn(1, 2)).sum().backward()
+        model.zero_grad(set_to_none=False)
+        return model.weight.grad is None
+
+    assert observed_switching("zero_grad_none", model, look, torch.randn(1, 2)) == [
+        True,
+        False,
+        True,
+        False,
+        True,
+    ]
+
+
+def test_sdpa_switches_the_attention_implementation() -> None:
+    model = FakeHFModel()
+    seen = observed_switching("sdpa", model, lambda: model.config._attn_implementation, torch.randn(1, 2))
+    assert seen == ["sdpa", "eager", "sdpa", "eager", "sdpa"] and model.config._attn_implementation == "eager"
+
+
+def test_fixes_that_switch_and_those_that_cannot() -> None:
+    from gpudoctor.fixes.catalog import can_switch
+
+    assert can_switch(("tf32",)) and can_switch(("compile:reduce-overhead",)) and can_switch(("noop",))
+    assert not can_switch(("workers:4",)) and not can_switch(("fused_optimizer",)) and not can_switch(())
+    assert can_switch(("channels_last",), ("autocast",)) and can_switch(("compile",), ("autocast",))
+    # torch.compile compiled what autocast wrapped: autocast cannot leave from under it
+    assert not can_switch(("autocast",), ("compile",))

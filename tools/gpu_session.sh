@@ -15,6 +15,8 @@
 #                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
+#   aa:NAMES         benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
+#                    beside gpudoctor fix --aa on each -> $BG_OUT/aa/
 #
 # Wheels for what the machine lacks (.whl/, carried) are installed first, into /tmp/site. On the CPU, to
 # check the plumbing: SMOKE=1 PYTHON=.venv/bin/python bash tools/gpu_session.sh fve:per_param_optimizer
@@ -68,6 +70,9 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         [ "${arg3:-}" = shared ] && shared=(--shared-baseline)
         "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve" --only "$arg1" --budget "${arg2:-5m}" "${shared[@]}" \
             "${SMOKE[@]}"
+        ;;
+    aa)
+        "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
         ;;
     spread)
         "$PY" benchmarks/process_spread.py --out "$OUT_DIR/spread_$arg1.json" --workload "$arg1" \

@@ -1,6 +1,7 @@
 """`gpudoctor fix [options] train.py [args...]` / `gpudoctor fix --from RUN_DIR`: diagnose, apply each
-candidate fix to the unmodified script in fresh processes, keep it only if it is faster beyond noise with
-the same results, combine the kept ones, and print the table and the diff. Writes the fix directory as it
+candidate fix to the unmodified script — switched in blocks of one process where it can be, else in fresh
+processes — keep it only if it is faster beyond noise with the same results, combine the kept ones, and
+print the table and the diff. Writes the fix directory as it
 goes (fix.json after every fix; fix.md, fix.html, fix.diff, calibration.json at the end); Ctrl-C keeps
 the results so far and exits 130; a script that does not run as written exits 1, its output kept."""
 
@@ -63,9 +64,13 @@ def fix_command(
     module: Annotated[bool, typer.Option("-m", help="Run a module, as python -m does.")] = False,
     from_run: Annotated[Path | None, typer.Option("--from", help="A gpudoctor run directory: its script and findings.")] = None,
     out: Annotated[Path | None, typer.Option("--out", "-o", help="Fix directory (default gpudoctor-fixes/<name>-<time>).")] = None,
-    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Fresh processes per side and fix.")] = 3,
+    rounds: Annotated[int, typer.Option("--rounds", min=1, help="Pairs of fresh processes per fix that cannot switch in a running process.")] = 4,
+    blocks: Annotated[int, typer.Option("--blocks", min=0, help="Block pairs of the A/B inside one process, for fixes that switch in a running process (0: fresh processes for every fix).")] = 8,
+    block_s: Annotated[float, typer.Option("--block-s", min=0.0, help="Seconds a block lasts at least.")] = 0.5,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Steps skipped in each process (compilation too).")] = 5,
-    steps: Annotated[int, typer.Option("--steps", min=2, help="Steps timed in each process.")] = 20,
+    warmup_s: Annotated[float, typer.Option("--warmup-s", min=0.0, help="And seconds, at least (GPU clocks ramp up).")] = 1.0,
+    steps: Annotated[int, typer.Option("--steps", min=2, help="Steps timed in each fresh process.")] = 20,
+    steps_s: Annotated[float, typer.Option("--steps-s", min=0.0, help="And seconds, at least (periodic stalls inside).")] = 2.0,
     record: Annotated[int, typer.Option("--loss-steps", min=0, help="First steps whose losses are compared.")] = 5,
     seed: Annotated[int, typer.Option("--seed", help="Seed of torch, random and numpy in every process.")] = 0,
     budget: Annotated[str | None, typer.Option("--budget", help="Time limit, e.g. 10m: fixes not reached are reported.")] = None,
@@ -78,6 +83,7 @@ def fix_command(
     shared_baseline: Annotated[bool, typer.Option("--shared-baseline", help="One baseline process per round for all fixes (A B C, A C B, …), not one per fix: fewer processes.")] = False,
     stack: Annotated[bool, typer.Option("--stack/--no-stack", help="Try the fixes not faster alone on top of the recommended ones (some pay only beside another).")] = True,
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
+    aa: Annotated[bool, typer.Option("--aa", help="A/A: time the script against itself and a patch that changes nothing (in processes and in blocks), beside plain processes: the noise floor, and the test's false-positive rate here.")] = False,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
     """Apply each fix the diagnosis points to, prove it by a timed A/B in fresh processes, keep or revert.
@@ -106,15 +112,20 @@ def fix_command(
     if not script.module and not Path(script.target).is_file():
         raise UsageError(f"no such script: {script.target}")
     options = FixOptions(
-        rounds=rounds, warmup=warmup, steps=steps, record=record, seed=seed,
+        rounds=rounds, warmup=warmup, warmup_s=warmup_s, steps=steps, steps_s=steps_s, record=record, seed=seed,
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()), fork=fork,
-        shared_baseline=shared_baseline, stack=stack,
+        shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s,
     )  # fmt: skip
+    if blocks == 1:
+        raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
     out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     console = stdout_console()
+    if aa:
+        _run_aa(script, out, options, console)
+        return
     report = _run(script, out, options, inputs, diagnose, console)
     _write_all(out, report)
     render_fix_terminal(report, console)
@@ -165,6 +176,19 @@ def _run(
         return run_fix(script, out, options, inputs=inputs, diagnose=diagnose, on_progress=progress,
                        on_update=lambda r: _write(out / "fix.json", json.dumps(r.to_json(), indent=1, allow_nan=False)),
                        on_stage=lambda s: bars.update(task, description=s))  # fmt: skip
+
+
+def _run_aa(script: FixTarget, out: Path, options: FixOptions, console: Console) -> None:
+    from gpudoctor.fixes.api import run_aa_fix
+    from gpudoctor.report.aa_view import aa_lines
+    from gpudoctor.util.outfile import write_json
+
+    with console.status("A/A") as status:
+        report = run_aa_fix(script, out, options, on_stage=lambda s: status.update(s))
+    write_json(out / "aa.json", report.to_json())
+    for line in aa_lines(report):
+        console.print(line, markup=False, highlight=False)
+    console.print(f"\nA/A results: {out / 'aa.json'}")
 
 
 def _titles(fix: str | None) -> str:

@@ -4,13 +4,16 @@ Writes only under `out` (the diagnosis run, the rounds' results and logs)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from gpudoctor.fixes.aa import BLOCK_PAIRS_FACTOR, AAReport, run_aa
 from gpudoctor.fixes.diagnose import RunInputs, diagnose_script, load_run
 from gpudoctor.fixes.forkserver import ForkLauncher, start_launcher
+from gpudoctor.fixes.launch import SubprocessLauncher
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.session import FixOptions, FixSession, Progress
 
@@ -64,6 +67,31 @@ def run_fix(
     finally:
         if isinstance(launcher, ForkLauncher):
             launcher.close()
+
+
+def run_aa_fix(
+    script: FixTarget,
+    out: Path,
+    options: FixOptions,
+    *,
+    on_stage: Callable[[str], None] | None = None,
+    child_extra: tuple[str, ...] = (),
+) -> AAReport:
+    """`gpudoctor fix --aa`: the script against itself (`fixes.aa`), its rounds under `out/rounds`."""
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    recorded = replace(options, blocks=options.blocks * BLOCK_PAIRS_FACTOR)  # resampled in the session's size
+    rounds = out / "rounds"
+    launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=recorded,
+                                   rounds_dir=rounds, extra=child_extra, fork=options.fork)  # fmt: skip
+    plain = SubprocessLauncher(script.target, list(script.args), module=script.module, options=recorded,
+                               rounds_dir=rounds, extra=child_extra)  # fmt: skip
+    try:
+        report = run_aa(launcher, plain, options, argv=(script.target, *script.args), started_at=started,
+                        how=how, clock=time.monotonic, on_stage=on_stage)  # fmt: skip
+    finally:
+        if isinstance(launcher, ForkLauncher):
+            launcher.close()
+    return report
 
 
 def load_from_run(run_dir: Path) -> tuple[FixTarget, RunInputs]:

@@ -1,17 +1,19 @@
 """Which fixes to try, from the doctor's findings and what the baseline round saw the script do: each
 finding points to the fixes that answer it; a few cheap fixes are tried wherever their condition shows
 (float32 matmuls on a GPU → TF32 and bfloat16; convolutions → channels_last and cudnn.benchmark; an
-optimizer that is not fused; a loader without workers in a loader-bound loop). Findings no fix here can
-apply safely become `ManualFix`es: the source line and the change to make, never silently dropped."""
+optimizer that is not fused; a loader without workers in a loader-bound loop: worker counts up to the
+free cores, or past them where the loader waits rather than computes). Findings no fix here can apply
+safely become `ManualFix`es: the source line and the change to make, never silently dropped."""
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpudoctor.fixes.catalog import SPECS, validate
-from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.observe import LoaderInfo, Observations
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner.hooks import CallSite
 
@@ -38,6 +40,7 @@ MANUAL = {
 NOT_THE_SCRIPTS = frozenset({"profiler_distortion"})
 WORKER_STEPS = (2, 4, 8, 16, 32)
 MAX_WORKER_VALUES = 3
+MAX_WAITING_WORKERS = 32  # a loader that waits (I/O) may use more workers than cores, up to this
 
 
 @dataclass(frozen=True)
@@ -66,13 +69,15 @@ def choose(
     only: tuple[str, ...] = (),
     skip: tuple[str, ...] = (),
     steps: int = 0,
+    step_s: float | None = None,
 ) -> tuple[list[Candidate], list[ManualFix]]:
     """The fixes to try, highest predicted saving first (one of each group before the alternatives),
     and the changes left to the user. `steps`: how many steps the observing run made (a call seen in
-    half of them or more happens every step)."""
+    half of them or more happens every step); `step_s`: its mean step (how many workers a waiting
+    loader needs)."""
     found = {f.id: f for f in diagnosis.findings} if diagnosis else {}
     proposals: dict[str, str] = {}
-    for fix, why in _proposals(found, obs, allow_batch, compile_mode):
+    for fix, why in _proposals(found, obs, allow_batch, compile_mode, step_s):
         proposals.setdefault(fix, why)
     if only:
         proposals = {validate(f): proposals.get(f, "asked for (--only)") for f in only}
@@ -103,7 +108,7 @@ def breadth_first(candidates: list[Candidate]) -> list[Candidate]:
 
 
 def _proposals(
-    found: dict, obs: Observations, allow_batch: bool, compile_mode: str | None
+    found: dict, obs: Observations, allow_batch: bool, compile_mode: str | None, step_s: float | None = None
 ) -> list[tuple[str, str]]:
     root, cuda = obs.root, obs.cuda
     out: list[tuple[str, str]] = []
@@ -135,9 +140,14 @@ def _proposals(
     loaders = [lo for lo in obs.loaders if lo.iterated and not lo.iterable]
     if loaders and ("input_pipeline" in found or not found):
         have = max(lo.num_workers for lo in loaders)
-        out += [
-            (f"workers:{n}", "the GPU waits for the DataLoader") for n in worker_values(obs.free_cores, have)
-        ]
+        waiting = [lo for lo in loaders if lo.waits]
+        need = workers_needed(waiting[0], step_s) if waiting else None
+        why = (
+            "the DataLoader waits (its batches take little CPU time): workers past the cores"
+            if need
+            else "the GPU waits for the DataLoader"
+        )
+        out += [(f"workers:{n}", why) for n in worker_values(obs.free_cores, have, need)]
     if (
         loaders
         and cuda
@@ -150,10 +160,22 @@ def _proposals(
     return out
 
 
-def worker_values(free: int, have: int) -> list[int]:
-    """A few worker counts up to the free cores, more than the loader has now."""
-    values = sorted({v for v in WORKER_STEPS if v < free} | ({free} if free > 0 else set()))
+def worker_values(free: int, have: int, needed: int | None = None) -> list[int]:
+    """A few worker counts more than the loader has now: up to the free cores, or up to `needed` where
+    the loader waits rather than computes (workers that sleep on I/O do not compete for the cores)."""
+    top = max(free, min(needed, MAX_WAITING_WORKERS)) if needed else free
+    values = sorted({v for v in WORKER_STEPS if v < top} | ({top} if top > 0 else set()))
     return [v for v in values if v > have][-MAX_WORKER_VALUES:]
+
+
+def workers_needed(loader: LoaderInfo, step_s: float | None) -> int | None:
+    """Workers that keep up with the loop for a loader that waits: its time per batch over the time
+    the loop spends on everything else per step, and one more; None where that is not measured."""
+    fetch = loader.fetch_s
+    if fetch is None or step_s is None:
+        return None
+    rest = max(step_s - fetch, 0.1 * fetch)  # the loop's own work per step (the loader's taken out)
+    return math.ceil(fetch / rest) + 1
 
 
 _FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): ")

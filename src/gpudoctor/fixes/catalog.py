@@ -1,6 +1,8 @@
 """Every fix gpudoctor can apply: its id (`kind` or `kind:argument`, e.g. `workers:8`,
 `compile:reduce-overhead`), what it is called, the findings it answers, the numerics tolerance it is held
-to, the group of alternatives it belongs to (one of a group is kept), and the patch that applies it."""
+to (none for a loader fix: it changes where batches are made, not the model's arithmetic), the group of
+alternatives it belongs to (one of a group is kept), whether it can be switched in a running process
+(its A/B then runs in blocks of one process), and the patch that applies it."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from gpudoctor.fixes.patches.compile import MODES, Compile
 from gpudoctor.fixes.patches.layout import ChannelsLast
 from gpudoctor.fixes.patches.loader import LargerBatch, PinMemory, Workers
 from gpudoctor.fixes.patches.memory import NoEmptyCache
+from gpudoctor.fixes.patches.noop import NoOp
 from gpudoctor.fixes.patches.optimizer import FusedOptimizer, ZeroGradSetToNone
 from gpudoctor.util.errors import UsageError
 
@@ -33,6 +36,9 @@ class FixSpec:
     tolerance_note: str
     group: str  # alternatives: only one of a group goes into the combination (bfloat16 autocast
     # leaves TF32 little to do: its matmuls no longer run in float32)
+    # judged on speed alone: where batches are made changes, not the model's arithmetic (its losses are
+    # still reported, and a fix combined with it is held to its own tolerance against it alone)
+    speed_only: bool = False
 
 
 SPECS: dict[str, FixSpec] = {
@@ -98,17 +104,20 @@ SPECS: dict[str, FixSpec] = {
             "workers",
             "DataLoader workers",
             ("input_pipeline",),
-            TIGHT,
-            "the same batches, loaded in other processes",
+            None,
+            "judged on speed: the model's arithmetic is unchanged, and batches made in worker "
+            "processes may draw other random numbers (random augmentation)",
             "workers",
+            speed_only=True,
         ),
         FixSpec(
             "pin_memory",
             "pinned memory, non-blocking copies",
             ("input_pipeline", "pageable_copy"),
-            TIGHT,
-            "the same bytes copied asynchronously",
+            None,
+            "judged on speed: the same bytes, copied asynchronously",
             "pin_memory",
+            speed_only=True,
         ),
         FixSpec(
             "no_empty_cache",
@@ -126,6 +135,7 @@ SPECS: dict[str, FixSpec] = {
             "fused attention kernels reorder float arithmetic",
             "sdpa",
         ),
+        FixSpec("noop", "nothing (A/A)", (), TIGHT, "the unchanged script", "noop"),
         FixSpec(
             "batch",
             "larger batch",
@@ -175,6 +185,37 @@ def validate(fix_id: str) -> str:
     return fix_id
 
 
+PATCH_CLASSES: dict[str, type[FixPatch]] = {
+    "tf32": TF32,
+    "channels_last": ChannelsLast,
+    "cudnn_benchmark": CudnnBenchmark,
+    "fused_optimizer": FusedOptimizer,
+    "zero_grad_none": ZeroGradSetToNone,
+    "pin_memory": PinMemory,
+    "no_empty_cache": NoEmptyCache,
+    "sdpa": HFSdpa,
+    "noop": NoOp,
+    "workers": Workers,
+    "batch": LargerBatch,
+    "compile": Compile,
+    "autocast": Autocast,
+}
+FORWARD_WRAPPERS = ("autocast", "compile")  # replace the root's forward, in their patches' order
+
+
+def can_switch(switched: tuple[str, ...], constant: tuple[str, ...] = ()) -> bool:
+    """Can `switched` be turned off and on in a process where `constant` stay applied? Each must be
+    switchable, and none may wrap the root's forward beneath a constant fix that wraps it too (torch.compile
+    compiled what autocast had wrapped: autocast cannot leave from under it)."""
+    kinds = [f.split(":", 1)[0] for f in switched]
+    if not kinds or not all(k in PATCH_CLASSES and PATCH_CLASSES[k].switchable for k in kinds):
+        return False
+    order = {k: PATCH_CLASSES[k].order for k in FORWARD_WRAPPERS}
+    fixed = [order[f.split(":", 1)[0]] for f in constant if f.split(":", 1)[0] in order]
+    moving = [order[k] for k in kinds if k in order]
+    return not (fixed and moving and min(moving) < max(fixed))
+
+
 def build_patch(
     fix_id: str, ctx: PatchContext, *, compile_backend: str = "inductor", exact_random: bool = False
 ) -> FixPatch:
@@ -189,16 +230,6 @@ def build_patch(
     elif kind == "autocast":
         patch = Autocast(ctx, arg or "auto")
     else:
-        simple: dict[str, type[FixPatch]] = {
-            "tf32": TF32,
-            "channels_last": ChannelsLast,
-            "cudnn_benchmark": CudnnBenchmark,
-            "fused_optimizer": FusedOptimizer,
-            "zero_grad_none": ZeroGradSetToNone,
-            "pin_memory": PinMemory,
-            "no_empty_cache": NoEmptyCache,
-            "sdpa": HFSdpa,
-        }
-        patch = simple[kind](ctx)
+        patch = PATCH_CLASSES[kind](ctx)
     patch.name = fix_id
     return patch

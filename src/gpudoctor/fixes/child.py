@@ -6,13 +6,16 @@ Seeds every generator, applies the fixes' patches, runs the script as `gpudoctor
 `--warmup` steps, time `--steps` without the profiler, then stop it), records the first `--record` losses
 or root outputs, and writes a `RoundResult` — also when the script or a patch fails. Everything it
 changed is undone before it exits.
+
+With `--switch f,g` (fixes among `--fixes`) the timed phase is an A/B inside this process: after the
+warm-up (with every fix on, as the first losses were recorded) `f` and `g` are switched off and on at
+step boundaries in `--pairs` pairs of blocks, A B B A … (`timing.blocks`), each block at least
+`--block-steps` steps and `--block-s` seconds between synchronizations.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 import traceback
@@ -22,13 +25,16 @@ from pathlib import Path
 
 from gpudoctor.fixes.catalog import build_patch
 from gpudoctor.fixes.observe import Observer
-from gpudoctor.fixes.patches.base import PatchContext
+from gpudoctor.fixes.patches.base import FixPatch, PatchContext
+from gpudoctor.fixes.patches.loader import PREFETCH, Workers
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
 from gpudoctor.runner.launch import ScriptEnd, run_script
 from gpudoctor.runner.outputs import OutputRecorder
+from gpudoctor.timing.blocks import BlockPlan
+from gpudoctor.util.outfile import write_json
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -37,11 +43,18 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="where to write the round's JSON")
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup-s", type=float, default=0.0, help="and warm up at least this long")
+    parser.add_argument("--steps-s", type=float, default=0.0, help="and time at least this long")
     parser.add_argument("--record", type=int, default=5, help="steps whose loss or output is recorded")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("-m", dest="module", action="store_true", help="the target is a module")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--exact-random", action="store_true", help="Inductor draws random numbers as eager")
+    parser.add_argument("--switch", default="", help="fixes turned off and on in blocks (an in-process A/B)")
+    parser.add_argument("--pairs", type=int, default=8, help="block pairs of the in-process A/B")
+    parser.add_argument("--block-s", type=float, default=0.5, help="seconds a block lasts at least")
+    parser.add_argument("--block-steps", type=int, default=2, help="steps a block lasts at least")
+    parser.add_argument("--settle", type=int, default=1, help="steps after a switch left untimed")
     parser.add_argument("--count-cpu-items", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -49,6 +62,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
         args.command = args.command[1:]
     if not args.command:
         parser.error("give the script (or module) and its arguments after --")
+    fixes = [f for f in args.fixes.split(",") if f]
+    stray = [f for f in args.switch.split(",") if f and f not in fixes]
+    if stray:
+        parser.error(f"--switch names fixes not in --fixes: {', '.join(stray)}")
     return args
 
 
@@ -78,6 +95,23 @@ class CompileClock:
             self.timed_s += spent
 
 
+class Switcher:
+    """Turns the switched fixes off (in reverse order) and on again (in order) at a block boundary; the
+    first fix that cannot be switched is remembered (and stops the blocks)."""
+
+    def __init__(self, patches: list[FixPatch]) -> None:
+        self.patches = patches
+        self.error: str | None = None
+
+    def __call__(self, on: bool) -> None:
+        try:
+            for patch in self.patches if on else reversed(self.patches):
+                patch.switch(on)
+        except Exception as err:
+            self.error = self.error or f"{type(err).__name__}: {err}"
+            raise
+
+
 def run_round(args: argparse.Namespace) -> RoundResult:
     target, script_args = args.command[0], args.command[1:]
     fixes = tuple(f for f in args.fixes.split(",") if f)
@@ -94,15 +128,25 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     )
     observer = Observer(finder, all_devices=args.count_cpu_items)
     recorder = OutputRecorder(finder, args.record)
+    switch = tuple(f for f in args.switch.split(",") if f)
+    switcher = Switcher([p for p in patches if p.name in switch])
+    plan = None
+    if switch:
+        plan = BlockPlan(pairs=args.pairs, min_steps=args.block_steps, min_seconds=args.block_s,
+                         settle=args.settle, prewarm=max(args.warmup, 1))  # fmt: skip
+    # a loader's workers fill a queue ahead of the loop: warm up until it holds what it holds for good,
+    # and time past it, so that batches made during the warm-up do not flatter the timed steps
+    queued = sum(p.workers * PREFETCH for p in patches if isinstance(p, Workers))
     options = LiveOptions(
-        warmup=args.warmup,
-        warmup_seconds=0.0,
-        light_steps=args.steps,
-        light_seconds=0.0,
+        warmup=max(args.warmup, queued),
+        warmup_seconds=args.warmup_s,
+        light_steps=max(args.steps, 2 * queued),
+        light_seconds=args.steps_s,
         light_only=True,
         nvml=False,
+        blocks=plan,
     )
-    capture = LiveCapture(Path(args.out).parent, options)
+    capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher)
     compiling = any(f.startswith("compile") for f in fixes)
     clock = CompileClock(lambda: capture.phase == "light") if compiling else None
     end: ScriptEnd | None = None
@@ -126,6 +170,9 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     result = _result(fixes, end, failed, capture, clock)
     return replace(
         result,
+        switch=switch,
+        blocks=capture.blocks,
+        switch_error=switcher.error,
         outputs_kind=kind,
         outputs=tuple(tuple(v) for v in values),
         patches={p.name: p.outcome() for p in patches},
@@ -187,10 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_round(args)
     if result.error and result.outcome == "exception":
         print(f"gpudoctor fix: the script raised {result.error}", file=sys.stderr)
-    out = Path(args.out)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result.to_json(), allow_nan=False))
-    os.replace(tmp, out)
+    write_json(args.out, result.to_json(), indent=None)  # the one writer: whole or not at all
     return 0
 
 

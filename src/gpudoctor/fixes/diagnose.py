@@ -1,17 +1,17 @@
 """The doctor's diagnosis for `gpudoctor fix`: `gpudoctor run --with-stack` on the script in a fresh
-process (so that nothing it loads stays in this one), or a run directory already made; read back as the
-findings (`analysis.json`) and the script's command line (`record.json`)."""
+process through the runner's child protocol (`runner.child`: its own process group, a time limit, what
+it leaves running ended), so that nothing it loads stays in this one; or a run directory already made.
+Read back from the run directory it writes: the findings (`analysis.json`) and the script's command line
+(`record.json`)."""
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.runner.child import run_child
 from gpudoctor.util.errors import UsageError
 
 
@@ -20,14 +20,6 @@ class RunInputs:
     diagnosis: Diagnosis | None
     argv: tuple[str, ...]  # the script's command line, as the run recorded it
     note: str | None = None  # why there is no diagnosis
-
-
-def child_env() -> dict[str, str]:
-    """This environment, with gpudoctor importable in a child even where it is not installed."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parent.parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 def diagnose_script(
@@ -43,36 +35,17 @@ def diagnose_script(
 ) -> RunInputs:
     """Run `gpudoctor run` on the script into `out` (its output in `out`.log) and read the diagnosis."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "gpudoctor",
-        "run",
-        "--out",
-        str(out),
-        "--with-stack",
-        "--no-nvml",
-        "--warmup",
-        str(warmup),
-        "--light-steps",
-        str(light_steps),
-        "--steps",
-        str(steps),
-        *(["-m"] if module else []),
-        target,
-        *args,
-    ]
+    argv = [
+        "run", "--out", str(out), "--with-stack", "--no-nvml", "--warmup", str(warmup),
+        "--light-steps", str(light_steps), "--steps", str(steps), *(["-m"] if module else []), target, *args,
+    ]  # fmt: skip
     log = out.with_name(out.name + ".log")
-    try:
-        with log.open("w") as f:
-            subprocess.run(
-                cmd, stdout=f, stderr=subprocess.STDOUT, timeout=timeout_s, env=child_env(), check=False
-            )
-    except subprocess.TimeoutExpired:
+    run = run_child("gpudoctor", argv, result=out / "record.json", log=log, timeout_s=timeout_s)
+    if run.timed_out:
         return RunInputs(None, (target, *args), f"the diagnosis run ran past {timeout_s:.0f} s")
     inputs = load_run(out, required=False)
     if inputs.diagnosis is None:
-        tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+        tail = run.log_tail.strip().splitlines()[-1:]
         note = inputs.note or "no diagnosis"
         return RunInputs(None, (target, *args), note + (f" ({tail[0][:200]})" if tail else ""))
     return RunInputs(inputs.diagnosis, (target, *args))

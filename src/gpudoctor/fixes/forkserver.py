@@ -35,13 +35,15 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
-from gpudoctor.fixes.diagnose import child_env
 from gpudoctor.fixes.launch import SubprocessLauncher, log_tail, read_round
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
+from gpudoctor.runner.child import child_env
+from gpudoctor.runner.procgroup import end_group
 
 # imported by the server before any fork (what every round imports anyway)
 ALWAYS = ("torch", "torch._dynamo", "numpy", "gpudoctor.fixes.child")
@@ -283,13 +285,15 @@ class ForkLauncher(SubprocessLauncher):
         if proc.stdout:
             proc.stdout.close()
 
-    def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    def __call__(
+        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
         if self._proc is None:  # the server went away: the rest in fresh interpreters
-            return super().__call__(label, fixes, exact_random)
+            return super().__call__(label, fixes, exact_random, switch)
         self.rounds_dir.mkdir(parents=True, exist_ok=True)
         out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
         out.unlink(missing_ok=True)
-        argv = self.command(out, fixes, exact_random)[3:]  # without `python -m gpudoctor.fixes.child`
+        argv = self.command(out, fixes, exact_random, switch)[3:]  # without `python -m gpudoctor.fixes.child`
         pid: int | None = None
         try:
             assert self._proc.stdin is not None
@@ -311,21 +315,26 @@ class ForkLauncher(SubprocessLauncher):
             raise
         except (OSError, ServerGone, ValueError, KeyError) as err:
             why = f"the fork server went away at round {label} ({type(err).__name__}: {err})"
-            return self._fresh(why, label, fixes, exact_random)
+            return self._fresh(why, label, fixes, exact_random, switch)
         result = read_round(out, log, code, fixes, exact_random)
+        left = end_group(pid)  # what the round started and left running must not run beside the next
+        if left:
+            result = replace(result, leftover_processes=left)
         broke = self._fork_broke(result)
         if broke is not None:  # the fork, not the script
             why = f"a round forked from the server could not use the GPU ({broke}) at round {label}"
-            return self._fresh(why, label, fixes, exact_random)
+            return self._fresh(why, label, fixes, exact_random, switch)
         self._forked_ok = self._forked_ok or result.failure is None
         return result
 
-    def _fresh(self, why: str, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    def _fresh(
+        self, why: str, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
         """The server is done with: this round and the rest in fresh interpreters, the session told why."""
         self.close()
         if self.on_gone is not None:
             self.on_gone(f"{why}: that round and the rest ran in fresh interpreters")
-        return super().__call__(label, fixes, exact_random)
+        return super().__call__(label, fixes, exact_random, switch)
 
     def _fork_broke(self, result: RoundResult) -> str | None:
         """Why `result` failed for being forked, or None: CUDA saying it cannot start in a forked

@@ -1,21 +1,19 @@
 """`SubprocessLauncher`: each round of `gpudoctor fix` as `python -m gpudoctor.fixes.child` in a fresh
-process, in the current folder, its output in `<rounds>/<label>.log`, its result read back from
-`<rounds>/<label>.json`. A child that runs past the time limit, dies, or writes nothing is a
-`RoundResult` saying so, never an exception."""
+process through the runner's child protocol (`runner.child`), in the current folder, its output in
+`<rounds>/<label>.log`, its result read back from `<rounds>/<label>.json`. A child that runs past the
+time limit, dies, or writes nothing is a `RoundResult` saying so, never an exception."""
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
-from gpudoctor.fixes.diagnose import child_env
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
+from gpudoctor.runner.child import log_tail, run_child
 from gpudoctor.util.errors import GpudoctorError
-
-LOG_TAIL = 2000  # characters of a child's output kept in its result
 
 
 class SubprocessLauncher:
@@ -32,36 +30,33 @@ class SubprocessLauncher:
         self.target, self.args, self.module = target, args, module
         self.options, self.rounds_dir, self.extra = options, rounds_dir, extra
 
-    def command(self, out: Path, fixes: tuple[str, ...], exact_random: bool) -> list[str]:
+    def command(
+        self, out: Path, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> list[str]:
         o = self.options
+        blocks = ["--switch", ",".join(switch), "--pairs", str(o.blocks), "--block-s", str(o.block_s)]
         return [
             sys.executable, "-m", "gpudoctor.fixes.child", "--fixes", ",".join(fixes), "--out", str(out),
             "--warmup", str(o.warmup), "--steps", str(o.steps), "--record", str(o.record), "--seed", str(o.seed),
-            *(["-m"] if self.module else []), *(["--exact-random"] if exact_random else []), *self.extra,
-            "--", self.target, *self.args,
+            "--warmup-s", str(o.warmup_s), "--steps-s", str(o.steps_s),
+            *(["-m"] if self.module else []), *(["--exact-random"] if exact_random else []),
+            *(blocks if switch else []), *self.extra, "--", self.target, *self.args,
         ]  # fmt: skip
 
-    def __call__(self, label: str, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
+    def __call__(
+        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
         self.rounds_dir.mkdir(parents=True, exist_ok=True)
         out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
-        out.unlink(missing_ok=True)
-        cmd = self.command(out, fixes, exact_random)
-        try:
-            with log.open("w") as f:
-                proc = subprocess.run(
-                    cmd,
-                    stdout=f,
-                    stderr=subprocess.STDOUT,
-                    env=child_env(),
-                    timeout=self.options.child_timeout_s,
-                )
-            code = proc.returncode
-        except subprocess.TimeoutExpired:
+        argv = self.command(out, fixes, exact_random, switch)[3:]  # after `python -m gpudoctor.fixes.child`
+        run = run_child(
+            "gpudoctor.fixes.child", argv, result=out, log=log, timeout_s=self.options.child_timeout_s
+        )
+        if run.timed_out:
             return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                               log_tail=log_tail(log), exact_random=exact_random)  # fmt: skip
-        except OSError as err:
-            raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
-        return read_round(out, log, code, fixes, exact_random)
+                               log_tail=run.log_tail, exact_random=exact_random)  # fmt: skip
+        result = read_round(out, log, run.exit_code or 0, fixes, exact_random)
+        return replace(result, leftover_processes=run.leftover) if run.leftover else result
 
 
 def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
@@ -77,14 +72,5 @@ def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_ra
     return _with_tail(result, tail)
 
 
-def log_tail(log: Path) -> str:
-    try:
-        return log.read_text(errors="replace")[-LOG_TAIL:]
-    except OSError:
-        return ""
-
-
 def _with_tail(result: RoundResult, tail: str) -> RoundResult:
-    from dataclasses import replace
-
     return replace(result, log_tail=tail)

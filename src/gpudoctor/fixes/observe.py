@@ -1,13 +1,15 @@
 """What the script does that decides which fixes apply, seen from inside the child process without
 changing what it computes: the root module (class, parameters, convolutions, dropout, Hugging Face
 attention, input shapes of its first calls), the DataLoaders and optimizers it builds (with their call
-sites), per-step `empty_cache()`, `zero_grad(set_to_none=False)` and `.item()` on GPU tensors, and the
-backend flags. The `Observer` is installed in every child (baseline and candidates alike), after the
+sites; for a loader without workers, the wall and CPU time of its batches: a loader that waits on I/O
+rather than computes can use more workers than there are cores), per-step `empty_cache()`,
+`zero_grad(set_to_none=False)` and `.item()` on GPU tensors, and the backend flags. The `Observer` is installed in every child (baseline and candidates alike), after the
 fixes' patches, so it sees the arguments they leave."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +18,7 @@ from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
 from gpudoctor.util.serial import from_jsonable, to_jsonable
 
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
+WAITS_UNDER = 0.5  # a loader whose batches take less CPU time than this share of their wall time waits
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,20 @@ class LoaderInfo:
     prefetch_factor: int | None
     iterable: bool  # an IterableDataset: workers would each yield all of it
     iterated: bool
+    # batches made on the training thread (no workers), and the wall and CPU time (the whole process's)
+    # they took: CPU time well under wall time means the loader waits (I/O, a remote store, sleep)
+    fetches: int = 0
+    fetch_wall_s: float = 0.0
+    fetch_cpu_s: float = 0.0
+
+    @property
+    def waits(self) -> bool:
+        return self.fetches > 0 and self.fetch_cpu_s < WAITS_UNDER * self.fetch_wall_s
+
+    @property
+    def fetch_s(self) -> float | None:
+        """Wall time per batch made on the training thread."""
+        return self.fetch_wall_s / self.fetches if self.fetches else None
 
 
 @dataclass(frozen=True)
@@ -125,6 +142,7 @@ class Observer:
         self._iterated: list[int] = []
         self._optimizers: list[OptimizerInfo] = []
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
+        self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._hook: Any = None
 
     def apply(self) -> None:
@@ -155,10 +173,14 @@ class Observer:
         def loader_iter(loader: Any) -> Any:
             if id(loader) not in observer._iterated:
                 observer._iterated.append(id(loader))
-            return iterate(loader)
+            it = iterate(loader)
+            if loader.num_workers == 0:
+                it._gpudoctor_loader = id(loader)
+            return it
 
         r.replace(DataLoader, "__init__", loader_init)
         r.replace(DataLoader, "__iter__", loader_iter)
+        self._time_batches()
         optimizer_init = torch.optim.Optimizer.__init__
 
         def opt_init(opt: Any, params: Any, defaults: dict[str, Any], *args: Any, **kwargs: Any) -> None:
@@ -173,6 +195,28 @@ class Observer:
         r.replace(torch.optim.Optimizer, "__init__", opt_init)
         self._count_calls(torch)
         self.finder.on_root(self._on_root)
+
+    def _time_batches(self) -> None:
+        from torch.utils.data import dataloader
+
+        base = dataloader._BaseDataLoaderIter
+        following = base.__next__
+        fetch = self._fetch
+
+        def timed_next(it: Any) -> Any:
+            owner = getattr(it, "_gpudoctor_loader", None)
+            if owner is None:
+                return following(it)
+            wall, cpu = time.perf_counter(), time.process_time()
+            try:
+                return following(it)
+            finally:
+                entry = fetch.setdefault(owner, [0, 0.0, 0.0])
+                entry[0] += 1
+                entry[1] += time.perf_counter() - wall
+                entry[2] += time.process_time() - cpu
+
+        self._restorer.replace(base, "__next__", timed_next)
 
     def _count_calls(self, torch: Any) -> None:
         r, counts, observer = self._restorer, self._counts, self
@@ -239,7 +283,10 @@ class Observer:
         root = RootInfo(**self._root, input_shapes=tuple(self._shapes)) if self._root else None
         return Observations(
             root=root,
-            loaders=tuple(_loader_info(lo, site, id(lo) in self._iterated) for lo, site in self._loaders),
+            loaders=tuple(
+                _loader_info(lo, site, id(lo) in self._iterated, self._fetch.get(id(lo)))
+                for lo, site in self._loaders
+            ),
             optimizers=tuple(self._optimizers),
             empty_cache=_site_counts(self._counts["empty"]),
             zero_grad_keep=_site_counts(self._counts["zero"]),
@@ -260,9 +307,10 @@ def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[int, .
     return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
 
 
-def _loader_info(loader: Any, site: CallSite | None, iterated: bool) -> LoaderInfo:
+def _loader_info(loader: Any, site: CallSite | None, iterated: bool, fetch: list[float] | None) -> LoaderInfo:
     from torch.utils.data import IterableDataset
 
+    batches, wall, cpu = fetch or (0, 0.0, 0.0)
     return LoaderInfo(
         site=site,
         batch_size=loader.batch_size,
@@ -272,6 +320,9 @@ def _loader_info(loader: Any, site: CallSite | None, iterated: bool) -> LoaderIn
         prefetch_factor=loader.prefetch_factor,
         iterable=isinstance(loader.dataset, IterableDataset),
         iterated=iterated,
+        fetches=int(batches),
+        fetch_wall_s=wall,
+        fetch_cpu_s=cpu,
     )
 
 

@@ -6,6 +6,7 @@ interrupted run leaves what it had."""
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,17 +21,39 @@ CALIBRATION_SCHEMA = "gpudoctor.calibration/1"
 
 
 @dataclass(frozen=True)
+class StepDistribution:
+    """One side's per-step times (µs), beside the mean step a verdict is judged on: a loop's periodic
+    stalls show in the tail."""
+
+    steps: int
+    median_us: float
+    p90_us: float
+    max_us: float
+
+    @classmethod
+    def of(cls, times: list[float] | tuple[float, ...]) -> StepDistribution | None:
+        if not times:
+            return None
+        ordered = sorted(times)
+        return cls(
+            len(ordered), statistics.median(ordered), ordered[int(0.9 * (len(ordered) - 1))], ordered[-1]
+        )
+
+
+@dataclass(frozen=True)
 class FixVerdict:
     fix: str  # id, e.g. "workers:8", or "+".join of the combination's
     title: str
     rules: tuple[str, ...]
     predicted_saving_pct: float | None
-    measured_saving_pct: float | None  # share of the baseline step (or sample) time saved
+    # share of the baseline's mean step (or sample) time saved: the mean over a window synchronized at
+    # its ends, what the loop's throughput pays, per unit (a block or a process)
+    measured_saving_pct: float | None
     ci_low_pct: float | None
     ci_high_pct: float | None
     p_value: float | None
     verdict: str | None  # faster, slower, same, ambiguous; None when not timed
-    baseline_us: float | None  # median step time (per sample for a batch change)
+    baseline_us: float | None  # mean step time over the units (per sample for a batch change)
     candidate_us: float | None
     per_sample: bool
     numerics: NumericsCheck | None
@@ -39,8 +62,14 @@ class FixVerdict:
     kept: bool
     reason: str
     changes: tuple[str, ...]
-    rounds: int  # timed candidate rounds
+    rounds: int  # timed candidate rounds (processes)
     why_tried: str = ""
+    unit: str | None = None  # what was paired: "block pair" (one process) or "process pair"
+    pairs: int = 0
+    test: str | None = None  # the test, in words
+    baseline_steps: StepDistribution | None = None
+    candidate_steps: StepDistribution | None = None
+    on_top_of: tuple[str, ...] = ()  # timed against this configuration, not the script as written
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.patches.base import PatchOutcome
+from gpudoctor.timing.blocks import Block
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.serial import from_jsonable, to_jsonable
 
@@ -37,7 +38,18 @@ class RoundResult:
     device: str = "unknown"  # the GPU's name, or cpu
     torch: str | None = None
     log_tail: str = ""
+    # an A/B inside this process: the fixes turned off and on in blocks (A B B A …), each block's times
+    switch: tuple[str, ...] = ()
+    blocks: tuple[Block, ...] = ()
+    switch_error: str | None = None  # a fix that could not be switched (its A/B needs fresh processes)
+    leftover_processes: int = 0  # left running in its process group when it ended (then killed)
     schema: str = SCHEMA
+
+    @property
+    def mean_step_us(self) -> float | None:
+        """The mean step over the timed window (its whole time over its steps: what the loop's
+        throughput pays, slow steps included)."""
+        return sum(self.step_times_us) / len(self.step_times_us) if self.step_times_us else None
 
     @property
     def failure(self) -> str | None:
@@ -49,6 +61,10 @@ class RoundResult:
         if self.outcome in ("exception", "timeout", "crashed", "interrupted"):
             last = (self.log_tail.strip().splitlines() or ["no output"])[-1]
             return f"{self.outcome}: {self.error or last}"
+        if self.switch_error:
+            return f"could not be switched in the running process: {self.switch_error}"
+        if self.switch and len(self.blocks) < 4:
+            return f"{len(self.blocks)} blocks timed before the script ended (4 or more are needed)"
         if not self.step_times_us:
             return (
                 f"no timed steps: the script ended ({self.outcome}, exit {self.exit_code}) after "

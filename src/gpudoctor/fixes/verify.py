@@ -1,7 +1,9 @@
-"""The verdict on one fix, from numbers only (no processes, no clock): its step times against the
-baseline's over several fresh processes (rounds) — the timing core's significance test, with an interval
-that resamples rounds as well as steps — and its first steps' losses or outputs against the baseline's,
-within the fix's tolerance or the baseline's own run-to-run spread, whichever is larger."""
+"""The verdict on one fix, from numbers only (no processes, no clock): its mean steps against the
+baseline's over pairs of units measured side by side — blocks of one process, or fresh processes —
+with the timing core's paired test (`timing.paired`); and its first steps' losses or outputs against the
+baseline's, within the fix's tolerance or the baseline's own run-to-run spread, whichever is larger (a
+loader fix is judged on speed: its losses are reported, only held to stay finite). `compare_rounds`,
+the steps of several processes pooled, stays for comparing attempts that were not measured side by side."""
 
 from __future__ import annotations
 
@@ -9,11 +11,39 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from gpudoctor.timing.compare import ALPHA, SAME_WITHIN, Verdict, decide
+from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
 from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped, mann_whitney
 
 NOISE_FACTOR = 3.0  # a fix may differ from the baseline by this many times the baseline's own spread
+
+
+class Judged(Protocol):
+    """What a verdict is read from: `TimingComparison` or the timing core's `PairedComparison`."""
+
+    @property
+    def ratio(self) -> float: ...
+    @property
+    def ci_low(self) -> float: ...
+    @property
+    def ci_high(self) -> float: ...
+    @property
+    def p_value(self) -> float: ...
+    @property
+    def verdict(self) -> str: ...
+    @property
+    def same_within(self) -> float: ...
+
+
+def compare_pairs(
+    pairs: Sequence[Pair], *, unit: str, same_within: float = SAME_WITHIN
+) -> PairedComparison | None:
+    """The paired test over `pairs` (blocks or processes side by side); None under two pairs."""
+    if len(pairs) < 2:
+        return None
+    return paired_compare(pairs, unit=unit, same_within=same_within)
 
 
 @dataclass(frozen=True)
@@ -143,9 +173,12 @@ def check_numerics(
     finite = all(math.isfinite(v) for step in candidate[:steps] for v in step)
     if tolerance is None:
         note = tolerance_note or "results not comparable"
-        if finite:
-            return NumericsCheck(kind, steps, None, None, floor, True, f"{note}; finite")
-        return NumericsCheck(kind, steps, None, None, floor, False, f"{note}; it produced NaN or inf")
+        if not finite:
+            return NumericsCheck(kind, steps, None, None, floor, False, f"{note}; it produced NaN or inf")
+        diff = rel_diff(reference[:steps], candidate[:steps])
+        return NumericsCheck(
+            kind, steps, diff, None, floor, True, f"{note}; finite ({kind} off by {_fmt(diff)})"
+        )
     diff = rel_diff(reference[:steps], candidate[:steps])
     check = NumericsCheck(kind, steps, diff, tolerance, floor, True, "")
     allowed = check.allowed or 0.0
@@ -159,9 +192,7 @@ def _fmt(x: float) -> str:
     return "inf" if math.isinf(x) else f"{100 * x:.2g}%"
 
 
-def decision(
-    timing: TimingComparison | None, numerics: NumericsCheck | None, failure: str | None
-) -> tuple[bool, str]:
+def decision(timing: Judged | None, numerics: NumericsCheck | None, failure: str | None) -> tuple[bool, str]:
     """(kept, why): kept only when nothing failed, the numerics hold and it is faster beyond noise."""
     if failure is not None:
         return False, failure
@@ -178,7 +209,7 @@ def decision(
     return False, ambiguous_reason(timing)
 
 
-def ambiguous_reason(timing: TimingComparison) -> str:
+def ambiguous_reason(timing: Judged) -> str:
     """Why a comparison neither faster, slower nor the same is no reason to keep: its interval holds
     no change (too noisy to tell), or it excludes it but the change is too small to tell from drift."""
 

@@ -114,7 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         warmup_seconds=ns.warmup_seconds,
         option=ns.batch_arg,
     )
-    Path(ns.result).write_text(json.dumps(point, allow_nan=False, default=str))
+    from gpudoctor.util.outfile import write_json
+
+    write_json(ns.result, json.loads(json.dumps(point, default=str)), indent=None)  # the one writer
     return 0
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudoctor.runner.compile_workers import stop_compile_workers
 from gpudoctor.runner.discovery import StepDefinition
@@ -29,6 +29,10 @@ from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
+
+if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
+    from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
+    from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = "trace.json.gz"
 MEMORY_KEYS = (
@@ -77,55 +81,8 @@ class LiveOptions:
     module_depth: int = 3  # module ranges in the traced phase to this depth (-1: none)
     trace_all: bool = False  # trace the whole script (no steps, no light phase): for a short script
     memory_history: str = "outside-light"  # runner.memory: outside-light, always, off
-
-
-class _Clock:
-    """Marks at step boundaries: CUDA events on the current stream (no sync until `times_us`), or
-    perf_counter on the CPU. With `every` > 1 only every so many boundaries is marked (steps shorter
-    than a mark's own cost: each mark then stands for the mean of the steps since the last); events
-    are made ahead, in batches, so that a mark only records one."""
-
-    def __init__(self, cuda: bool, every: int = 1) -> None:
-        self.cuda = cuda
-        self.every = every
-        self.name = "cuda_events" if cuda else "perf_counter"
-        self.marks: list[Any] = []
-        self.steps = 0  # boundaries seen since the first mark
-        self.host_times: list[float] = []  # perf_counter at the first and the latest mark
-        self._spare: list[Any] = []
-
-    def boundary(self) -> None:
-        if self.marks:
-            self.steps += 1
-            if self.steps % self.every:
-                return
-        if self.cuda:
-            if not self._spare:
-                import torch
-
-                self._spare = [torch.cuda.Event(enable_timing=True) for _ in range(64)]
-            event = self._spare.pop()
-            event.record()
-            self.marks.append(event)
-        else:
-            self.marks.append(time.perf_counter_ns())
-        now = time.perf_counter()
-        self.host_times = [self.host_times[0] if self.host_times else now, now]
-
-    @property
-    def timed_steps(self) -> int:
-        return (len(self.marks) - 1) * self.every if self.marks else 0
-
-    def times_us(self) -> StepTimes:
-        if len(self.marks) < 2:
-            return StepTimes(self.name, ())
-        if self.cuda:
-            self.marks[-1].synchronize()
-            spans = [a.elapsed_time(b) * 1e3 for a, b in itertools.pairwise(self.marks)]
-        else:
-            spans = [(b - a) / 1e3 for a, b in itertools.pairwise(self.marks)]
-        times = tuple(t / self.every for t in spans for _ in range(self.every))
-        return StepTimes(self.name, times, (self.host_times[0], self.host_times[-1]))
+    # the light phase as an A/B in blocks (timing.blocks): `on_switch` turns the candidate off and on
+    blocks: BlockPlan | None = None
 
 
 class LiveCapture:
@@ -137,8 +94,10 @@ class LiveCapture:
         options: LiveOptions,
         script_files: tuple[str, ...] = (),
         on_phase: Callable[[str, LiveCapture], None] | None = None,
+        on_switch: Callable[[bool], None] | None = None,
     ) -> None:
         self.out_dir = out_dir
+        self.on_switch = on_switch
         self.options = options
         self.script_files = script_files
         # Told of each phase it enters ("light", "traced", "done"): runner.ranks, whose ranks must enter
@@ -161,7 +120,9 @@ class LiveCapture:
         self.nvml_missing: str | None = None
         self.trace_files: tuple[str, ...] = ()
         self.notes: list[str] = []
-        self._clock: _Clock | None = None
+        self._clock: StepClock | None = None
+        self._blocks: BlockSchedule | None = None
+        self.blocks: tuple[Block, ...] = ()  # the light phase's blocks, with LiveOptions.blocks
         self._cuda = False
         self._detector: StepDetector | None = None
         self._warm: list[float] = []  # host times of the warm-up boundaries
@@ -276,9 +237,13 @@ class LiveCapture:
                 self._start_light()
             return
         if self.phase == "light":
-            assert self._clock is not None
-            self._clock.boundary()
-            if self._light_done():
+            if self._blocks is not None:
+                done = self._blocks.boundary()
+            else:
+                assert self._clock is not None
+                self._clock.boundary()
+                done = self._light_done()
+            if done:
                 self._end_light()
                 if o.light_only:
                     self.phase = "done"
@@ -359,15 +324,31 @@ class LiveCapture:
         self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.environment = environment(self._cuda)
         self._start_nvml()
-        self._clock = _Clock(self._cuda, every=self._mark_every())
         self._light_start = time.perf_counter()
         self._light_calls = self._detector.calls if self._detector else 0
-        self._clock.boundary()
         self.phase = "light"
+        from gpudoctor.timing.blocks import BlockSchedule
+        from gpudoctor.timing.stepclock import StepClock
+
+        plan = self.options.blocks
+        if plan is not None:
+            sync = torch.cuda.synchronize if self._cuda else None
+            self._blocks = BlockSchedule(
+                plan, self.on_switch or (lambda on: None), cuda=self._cuda, sync=sync
+            )
+            self._blocks.boundary()
+            return
+        self._clock = StepClock(self._cuda, every=self._mark_every())
+        self._clock.boundary()
 
     def _end_light(self) -> None:
-        assert self._clock is not None
-        self.light = self._clock.times_us()
+        if self._blocks is not None:
+            self.blocks = tuple(self._blocks.blocks)
+            clock = self.blocks[0].clock if self.blocks else ("cuda_events" if self._cuda else "perf_counter")
+            self.light = StepTimes(clock, tuple(t for b in self.blocks for t in b.step_times_us))
+        else:
+            assert self._clock is not None
+            self.light = _step_times(self._clock)
         if self._detector is not None and self._detector.root_module is not None and self.light.times_us:
             self.calls_per_step = (self._detector.calls - self._light_calls) / len(self.light.times_us)
         self._read_memory()
@@ -410,7 +391,9 @@ class LiveCapture:
             self._prof.add_metadata_json(RUN_STEP_KEY, json.dumps(self.definition.description))
         self._label_modules()
         self._prof_steps = 0
-        self._clock = _Clock(self._cuda)
+        from gpudoctor.timing.stepclock import StepClock
+
+        self._clock = StepClock(self._cuda)
         self.phase = "traced"
 
     def _label_modules(self) -> None:
@@ -445,7 +428,7 @@ class LiveCapture:
             prof.stop()
         finally:
             if self._clock is not None and self._clock.marks:
-                self.traced = self._clock.times_us()
+                self.traced = _step_times(self._clock)
             self._gzip_trace()
             if self._proflog is not None:
                 self._proflog.stop()
@@ -537,6 +520,11 @@ class LiveCapture:
             "notes": tuple(self.notes),
             "step": None if definition is None else StepFound.of(definition, self.calls_per_step),
         }
+
+
+def _step_times(clock: StepClock) -> StepTimes:
+    spans = clock.spans()
+    return StepTimes(spans.clock, spans.times_us, spans.host_span_s)
 
 
 # -- the user's API (through gpudoctor.step / gpudoctor.session) ---------------------------------------

@@ -1,17 +1,16 @@
 """Measuring one batch size of a sweep in a fresh process: `measure_in_process(...)` gives the function
-`analysis.batch_plan.sweep` calls for each size; it runs `python -m gpudoctor.runner.batch` and returns
-the point that process wrote (or why there is none: a timeout, a crash)."""
+`analysis.batch_plan.sweep` calls for each size; it runs `python -m gpudoctor.runner.batch` through the
+child protocol (`runner.child`) and returns the point that process wrote (or why there is none: a
+timeout, a crash)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
+
+from gpudoctor.runner.child import run_child
 
 Measure = Callable[[int], dict[str, Any]]
 
@@ -23,27 +22,15 @@ def measure_in_process(
 
     def measure(batch: int) -> dict[str, Any]:
         with tempfile.TemporaryDirectory(prefix="gpudoctor-sweep-") as tmp:
-            result = Path(tmp) / "point.json"
-            cmd = [
-                sys.executable,
-                "-m",
-                "gpudoctor.runner.batch",
-                "--batch",
-                str(batch),
-                "--result",
-                str(result),
-            ]
-            cmd += [*child_args, *(["-m"] if module else []), "--", target, *args]
-            env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-            try:
-                done = subprocess.run(
-                    cmd, capture_output=True, text=True, timeout=timeout_s, env=env, check=False
-                )
-            except subprocess.TimeoutExpired:
+            result, log = Path(tmp) / "point.json", Path(tmp) / "point.log"
+            argv = ["--batch", str(batch), "--result", str(result), *child_args, *(["-m"] if module else []),
+                    "--", target, *args]  # fmt: skip
+            run = run_child("gpudoctor.runner.batch", argv, result=result, log=log, timeout_s=timeout_s)
+            if run.timed_out:
                 return {"batch": batch, "status": "error", "error": f"timed out after {timeout_s:.0f} s"}
-            if not result.is_file():
-                tail = (done.stderr or done.stdout or "").strip().splitlines()[-1:] or ["no output"]
-                return {"batch": batch, "status": "error", "error": f"exit {done.returncode}: {tail[0]}"}
-            return json.loads(result.read_text())
+            if run.result is None:
+                tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
+                return {"batch": batch, "status": "error", "error": f"exit {run.exit_code}: {tail[0]}"}
+            return run.result
 
     return measure

@@ -15,6 +15,12 @@ HF_BUILDERS = ("from_config", "from_pretrained")
 class HFSdpa(FixPatch):
     fix_id = "sdpa"
     order = 50
+    switchable = True
+    _module: Any = None
+
+    def switch(self, on: bool) -> None:
+        if self._module is not None:
+            _set(self._module, "sdpa" if on else "eager")
 
     def _apply(self) -> None:
         self.ctx.finder.on_root(self._on_root)
@@ -30,6 +36,7 @@ class HFSdpa(FixPatch):
             )
             return
         _set(module, "sdpa")
+        self._module = module
         self.restorer.on_restore(lambda: _set(module, "eager"))
         self.snippet = 'model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")'
         self.changed(f'{type(module).__name__}: attn_implementation="sdpa" (was "eager")', self._edit())

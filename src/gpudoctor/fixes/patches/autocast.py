@@ -9,17 +9,25 @@ import functools
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.patches.base import FixPatch
+from gpudoctor.fixes.patches.base import FixPatch, ForwardSlot, NotSwitchable
 
 
 class Autocast(FixPatch):
     fix_id = "autocast"
     order = 40
+    switchable = True  # but for float16 with loss scaling (the scaler's state is the run's)
 
     def __init__(self, ctx: Any, dtype: str = "auto") -> None:
         super().__init__(ctx)
         self.dtype = dtype  # auto | bfloat16 | float16
         self.scaler: Any = None
+        self._slot: ForwardSlot | None = None
+
+    def switch(self, on: bool) -> None:
+        if self.scaler is not None:
+            raise NotSwitchable("float16 autocast with loss scaling cannot be switched in a running process")
+        if self._slot is not None:
+            self._slot.set(on)
 
     def _apply(self) -> None:
         self.ctx.finder.on_root(self._on_root)
@@ -43,6 +51,7 @@ class Autocast(FixPatch):
             with torch.autocast(device_type=device, dtype=dtype):
                 return forward(*a, **k)
 
+        self._slot = ForwardSlot(module, autocast_forward)
         self.restorer.replace(module, "forward", autocast_forward)
         name = "bfloat16" if dtype == torch.bfloat16 else "float16"
         wrap = f'torch.autocast("{device}", dtype=torch.{name})'

@@ -1,14 +1,23 @@
 """What every fix's patch shares: `FixPatch` (apply/undo through a `Restorer`, so that a failure half-way
-leaves nothing behind), the outcome it reports after the run (applied or why not, what it changed, the
-edits that make it permanent), and the context patches share in a child process (the root finder)."""
+leaves nothing behind; `switch(on)` for a fix that can be turned off and on again in the running process,
+for an A/B in blocks of steps), the outcome it reports after the run (applied or why not, what it
+changed, the edits that make it permanent), and the context patches share in a child process (the root
+finder)."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
+
+_MISSING = object()
+
+
+class NotSwitchable(Exception):
+    """This fix cannot be turned off and on in a running process (its A/B needs fresh processes)."""
 
 
 @dataclass
@@ -35,6 +44,8 @@ class FixPatch:
 
     fix_id = "fix"
     order = 50  # patches apply in this order: flags first, then what wraps the root's forward
+    # turned off and on again in the running process by `switch` (its A/B in blocks of one process)
+    switchable = False
 
     def __init__(self, ctx: PatchContext) -> None:
         self.ctx = ctx
@@ -59,6 +70,11 @@ class FixPatch:
     def _apply(self) -> None:
         raise NotImplementedError
 
+    def switch(self, on: bool) -> None:
+        """Turn the applied change off (as the script had it) or on again, at a step boundary; undo()
+        afterwards still restores what apply() found. Nothing to do where it was never applied."""
+        raise NotSwitchable(f"{self.name} cannot be switched off and on in a running process")
+
     # -- bookkeeping for the outcome ----------------------------------------------------------------------
     def changed(self, what: str, edit: Edit | None = None) -> None:
         if what not in self.changes:
@@ -78,6 +94,23 @@ class FixPatch:
         if self.changes:
             return PatchOutcome(True, None, tuple(self.changes), tuple(self.edits), self.snippet)
         return PatchOutcome(False, self.not_applicable or "the script never reached what this fix changes")
+
+
+class ForwardSlot:
+    """The root module's `forward` as a patch replaces it (an instance attribute): switched between the
+    patch's function and what the instance held before (nothing: the class's forward)."""
+
+    def __init__(self, module: Any, patched: Any) -> None:
+        self.module, self.patched = module, patched
+        self.before = vars(module).get("forward", _MISSING)
+
+    def set(self, on: bool) -> None:
+        if on:
+            self.module.forward = self.patched
+        elif self.before is _MISSING:
+            vars(self.module).pop("forward", None)
+        else:
+            self.module.forward = self.before
 
 
 def site_here() -> CallSite | None:

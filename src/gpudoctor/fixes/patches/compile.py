@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.patches.base import FixPatch
+from gpudoctor.fixes.patches.base import FixPatch, ForwardSlot
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
@@ -16,6 +16,8 @@ MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 class Compile(FixPatch):
     fix_id = "compile"
     order = 60
+    # switched off, the eager forward runs; on again, the compiled one it kept (no second compile)
+    switchable = True
 
     def __init__(
         self, ctx: Any, mode: str = "default", backend: str = "inductor", exact_random: bool = False
@@ -26,6 +28,11 @@ class Compile(FixPatch):
         self.mode = mode
         self.backend = backend
         self.exact_random = exact_random
+        self._slot: ForwardSlot | None = None
+
+    def switch(self, on: bool) -> None:
+        if self._slot is not None:
+            self._slot.set(on)
 
     def _apply(self) -> None:
         if self.exact_random and self.backend == "inductor":
@@ -40,6 +47,7 @@ class Compile(FixPatch):
 
         mode = None if self.mode == "default" else self.mode
         compiled = torch.compile(module.forward, mode=mode, backend=self.backend)
+        self._slot = ForwardSlot(module, compiled)
         self.restorer.replace(module, "forward", compiled)
         # in place: the module keeps its state_dict keys (torch.compile(model) would add "_orig_mod.")
         call = "{name}.compile()" if mode is None else f'{{name}}.compile(mode="{mode}")'

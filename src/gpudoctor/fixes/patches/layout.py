@@ -1,5 +1,8 @@
 """channels_last for convolution models: the root module's 4-D parameters converted (their layout put
-back on undo, values kept), and its 4-D tensor inputs converted by a forward pre-hook."""
+back on undo, values kept), and its 4-D tensor inputs converted by a forward pre-hook. Switched off and on
+in a running process, their gradients and the optimizers' state of them (momentum, Adam's moments) follow
+their layout: left behind, a foreach or fused step would fall to its slow path (or refuse) in one configuration
+only, and bias the A/B."""
 
 from __future__ import annotations
 
@@ -14,8 +17,48 @@ CONVERT = "{name} = {name}.to(memory_format=torch.channels_last)"
 class ChannelsLast(FixPatch):
     fix_id = "channels_last"
     order = 30
+    switchable = True  # the weights converted back and forth (in the step after a switch, not timed)
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._module: Any = None
+        self._hook: Any = None
+        self._optimizers: Any = None  # the optimizers that stepped (a WeakSet), for their state's layout
+
+    def switch(self, on: bool) -> None:
+        import torch
+
+        module = self._module
+        if module is None or (self._hook is not None) == on:
+            return
+        layout = torch.channels_last if on else torch.contiguous_format
+        if on:
+            module.to(memory_format=layout)
+            self._hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
+        else:
+            for t in (*module.parameters(), *module.buffers()):
+                if t.dim() == 4:
+                    t.data = t.data.contiguous()
+            self._hook.remove()
+            self._hook = None
+        for p in module.parameters():  # a gradient kept between steps (set_to_none=False) follows too
+            if p.dim() == 4 and p.grad is not None:
+                p.grad = p.grad.contiguous(memory_format=layout)
+        for opt in list(self._optimizers or ()):
+            for p in module.parameters():
+                state = opt.state.get(p) if p.dim() == 4 else None
+                for key, value in (state or {}).items():
+                    if isinstance(value, torch.Tensor) and value.shape == p.shape:
+                        state[key] = value.contiguous(memory_format=layout)
 
     def _apply(self) -> None:
+        import weakref
+
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        self._optimizers = weakref.WeakSet()
+        hook = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self._optimizers.add(opt))
+        self.restorer.on_restore(hook.remove)
         self.ctx.finder.on_root(self._on_root)
         self.not_applicable = "no nn.Module with parameters was called"
 
@@ -38,8 +81,9 @@ class ChannelsLast(FixPatch):
 
         self.restorer.on_restore(back)
         module.to(memory_format=cl)
-        hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
-        self.restorer.on_restore(hook.remove)
+        self._module = module
+        self._hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
+        self.restorer.on_restore(lambda: self._hook.remove() if self._hook is not None else None)
         self.snippet = (
             CONVERT.format(name="model") + "\n" + CONVERT.format(name="inputs") + "  # each 4-D input batch"
         )

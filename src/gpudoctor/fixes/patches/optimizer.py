@@ -109,6 +109,11 @@ def _fusable(params: list[Any]) -> bool:
 class ZeroGradSetToNone(FixPatch):
     fix_id = "zero_grad_none"
     order = 20
+    switchable = True
+    _on = True
+
+    def switch(self, on: bool) -> None:
+        self._on = on
 
     def _apply(self) -> None:
         import torch
@@ -121,6 +126,9 @@ class ZeroGradSetToNone(FixPatch):
         patch = self
 
         def wrapper(obj: Any, set_to_none: bool = True) -> None:
+            if not patch._on:
+                zero_grad(obj, set_to_none=set_to_none)
+                return
             if not set_to_none:
                 site = site_here()
                 if patch.first_time_at(site):

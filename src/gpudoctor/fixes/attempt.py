@@ -1,0 +1,234 @@
+"""A configuration being tried by `gpudoctor fix` and the verdict read from its rounds: the pairs its
+timing is judged on (blocks of one process, A B B A …, where its fixes can be switched in a running
+process; else fresh processes side by side, A B, B A, …), each unit's mean step over a window
+synchronized at its ends, the paired test, and the per-step distribution beside it. Pure: no processes,
+no clock."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+from gpudoctor.fixes.candidates import Candidate
+from gpudoctor.fixes.catalog import spec_of, title_of
+from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.verify import NumericsCheck, compare_pairs, decision
+from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.timing.blocks import block_pairs
+from gpudoctor.timing.paired import Pair, PairedComparison
+
+FALLBACK_RANDOM_NOTE = (
+    "timed with Inductor's fallback_random=True, so that dropout draws as in eager mode and the losses "
+    "compare; plain torch.compile may be a little faster"
+)
+
+
+@dataclass
+class Attempt:
+    """A configuration being tried: its rounds so far (kept when a Ctrl-C ends it half-way). In blocks,
+    `runs` holds the one process that timed A and B; else `base` and `runs` are processes paired in
+    order, `b_first[k]` saying whether the candidate of pair k ran first."""
+
+    fixes: tuple[str, ...]
+    cand: Candidate | None
+    base: list[RoundResult] = field(default_factory=list)
+    runs: list[RoundResult] = field(default_factory=list)
+    numerics: NumericsCheck | None = None
+    failure: str | None = None
+    on_top: tuple[str, ...] | None = None  # tried on top of this recommended configuration (its A side)
+    b_first: list[bool] = field(default_factory=list)
+    in_blocks: bool = False
+
+
+@dataclass
+class Tried:
+    fixes: tuple[str, ...]
+    baseline: list[RoundResult]
+    candidate: list[RoundResult]
+    verdict: FixVerdict
+    failure: str | None = None
+
+
+def going(at: Attempt) -> bool:
+    return at.failure is None and (at.numerics is None or at.numerics.ok)
+
+
+def per_sample(fixes: tuple[str, ...]) -> bool:
+    return any(f.startswith("batch") for f in fixes)
+
+
+def unit_pairs(at: Attempt) -> tuple[list[Pair], str]:
+    """The pairs the verdict is judged on, and what one is."""
+    if at.in_blocks:
+        return ([p for r in at.runs for p in block_pairs(r.blocks)], "block pair")
+    per = per_sample(at.fixes)
+    pairs = []
+    for a, b, b_first in zip(at.base, at.runs, at.b_first, strict=False):
+        ma, mb = _per_sample_mean(a, per), _per_sample_mean(b, per)
+        if ma and mb:
+            pairs.append(Pair(ma, mb, b_first))
+    return pairs, "process pair"
+
+
+def _per_sample_mean(r: RoundResult, per: bool) -> float | None:
+    mean = r.mean_step_us
+    n = (r.observations.samples_per_step if r.observations and per else None) or 1
+    return mean / n if mean else None
+
+
+def step_distributions(at: Attempt) -> tuple[StepDistribution | None, StepDistribution | None]:
+    """Each side's per-step times, beside the verdict's mean steps (a stall shows in its tail)."""
+    if at.in_blocks:
+        blocks = [b for r in at.runs for b in r.blocks]
+        a = [t for b in blocks if not b.candidate for t in b.step_times_us]
+        b_ = [t for b in blocks if b.candidate for t in b.step_times_us]
+    else:
+        a = [t for r in at.base for t in r.step_times_us]
+        b_ = [t for r in at.runs for t in r.step_times_us]
+    return StepDistribution.of(a), StepDistribution.of(b_)
+
+
+def timing_of(at: Attempt, same_within: float) -> PairedComparison | None:
+    pairs, unit = unit_pairs(at)
+    return compare_pairs(pairs, unit=unit, same_within=same_within)
+
+
+def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
+    fixes, cand, runs = at.fixes, at.cand, at.runs
+    timing = timing_of(at, same_within) if runs else None
+    failure = at.failure
+    if failure is None and runs and timing is None and (at.numerics is None or at.numerics.ok):
+        failure = "fewer than two pairs were timed: no verdict"
+    kept, reason = decision(timing, at.numerics, failure)
+    compile_s = (
+        statistics.mean(r.compile_s for r in runs) if runs and any(r.compile_s for r in runs) else None
+    )
+    payback = None
+    if compile_s and timing and timing.baseline_us > timing.candidate_us:
+        payback = compile_s * 1e6 / (timing.baseline_us - timing.candidate_us)
+    changes = tuple(c for r in runs[-1:] for f in fixes if f in r.patches for c in r.patches[f].changes)
+    if any(r.exact_random for r in runs):
+        changes += (FALLBACK_RANDOM_NOTE,)
+    recompiled = max((r.compile_timed_s for r in runs), default=0.0)
+    if recompiled:
+        changes += (
+            f"recompiled during the timed steps ({recompiled:.1f} s, counted in them): raise --warmup",
+        )
+    lo, hi = timing.saving_ci if timing else (None, None)
+    base_steps, cand_steps = step_distributions(at) if runs else (None, None)
+    return FixVerdict(
+        fix="+".join(fixes),
+        title=" + ".join(title_of(f) for f in fixes),
+        rules=cand.rules if cand else (),
+        predicted_saving_pct=cand.predicted_saving_pct if cand else None,
+        measured_saving_pct=100 * timing.saving if timing else None,
+        ci_low_pct=100 * lo if lo is not None else None,
+        ci_high_pct=100 * hi if hi is not None else None,
+        p_value=timing.p_value if timing else None,
+        verdict=timing.verdict if timing else None,
+        baseline_us=timing.baseline_us if timing else None,
+        candidate_us=timing.candidate_us if timing else None,
+        per_sample=per_sample(fixes),
+        numerics=at.numerics,
+        compile_s=compile_s,
+        payback_steps=payback,
+        kept=kept,
+        reason=reason,
+        changes=changes,
+        rounds=len(runs),
+        why_tried=cand.why
+        if cand
+        else ("on top of the recommendation" if at.on_top else "the kept fixes together"),
+        unit=timing.unit if timing else None,
+        pairs=timing.pairs if timing else 0,
+        test=timing.test if timing else None,
+        baseline_steps=base_steps,
+        candidate_steps=cand_steps,
+        on_top_of=at.on_top or (),
+    )
+
+
+def not_run(cand: Candidate, why: str) -> Tried:
+    """A fix that does not apply: reported with the reason, never timed."""
+    at = Attempt((cand.fix,), cand, failure=why)
+    return Tried(at.fixes, [], [], verdict_of(at, 0.0), why)
+
+
+def not_applied(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
+    missing = [f for f in fixes if f in r.patches and not r.patches[f].applied]
+    if not missing:
+        return None
+    return "; ".join(f"does not apply: {r.patches[f].reason}" for f in missing)
+
+
+def random_differs(fixes: tuple[str, ...], obs: Observations | None) -> bool:
+    """Compiled code draws other random numbers than eager: with dropout the losses differ unless
+    Inductor is told to draw them as eager does (`fallback_random`), which every round of such a
+    configuration then does — a little slower than plain compile, so its saving is understated."""
+    return any(f.startswith("compile") for f in fixes) and bool(obs and obs.root and obs.root.dropout)
+
+
+def saving(t: Tried) -> float:
+    return t.verdict.measured_saving_pct or 0.0
+
+
+def spread_pct(values: list[float]) -> float | None:
+    """(largest − smallest) / median of the processes' mean steps, in %; None under two processes."""
+    if len(values) < 2:
+        return None
+    return 100 * (max(values) - min(values)) / statistics.median(values)
+
+
+def minutes(seconds: float) -> str:
+    """As --budget was likely given: 2 min, 95 s."""
+    return f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:.0f} s"
+
+
+def looks_faster(at: Attempt) -> bool:
+    """Not yet timed, or its mean step so far under the baseline's (it may be kept)."""
+    if not at.runs or not at.base:
+        return True
+    per = per_sample(at.fixes)
+
+    def mean(rounds: list[RoundResult]) -> float:
+        n = [(r.observations.samples_per_step if r.observations and per else None) or 1 for r in rounds]
+        return statistics.fmean((r.mean_step_us or 0.0) / k for r, k in zip(rounds, n, strict=True))
+
+    return mean(at.runs) < mean(at.base)
+
+
+def stackable(t: Tried, final: tuple[str, ...]) -> bool:
+    """Measured alone without gain, nothing failed, the same results, of a group the recommended
+    configuration has none of (a larger batch is left out: its times are per sample)."""
+    v = t.verdict
+    groups = {spec_of(f).group for f in final}
+    return (
+        not v.kept
+        and t.failure is None
+        and v.verdict in ("same", "ambiguous", "slower")
+        and (v.numerics is None or v.numerics.ok)
+        and not per_sample(t.fixes)
+        and not {spec_of(f).group for f in t.fixes} & groups
+    )
+
+
+def calibration(tried: list[Tried], diagnosis: Diagnosis | None) -> tuple[CalibrationEntry, ...]:
+    """Each rule's own estimate against what each fix answering it measured (a fix answering several
+    findings is predicted the largest of their savings; each finding is judged by its own)."""
+    own = {f.id: f.est_saving_pct for f in diagnosis.findings} if diagnosis else {}
+    return tuple(
+        CalibrationEntry(
+            rule,
+            t.verdict.fix,
+            own.get(rule, t.verdict.predicted_saving_pct or 0.0),
+            t.verdict.measured_saving_pct,
+            t.verdict.ci_low_pct,
+            t.verdict.ci_high_pct,
+            t.verdict.kept,
+        )
+        for t in tried
+        if t.verdict.rounds
+        for rule in t.verdict.rules
+    )

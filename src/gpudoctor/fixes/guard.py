@@ -1,0 +1,46 @@
+"""The numerics guard's reference for one round: the first losses (or outputs) of the baseline's first
+process, held to the fixes' tolerance. A loader fix is judged on speed: alone its losses are only held to
+stay finite (batches made in worker processes may draw other random numbers); beside fixes that change
+the arithmetic, those are held to their tolerance against a round of the loader fix alone (the same
+batches), where one was recorded."""
+
+from __future__ import annotations
+
+from gpudoctor.fixes.attempt import Tried
+from gpudoctor.fixes.catalog import TF32_TOLERANCE, spec_of
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.verify import NumericsCheck, check_numerics, noise_floor
+
+
+def numerics_of(
+    fixes: tuple[str, ...],
+    run: RoundResult,
+    ref: RoundResult,
+    baselines: list[RoundResult],
+    tried: list[Tried],
+) -> NumericsCheck:
+    loader = tuple(f for f in fixes if spec_of(f).speed_only)
+    arithmetic = [spec_of(f) for f in fixes if not spec_of(f).speed_only]
+    reference, others = list(ref.outputs), [list(b.outputs) for b in baselines[1:]]
+    notes = [s.tolerance_note for s in arithmetic] or [spec_of(f).tolerance_note for f in loader]
+    tolerance = None
+    if arithmetic and all(s.tolerance is not None for s in arithmetic):
+        tolerance = max(s.tolerance or 0.0 for s in arithmetic)
+    if loader and arithmetic:
+        alone = [r for t in tried if t.fixes == loader for r in t.candidate if r.outputs]
+        if alone:
+            reference, others = list(alone[0].outputs), [list(r.outputs) for r in alone[1:]]
+            notes.append(f"against {'+'.join(loader)} alone (the same batches)")
+        else:
+            tolerance = None
+            notes.append(f"{'+'.join(loader)} changes the batches: only checked to stay finite")
+    seen = ref.observations
+    if tolerance is not None and tolerance < TF32_TOLERANCE and seen is not None and seen.tf32_baseline:
+        # reordered TF32 products move the results by TF32's rounding, not float32's
+        tolerance = TF32_TOLERANCE
+        notes.append("the script's own convolutions or matmuls run in TF32")
+    note = "; ".join(dict.fromkeys(notes))
+    floor = noise_floor(reference, others)
+    return check_numerics(
+        ref.outputs_kind, reference, run.outputs_kind, list(run.outputs), tolerance, floor, note
+    )

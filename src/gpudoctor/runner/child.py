@@ -1,0 +1,95 @@
+"""The one way gpudoctor starts a process for the user's script (a fix round, a batch point, the
+diagnosis run): `python -m <module> <argv>` with gpudoctor importable, in a process group of its own, its
+output in a log; a time limit (or Ctrl-C) ends the whole group; whatever the group still holds when the
+child has ended (DataLoader or compile workers the script left) is ended with it; and the result JSON the
+child wrote through the one writer (`util.outfile`) is read back. A child that times out, dies or writes
+nothing is a `ChildRun` saying so, never an exception. The fork server of `gpudoctor fix`
+(`fixes.forkserver`) is an optimization of the same protocol: it forks the child instead of starting an
+interpreter, with the same arguments and the same result file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpudoctor.runner.procgroup import end_group
+from gpudoctor.util.errors import GpudoctorError
+
+LOG_TAIL = 2000  # characters of a child's output kept with its result
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    exit_code: int | None  # None: it was killed at its time limit
+    result: dict[str, Any] | None  # the JSON it wrote, or None (then `error` says why)
+    error: str | None
+    log_tail: str
+    leftover: int  # processes its group still held after it ended (killed)
+    wall_s: float
+
+    @property
+    def timed_out(self) -> bool:
+        return self.exit_code is None
+
+
+def child_env() -> dict[str, str]:
+    """This environment, with gpudoctor importable in a child even where it is not installed."""
+    env = dict(os.environ)
+    src = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def log_tail(log: Path) -> str:
+    try:
+        return log.read_text(errors="replace")[-LOG_TAIL:]
+    except OSError:
+        return ""
+
+
+def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
+    """The JSON a child wrote, or None and why not."""
+    if not path.exists():
+        return None, "no result written"
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        return None, f"unreadable result: {err}"
+    return (doc, None) if isinstance(doc, dict) else (None, "unreadable result: not a JSON object")
+
+
+def run_child(module: str, argv: Sequence[str], *, result: Path, log: Path, timeout_s: float) -> ChildRun:
+    """Run `python -m module argv…` to its end (or its time limit); what it wrote to `result`."""
+    result.unlink(missing_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", module, *argv]
+    t0 = time.perf_counter()
+    try:
+        with log.open("w") as f:
+            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
+                                    start_new_session=True)  # fmt: skip
+    except OSError as err:
+        raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
+    code: int | None
+    try:
+        code = proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        end_group(proc.pid)
+        proc.wait()
+        code = None
+    except KeyboardInterrupt:
+        end_group(proc.pid)
+        proc.wait()
+        raise
+    left = end_group(proc.pid)
+    doc, why = read_result(result) if code is not None else (None, f"ran past {timeout_s:.0f} s")
+    if doc is None and code is not None:
+        why = f"exit status {code}, {why}"
+    return ChildRun(code, doc, why, log_tail(log), left, time.perf_counter() - t0)

@@ -1,0 +1,117 @@
+"""What the session tests share: observations of a script, a fake clock, and a launcher whose rounds'
+step times are drawn around a configured mean per configuration — fresh processes, or one process
+whose blocks alternate A B B A … where the round switches fixes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
+from gpudoctor.fixes.patches.base import PatchOutcome
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.session import FixOptions, FixSession
+from gpudoctor.runner.hooks import CallSite
+from gpudoctor.timing.blocks import Block
+from gpudoctor.timing.paired import abba
+
+LOSSES = ((2.30,), (2.25,), (2.21,), (2.18,), (2.12,))
+SITE = CallSite("train.py", 10, "<module>")
+
+
+def observations(
+    *,
+    dropout: bool = False,
+    batch: int = 16,
+    conv2d: bool = False,
+    cudnn_tf32: bool = False,
+    empty_cache: int = 0,
+) -> Observations:
+    root = RootInfo(
+        "Net", 1000, "float32", "cuda", True, conv2d, dropout, None, ("model",), SITE, (((16, 8),),) * 3
+    )
+    loader = LoaderInfo(SITE, batch, 0, False, False, None, False, True)
+    empty = (SiteCount(SITE, empty_cache),) if empty_cache else ()
+    return Observations(root, (loader,), (OptimizerInfo(SITE, "AdamW", False, None, 4),), empty, (), (),
+                        "highest", False, True, True, 8, cudnn_tf32)  # fmt: skip
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+Call = tuple[str, tuple[str, ...], bool, tuple[str, ...]]
+
+
+class FakeLauncher:
+    """Rounds whose step times are drawn around a configured mean per configuration ("+"-joined fixes;
+    "baseline" for none). A round that switches fixes times `pairs` block pairs A B B A …, A being the
+    configuration without them."""
+
+    def __init__(
+        self,
+        clock: FakeClock,
+        step_us: dict[str, float],
+        *,
+        noise: float = 0.01,
+        round_s: float = 10.0,
+        block_round_s: float = 20.0,
+        pairs: int = 8,
+    ) -> None:
+        self.clock, self.step_us, self.noise, self.round_s = clock, step_us, noise, round_s
+        self.block_round_s, self.pairs = block_round_s, pairs
+        self.rng = np.random.default_rng(1)
+        self.calls: list[Call] = []
+        self.losses: dict[str, tuple[tuple[float, ...], ...]] = {}
+        self.failures: dict[str, str] = {}
+        self.not_applicable: set[str] = set()
+        self.cannot_switch: set[str] = set()
+        self.interrupt_at: int | None = None
+        self.batch: dict[str, int] = {}
+        self.edits: dict[str, tuple[Edit, ...]] = {}
+        self.seen: dict[str, object] = {}  # what every round observes of the script (conv2d, cudnn_tf32)
+        self.round_by: dict[str, float] = {}  # a configuration's round length where not round_s
+
+    def mean(self, key: str) -> float:
+        return self.step_us.get(key, self.step_us["baseline"])
+
+    def steps(self, key: str, n: int = 20) -> tuple[float, ...]:
+        return tuple(self.mean(key) * (1 + self.noise * self.rng.standard_normal(n)))
+
+    def __call__(
+        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+    ) -> RoundResult:
+        self.calls.append((label, fixes, exact_random, switch))
+        if self.interrupt_at is not None and len(self.calls) >= self.interrupt_at:
+            raise KeyboardInterrupt
+        key = "+".join(fixes) or "baseline"
+        self.clock.now += self.round_by.get(key, self.block_round_s if switch else self.round_s)
+        patches = {f: PatchOutcome(f not in self.not_applicable, None if f not in self.not_applicable else "no optimizer",
+                                   (f"{f} applied",), self.edits.get(f, ())) for f in fixes}  # fmt: skip
+        obs = observations(batch=self.batch.get(key, 16), **self.seen)  # type: ignore[arg-type]
+        outcome = "exception" if key in self.failures else "stopped"
+        r = RoundResult(fixes, outcome, 0, "cuda_events", self.steps(key), 25, "loss", self.losses.get(key, LOSSES),
+                        compile_s=30.0 if "compile" in key else 0.0, patches=patches, observations=obs,
+                        error=self.failures.get(key), device="NVIDIA H100 80GB HBM3")  # fmt: skip
+        if not switch:
+            return r
+        if set(switch) & self.cannot_switch:
+            return replace(r, switch=switch, switch_error="NotSwitchable: cannot be switched")
+        off = "+".join(f for f in fixes if f not in switch) or "baseline"
+        blocks = []
+        for cand in abba(self.pairs):
+            times = self.steps(key if cand else off, 10)
+            blocks.append(Block(cand, 10, sum(times), times, "cuda_events"))
+        steps = tuple(t for b in blocks for t in b.step_times_us)
+        return replace(r, switch=switch, blocks=tuple(blocks), step_times_us=steps)
+
+
+def session(launcher: FakeLauncher, clock: FakeClock, only: str, **options: object) -> FixSession:
+    opts = FixOptions(only=tuple(only.split(",")), **options)  # type: ignore[arg-type]
+    return FixSession(launcher, opts, None, argv=("train.py",), started_at="now", clock=clock)

@@ -1,0 +1,72 @@
+"""On a real GPU: the in-process A/B of `gpudoctor fix` — fixes switched off and on in blocks of one
+process, A B B A … — for the fixes whose switching touches CUDA state: channels_last (weights, gradients
+and Adam's state converted back and forth), bfloat16 autocast, TF32, and torch.compile with CUDA graphs
+(the graphs' memory pool beside eager steps). Each round must time every block on CUDA events, leave the
+loss finite, and find what it should. Marked `gpu`; skipped where torch sees no CUDA device (CI)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from gpudoctor.fixes.child import parse, run_round  # noqa: E402
+from gpudoctor.fixes.round import RoundResult  # noqa: E402
+from gpudoctor.timing.blocks import block_pairs  # noqa: E402
+from gpudoctor.timing.paired import paired_compare  # noqa: E402
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+CONVNET = """\
+import torch
+
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(64, 128, 3, padding=1), torch.nn.ReLU(),
+    torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(128, 10),
+).cuda()
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+x, y = torch.randn(64, 3, 64, 64, device="cuda"), torch.randint(0, 10, (64,), device="cuda")
+for step in range(100_000):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+MATMULS = """\
+import torch
+
+model = torch.nn.Sequential(*[torch.nn.Linear(2048, 2048) for _ in range(8)]).cuda()
+x = torch.randn(256, 2048, device="cuda")
+with torch.no_grad():
+    for step in range(1_000_000):
+        model(x)
+"""
+
+
+def blocks_round(tmp_path: Path, body: str, fix: str) -> RoundResult:
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    return run_round(parse(["--out", str(tmp_path / "r.json"), "--fixes", fix, "--switch", fix, "--warmup", "5",
+                            "--pairs", "6", "--block-s", "0.2", "--", str(script)]))  # fmt: skip
+
+
+@pytest.mark.parametrize("fix", ["channels_last", "autocast", "compile:reduce-overhead"])
+def test_a_fix_switched_in_blocks_on_the_gpu_times_every_block(tmp_path: Path, fix: str) -> None:
+    r = blocks_round(tmp_path, CONVNET, fix)
+    assert r.failure is None and r.switch_error is None, r.failure
+    assert len(r.blocks) == 12 and all(b.clock == "cuda_events" and b.steps >= 2 for b in r.blocks)
+    assert r.outputs_kind == "loss" and all(math.isfinite(v) for step in r.outputs for v in step)
+    c = paired_compare(block_pairs(r.blocks))
+    print(fix, c.verdict, f"{100 * c.saving:.1f}%", c.test)  # the saving each measured, in the log
+
+
+def test_tf32_switched_in_blocks_finds_the_tensor_cores(tmp_path: Path) -> None:
+    r = blocks_round(tmp_path, MATMULS, "tf32")
+    assert r.failure is None and len(r.blocks) == 12
+    c = paired_compare(block_pairs(r.blocks))
+    # float32 matmuls at 2048: TF32's tensor cores are several times faster (H100: 51 vs 416 TFLOP/s)
+    assert c.verdict == "faster" and c.saving > 0.3, c

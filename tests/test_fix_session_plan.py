@@ -1,0 +1,268 @@
+"""How `gpudoctor fix` plans its processes, on a fake clock: the time budget (no fix started whose
+rounds would not fit, time kept back to verify the kept fixes together, the budget that would have done
+named), one baseline process per round for the fixes in fresh processes (`--shared-baseline`, the
+order turning each round), and fixes without gain alone tried on top of the recommendation — in blocks
+of one process against the recommendation itself where they switch."""
+
+from __future__ import annotations
+
+import pytest
+
+from fix_fakes import LOSSES, FakeClock, FakeLauncher, session
+from gpudoctor.fixes.result import FixReport
+
+FRESH = {"blocks": 0, "rounds": 3}  # every fix in fresh processes, three pairs (the budget's arithmetic)
+
+
+# -- the time budget -------------------------------------------------------------------------------------
+def test_the_budget_starts_no_fix_whose_rounds_would_not_fit() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    report = session(launcher, clock, "tf32,fused_optimizer", budget_s=95.0, **FRESH).run()
+    tf32, fused = report.verdicts
+    assert tf32.kept and tf32.rounds == 3  # 7 rounds of 10 s
+    # fused_optimizer's 6 rounds would end at 130 s: not one of them is started
+    assert not fused.kept and fused.reason == "the time budget ran out after 0 of 3 rounds"
+    assert not any(fixes == ("fused_optimizer",) for _, fixes, *_ in launcher.calls) and clock.now == 70.0
+    # and the report says how long a budget would have verified it: its 6 rounds and the combination's
+    # 6 after the 70 s spent (190 s)
+    assert (
+        "the time budget (95 s) ran out before 1 of the 2 fixes finished their rounds (a fix is kept "
+        "only when timed in all of them): about 4 min would let them finish (--budget 4m)"
+    ) in report.notes
+
+
+def test_an_in_process_ab_is_started_only_when_its_one_process_fits() -> None:
+    # GIVEN A/B rounds of 20 s in one process each, after a 10 s reference round
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "autocast": 60.0})
+    report = session(launcher, clock, "autocast,tf32", budget_s=45.0).run()
+    autocast, tf32 = report.verdicts
+    assert autocast.kept and autocast.unit == "block pair" and clock.now == 30.0
+    assert not tf32.kept and tf32.reason == "the time budget ran out before its A/B in one process"
+    assert any(n.startswith("the time budget (45 s) ran out before 1 of the 2 fixes") for n in report.notes)
+
+
+STEP_US = {"baseline": 100.0, "tf32": 78.0, "fused_optimizer": 80.0, "no_empty_cache": 90.0,
+           "tf32+fused_optimizer": 65.0}  # fmt: skip
+
+
+def test_the_budget_keeps_back_the_time_to_verify_the_kept_fixes_together() -> None:
+    # GIVEN three fixes of other groups tried alone (6 rounds of 10 s each after the reference) and a
+    # budget that holds all three or two and their combination (6 rounds), not all four
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, STEP_US)
+    launcher.seen = {"empty_cache": 25}
+    report = session(launcher, clock, "tf32,fused_optimizer,no_empty_cache", budget_s=200.0, **FRESH).run()
+    by_fix = {v.fix: v for v in report.verdicts}
+    # THEN the least promising gives way to the combination of the two kept before it
+    assert by_fix["tf32"].kept and by_fix["fused_optimizer"].kept
+    assert by_fix["no_empty_cache"].reason == (
+        "the time budget ran out after 0 of 3 rounds (the rest is kept to verify the faster fixes together)"
+    )
+    assert report.combination is not None and report.combination.kept and report.combination.rounds == 3
+    assert report.final == ("tf32", "fused_optimizer") and clock.now == 190.0
+
+
+# -- one baseline per round for all fixes (--shared-baseline) -------------------------------------------
+def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(
+        clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 104.0, "autocast": 99.5}
+    )
+    report = session(launcher, clock, "fused_optimizer,tf32,autocast", shared_baseline=True, stack=False,
+                     **FRESH).run()  # fmt: skip
+    labels = [label for label, *_ in launcher.calls]
+    assert labels == [
+        "baseline-0",
+        "base-a1", "01-fused_optimizer-b1", "02-tf32-b1", "03-autocast-b1",
+        "03-autocast-b2", "02-tf32-b2", "01-fused_optimizer-b2", "base-a2",
+        "base-a3", "01-fused_optimizer-b3", "02-tf32-b3", "03-autocast-b3",
+    ]  # fmt: skip
+    fused, tf32, autocast = report.verdicts
+    assert fused.kept and fused.rounds == 3 and fused.measured_saving_pct == pytest.approx(20, abs=2)
+    assert not tf32.kept and tf32.reason == "slower beyond noise"
+    assert not autocast.kept and autocast.reason.startswith("no significant difference")
+    assert report.final == ("fused_optimizer",) and report.complete
+    # 13 processes where A B, B A … per fix takes 19
+    paired = FakeLauncher(FakeClock(), launcher.step_us)
+    session(paired, paired.clock, "fused_optimizer,tf32,autocast", stack=False, **FRESH).run()
+    assert len(paired.calls) == 19
+
+
+def test_shared_baseline_leaves_switchable_fixes_to_their_blocks() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(
+        clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0, "pin_memory": 85.0}
+    )
+    report = session(
+        launcher, clock, "tf32,fused_optimizer,pin_memory", shared_baseline=True, stack=False
+    ).run()
+    by_fix = {v.fix: v for v in report.verdicts}
+    assert by_fix["tf32"].unit == "block pair"
+    assert by_fix["fused_optimizer"].unit == by_fix["pin_memory"].unit == "process pair"
+    assert sum(1 for label, *_ in launcher.calls if label.startswith("base-a")) == 4
+
+
+def test_shared_baseline_drops_a_fix_that_fails_and_keeps_the_others_going() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "autocast": 50.0})
+    launcher.losses["autocast"] = tuple((v[0] * 1.2,) for v in LOSSES)
+    report = session(launcher, clock, "autocast,fused_optimizer", shared_baseline=True, **FRESH).run()
+    autocast, fused = report.verdicts
+    assert not autocast.kept and autocast.reason.startswith("changes results") and autocast.rounds == 1
+    assert fused.kept and fused.rounds == 3
+    assert sum(1 for _, fixes, *_ in launcher.calls if fixes == ("autocast",)) == 1
+
+
+def test_shared_baseline_budget_lets_the_least_promising_fixes_go_first() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    # the reference round, then 3 rounds of 3 processes of 10 s would end at 100 s: over 90 s, the
+    # baseline with the most promising fix alone fits
+    report = session(
+        launcher, clock, "tf32,fused_optimizer", shared_baseline=True, budget_s=90.0, **FRESH
+    ).run()
+    tf32, fused = report.verdicts
+    assert tf32.rounds == 3 and tf32.kept
+    assert fused.rounds == 0 and fused.reason == "the time budget ran out after 0 of 3 rounds"
+    assert clock.now == 70.0
+    assert any(n.startswith("the time budget (90 s) ran out before 1 of the 2 fixes") for n in report.notes)
+
+
+def test_a_budget_spent_in_the_first_round_names_the_budget_that_would_do() -> None:
+    # GIVEN rounds of torch.compile far longer than the reference round the plan was made with (a
+    # ResNet-50 on the H100 with a 2-minute budget: 42 s of compiling a round): planned with 10 s
+    # rounds, both fixes and their combination fit 160 s
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "compile": 60.0})
+    launcher.round_by = {"compile": 100.0}
+    report = session(launcher, clock, "tf32,compile", shared_baseline=True, budget_s=160.0, **FRESH).run()
+    # THEN after one round of each (130 s) not even one fix's two rounds left fit, nothing is kept,
+    # and the note names a budget that holds the rounds left of each beside the baseline's, and
+    # their combination's: 130 + 2 × 10 + 2 × 100 + 2 × 10 + 3 × (10 + 100) = 700 s
+    assert [v.rounds for v in report.verdicts] == [1, 1] and not report.final and clock.now == 130.0
+    assert all(v.reason == "the time budget ran out after 1 of 3 rounds" for v in report.verdicts)
+    note = next(n for n in report.notes if n.startswith("the time budget (160 s)"))
+    assert note.endswith("about 12 min would let them finish (--budget 12m)")
+
+
+def test_shared_baseline_budget_keeps_back_the_time_to_verify_the_fixes_together() -> None:
+    # GIVEN three fixes of other groups: 3 rounds of 4 processes (10 s each) and the combination's
+    # 6 rounds would end at 190 s, 3 rounds of 3 processes and the combination at 160 s
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, STEP_US)
+    launcher.seen = {"empty_cache": 25}
+    report = session(launcher, clock, "tf32,fused_optimizer,no_empty_cache", shared_baseline=True,
+                     budget_s=170.0, **FRESH).run()  # fmt: skip
+    by_fix = {v.fix: v for v in report.verdicts}
+    # THEN the least promising gives way from the start, and the two faster ones are verified together
+    assert by_fix["no_empty_cache"].rounds == 0 and by_fix["no_empty_cache"].reason.endswith(
+        "(the rest is kept to verify the faster fixes together)"
+    )
+    assert by_fix["tf32"].kept and by_fix["fused_optimizer"].kept and by_fix["tf32"].rounds == 3
+    assert report.combination is not None and report.combination.kept
+    assert report.final == ("tf32", "fused_optimizer") and clock.now == 160.0
+
+
+def test_shared_baseline_ctrl_c_keeps_every_fix_as_it_stands() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
+    launcher.interrupt_at = 8  # the third round's baseline
+    updates: list[FixReport] = []
+    s = session(launcher, clock, "tf32,fused_optimizer", shared_baseline=True, **FRESH)
+    s.on_update = updates.append
+    report = s.run()
+    assert report.interrupted and not report.complete
+    assert [(v.fix, v.rounds, v.kept) for v in report.verdicts] == [
+        ("tf32", 2, False),
+        ("fused_optimizer", 2, False),
+    ]
+    assert all(v.reason == "interrupted (Ctrl-C) after 2 rounds" for v in report.verdicts)
+    assert len(updates[0].verdicts) == 2  # the report after each round shows them as they stand
+
+
+# -- fixes that pay only beside another ------------------------------------------------------------------
+def test_a_fix_slower_alone_is_tried_on_top_of_the_recommendation_and_kept_when_it_pays_there() -> None:
+    # GIVEN channels_last slower alone (float32 convolutions), autocast faster, and both together
+    # much faster (bfloat16 tensor cores want NHWC)
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "autocast+channels_last": 50.0}
+    launcher = FakeLauncher(clock, step)
+    launcher.seen = {"conv2d": True}
+    report = session(launcher, clock, "autocast,channels_last").run()
+    autocast, channels_last = report.verdicts
+    assert autocast.kept and not channels_last.kept and channels_last.reason == "slower beyond noise"
+    # THEN it is tried on top of autocast — in one process, switched in blocks against autocast alone —
+    # and kept
+    (stacked,) = report.stacked
+    assert launcher.calls[-1][1:] == (("autocast", "channels_last"), False, ("channels_last",))
+    assert stacked.fix == "autocast+channels_last" and stacked.kept and stacked.unit == "block pair"
+    assert stacked.on_top_of == ("autocast",)
+    assert stacked.reason.startswith("faster than bfloat16 autocast alone beyond noise (28.")
+    assert stacked.why_tried.startswith("channels_last memory format on top of bfloat16 autocast")
+    assert report.final == ("autocast", "channels_last")
+    assert report.final_saving_pct == pytest.approx(50, abs=2)
+    # AND the HTML report says under each fix why it was tried
+    from gpudoctor.report.fix_view import render_fix_html
+
+    page = render_fix_html(report)
+    assert (
+        "channels_last memory format on top of bfloat16 autocast: no gain alone, it may pay beside it" in page
+    )
+    assert "convolutions in NCHW" in page
+
+
+def test_a_fix_that_does_not_pay_on_top_either_leaves_the_recommendation_as_it_was() -> None:
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 100.0, "autocast+channels_last": 70.0}
+    launcher = FakeLauncher(clock, step)
+    launcher.seen = {"conv2d": True}
+    report = session(launcher, clock, "autocast,channels_last").run()
+    (stacked,) = report.stacked
+    assert not stacked.kept and stacked.reason.startswith("not faster than bfloat16 autocast alone")
+    assert report.final == ("autocast",) and report.final_saving_pct == pytest.approx(30, abs=2)
+
+
+def test_only_fixes_measured_without_harm_are_stacked_one_per_group() -> None:
+    # GIVEN a kept fix, a fix that changes the results, and two worker counts, neither faster
+    clock = FakeClock()
+    step = {
+        "baseline": 100.0,
+        "fused_optimizer": 80.0,
+        "autocast": 60.0,
+        "workers:2": 101.0,
+        "workers:4": 100.5,
+    }
+    launcher = FakeLauncher(clock, step)
+    launcher.losses["autocast"] = tuple((v[0] * 1.2,) for v in LOSSES)
+    report = session(launcher, clock, "fused_optimizer,autocast,workers:2,workers:4").run()
+    # THEN only one worker count is tried on top, the group's first in the order tried (the middle
+    # count: the other is the same kind of change), and never the fix that changed the results; not
+    # switchable, it is timed in fresh processes, the recommendation its baseline
+    assert [v.fix for v in report.stacked] == ["fused_optimizer+workers:4"]
+    on_top = [fixes for _, fixes, *_ in launcher.calls[-8:]]
+    assert set(on_top) == {("fused_optimizer",), ("fused_optimizer", "workers:4")}
+
+
+def test_what_the_budget_leaves_untried_on_top_is_named() -> None:
+    # GIVEN a reference round of 10 s and A/B rounds of 20 s in one process: the three fixes end at
+    # 70 s (each keeping back the 80 s of fresh processes that would verify it beside autocast); the
+    # first fix on top takes 70 s, after which a second one's 20 s no longer fit
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "cudnn_benchmark": 104.0}
+    launcher = FakeLauncher(clock, step)
+    launcher.seen = {"conv2d": True}
+    launcher.round_by = {"autocast+channels_last": 70.0}
+    report = session(launcher, clock, "autocast,channels_last,cudnn_benchmark", budget_s=150.0).run()
+    assert [v.fix for v in report.stacked] == ["autocast+channels_last"] and clock.now == 140.0
+    assert "not tried on top of autocast, the time budget spent: cudnn_benchmark" in report.notes
+
+
+def test_no_stack_tries_nothing_on_top() -> None:
+    clock = FakeClock()
+    step = {"baseline": 100.0, "autocast": 70.0, "channels_last": 105.0, "autocast+channels_last": 50.0}
+    launcher = FakeLauncher(clock, step)
+    launcher.seen = {"conv2d": True}
+    report = session(launcher, clock, "autocast,channels_last", stack=False).run()
+    assert report.stacked == () and report.final == ("autocast",)
