@@ -73,3 +73,40 @@ def test_the_check_catches_a_violation(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("def f():\n    from gpudoctor.cli import main\n")
     assert gpudoctor_imports(module) == {"cli"}
+
+
+def _is_serializer_copy(fn: ast.FunctionDef) -> bool:
+    """A `to_json` that only returns `to_jsonable(self)`, or a `from_json` that only checks the schema
+    and returns `from_jsonable(cls, data)`: the block `util.serial.Serialized` holds once."""
+    body = [s for s in fn.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
+    if not body or not isinstance(body[-1], ast.Return) or not isinstance(body[-1].value, ast.Call):
+        return False
+    call = body[-1].value.func
+    name = call.id if isinstance(call, ast.Name) else None
+    if fn.name == "to_json":
+        return len(body) == 1 and name == "to_jsonable"
+    if fn.name == "from_json":
+        return name == "from_jsonable" and all(isinstance(s, ast.If) for s in body[:-1]) and len(body) <= 2
+    return False
+
+
+def test_no_copy_of_the_serializer_block_remains() -> None:
+    copies = []
+    for module in SRC.rglob("*.py"):
+        if module.name == "serial.py" and module.parent.name == "util":
+            continue
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.FunctionDef) and _is_serializer_copy(node):
+                copies.append(f"{module.relative_to(SRC)}:{node.lineno} {node.name}")
+    assert not copies, f"use util.serial.Serialized: {copies}"
+
+
+def test_the_serializer_check_catches_a_copy() -> None:
+    source = (
+        "class A:\n    def to_json(self):\n        return to_jsonable(self)\n"
+        "    @classmethod\n    def from_json(cls, data):\n"
+        "        if data.get('schema') != SCHEMA:\n            raise UsageError('x')\n"
+        "        return from_jsonable(cls, data)\n"
+    )
+    fns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]
+    assert [_is_serializer_copy(f) for f in fns] == [True, True]

@@ -10,10 +10,9 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.batch/1"
 KNEE_GAIN = 0.10  # a doubling that gains less throughput than this is past the knee
@@ -68,7 +67,10 @@ class Knee:
 
 
 @dataclass(frozen=True)
-class BatchSweep:
+class BatchSweep(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor batch sweep"
+
     schema: str
     script: tuple[str, ...]  # the command line swept
     knob: dict[str, Any]  # how the batch size was set: argparse flag or DataLoader, its default
@@ -88,15 +90,6 @@ class BatchSweep:
     # the memory model's prediction when the sweep went to try it (from the smaller sizes alone);
     # `predicted_max` is the final fit, which may include the tries around it
     prediction_tried: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> BatchSweep:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor batch sweep of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)
 
     @property
     def sublinear_until(self) -> int | None:

@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from gpudoctor.analysis.keeping import keeping_line
 from gpudoctor.analysis.memory_breakdown import (
@@ -35,8 +35,8 @@ from gpudoctor.analysis.memory_snapshot import (
     replay,
 )
 from gpudoctor.analysis.memory_timeline import timeline_replay
-from gpudoctor.util.errors import MemoryFormatError, UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.errors import MemoryFormatError
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.memory/1"
 RUN_SCHEMA = "gpudoctor.memory-run/1"
@@ -114,7 +114,10 @@ class OomReport:
 
 
 @dataclass(frozen=True)
-class MemoryAnalysis:
+class MemoryAnalysis(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor memory analysis"
+
     schema: str
     device: str
     capacity: int | None
@@ -131,17 +134,6 @@ class MemoryAnalysis:
     step_us: float | None  # the unprofiled step time
     history: str  # how the allocator's history was kept (or why not)
     notes: tuple[str, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MemoryAnalysis:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(
-                f"not a gpudoctor memory analysis of schema {SCHEMA} (got {data.get('schema')!r})"
-            )
-        return from_jsonable(cls, data)
 
 
 def analyze_memory(

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from gpudoctor.analysis.comms import CommCall
 from gpudoctor.analysis.ranks import RankFigures, rank_figures
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.device.links import Link
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.rank-summary/1"
 TOP_KERNELS = 30
@@ -66,7 +65,10 @@ class Clocks:
 
 
 @dataclass(frozen=True)
-class RankSummary:
+class RankSummary(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor rank summary"
+
     rank: int
     path: str
     world_size: int | None
@@ -92,15 +94,6 @@ class RankSummary:
     seconds: float | None = None
     peak_rss_bytes: int | None = None
     schema: str = field(default=SCHEMA)
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RankSummary:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor rank summary of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)
 
 
 def summarize_rank(

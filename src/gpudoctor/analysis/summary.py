@@ -4,7 +4,7 @@ serializable result. Parts the trace cannot support are None and say why in `not
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -31,7 +31,7 @@ from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
 from gpudoctor.trace.steps import Step, steps_from_spans
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.gcpause import gc_paused
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.analysis/1"
 
@@ -62,7 +62,10 @@ class StepSummary:
 
 
 @dataclass(frozen=True)
-class Analysis:
+class Analysis(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor analysis"
+
     schema: str
     trace: TraceSummary
     device: DeviceInfo | None
@@ -106,15 +109,6 @@ class Analysis:
     def window(self) -> TimeBreakdown | None:
         """The breakdown the summary leads with: the profiled steps, else the GPU's own span."""
         return self.timeline.profiled_steps or self.timeline.gpu_window
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Analysis:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor analysis of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)
 
 
 def analyze(

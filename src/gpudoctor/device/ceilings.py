@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.util.errors import GpudoctorError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA_VERSION = 1
 CACHE_ENV = "GPUDOCTOR_CACHE_DIR"
@@ -36,7 +36,7 @@ TimeUs = Callable[[Callable[[], object]], float]  # median µs of one call of a 
 
 
 @dataclass(frozen=True)
-class Ceilings:
+class Ceilings(Serialized):
     """What a device reaches on plain, large operations; the denominators of "share of peak"."""
 
     device_key: str
@@ -55,13 +55,6 @@ class Ceilings:
             return None
         value = self.matmul_flops.get(dtype)
         return value if value is not None and math.isfinite(value) and value > 0 else None
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Ceilings:
-        return from_jsonable(cls, data)
 
 
 def cache_dir() -> Path:

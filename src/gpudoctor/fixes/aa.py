@@ -17,15 +17,14 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from gpudoctor.fixes.attempt import Attempt, spread_pct, verdict_of
 from gpudoctor.fixes.result import FixVerdict
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, Launcher
 from gpudoctor.timing.paired import abba, false_positive_rate
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.fix-aa/1"
 COMPARISONS = 200
@@ -53,7 +52,10 @@ class FalsePositives:
 
 
 @dataclass(frozen=True)
-class AAReport:
+class AAReport(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor A/A report"
+
     argv: tuple[str, ...]
     started_at: str
     device: str
@@ -67,15 +69,6 @@ class AAReport:
     notes: tuple[str, ...]
     elapsed_s: float
     schema: str = SCHEMA
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> AAReport:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor A/A report of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)
 
 
 def spread_of(how: str, rounds: list[RoundResult]) -> ProcessSpread | None:

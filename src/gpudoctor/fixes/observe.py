@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
 WAITS_UNDER = 0.5  # a loader whose batches take less CPU time than this share of their wall time waits
@@ -78,7 +78,7 @@ class SiteCount:
 
 
 @dataclass(frozen=True)
-class Observations:
+class Observations(Serialized):
     root: RootInfo | None
     loaders: tuple[LoaderInfo, ...]
     optimizers: tuple[OptimizerInfo, ...]
@@ -111,13 +111,6 @@ class Observations:
     def samples_per_step(self) -> int | None:
         """The batch size of the first DataLoader the loop iterated."""
         return next((lo.batch_size for lo in self.loaders if lo.iterated), None)
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Observations:
-        return from_jsonable(cls, data)
 
 
 def free_cores() -> int:

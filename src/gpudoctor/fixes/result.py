@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from gpudoctor.fixes.candidates import ManualFix
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.verify import NumericsCheck
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized, to_jsonable
 
 SCHEMA = "gpudoctor.fix/1"
 CALIBRATION_SCHEMA = "gpudoctor.calibration/1"
@@ -84,7 +83,10 @@ class CalibrationEntry:
 
 
 @dataclass(frozen=True)
-class FixReport:
+class FixReport(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor fix report"
+
     argv: tuple[str, ...]
     started_at: str
     device: str  # the GPU's name, or "cpu"
@@ -111,15 +113,6 @@ class FixReport:
     # fixes not faster alone, tried on top of the recommended configuration (each against its baseline)
     stacked: tuple[FixVerdict, ...] = ()
     schema: str = SCHEMA
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> FixReport:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor fix report of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)
 
     def calibration_json(self) -> dict[str, Any]:
         """Predicted against measured per rule, for fixing the rules' estimates."""

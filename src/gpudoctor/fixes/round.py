@@ -6,19 +6,21 @@ timeout are values here, not exceptions)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import ClassVar
 
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.patches.base import PatchOutcome
 from gpudoctor.timing.blocks import Block
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.fix-round/1"
 
 
 @dataclass(frozen=True)
-class RoundResult:
+class RoundResult(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor fix round"
+
     fixes: tuple[str, ...]
     outcome: str  # completed, stopped, exit, exception, interrupted, timeout, crashed, patch_failed
     exit_code: int
@@ -71,12 +73,3 @@ class RoundResult:
                 f"{self.steps_seen} step boundaries"
             )
         return None
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RoundResult:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor fix round of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)

@@ -11,11 +11,11 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from gpudoctor.device.clock_reasons import slowdowns
 from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.monitor/1"
 
@@ -77,7 +77,7 @@ GPM_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(GpmMetric
 
 
 @dataclass(frozen=True)
-class GpuSample:
+class GpuSample(Serialized):
     """One reading of one GPU. Percentages are 0-100 as NVML gives them (nvidia-smi's columns)."""
 
     index: int
@@ -118,16 +118,9 @@ class GpuSample:
             return None
         return self.mem_used_bytes / self.mem_total_bytes
 
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GpuSample:
-        return from_jsonable(cls, data)
-
 
 @dataclass(frozen=True)
-class ClockState:
+class ClockState(Serialized):
     """The clocks of one GPU right now, and why they are where they are (for benchmarks)."""
 
     index: int
@@ -158,17 +151,13 @@ class ClockState:
             return None
         return self.sm_mhz / self.sm_max_mhz
 
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> ClockState:
-        return from_jsonable(cls, data)
-
 
 @dataclass(frozen=True)
-class MonitorRecord:
+class MonitorRecord(Serialized):
     """A recorded series: what `--log x.jsonl` writes and the fake backend replays."""
+
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor monitor record"
 
     system: SystemInfo
     devices: tuple[GpuInfo, ...]
@@ -176,15 +165,12 @@ class MonitorRecord:
     samples: tuple[GpuSample, ...] = ()
     schema: str = SCHEMA
 
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> MonitorRecord:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor monitor record (schema {data.get('schema')!r}, want {SCHEMA})")
         try:
-            return from_jsonable(cls, data)
+            return super().from_json(data)
+        except UsageError:
+            raise
         except (ValueError, TypeError, KeyError) as err:
             raise UsageError(f"a malformed gpudoctor monitor record ({err})") from None
 

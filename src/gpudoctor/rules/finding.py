@@ -5,10 +5,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any
+from typing import ClassVar
 
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.findings/1"
 
@@ -52,22 +51,16 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class Diagnosis:
+class Diagnosis(Serialized):
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "gpudoctor findings"
+
     schema: str
     findings: tuple[Finding, ...]  # by est_saving_pct, highest first
     bound: str  # what limits the step, in one sentence
     summary: dict[str, float | None]
     # What `est_saving_pct` is a share of: "step", or "traced time" where the trace has no steps.
     saving_of: str = "step"
-
-    def to_json(self) -> dict[str, Any]:
-        return to_jsonable(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Diagnosis:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not gpudoctor findings of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)
 
     def get(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)

@@ -5,10 +5,9 @@ and how the script ended. Serializable (`to_json`/`from_json`, schema `gpudoctor
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import Serialized, to_jsonable
 
 SCHEMA = "gpudoctor.run/1"
 
@@ -71,9 +70,12 @@ class Environment:
 
 
 @dataclass(frozen=True)
-class RunRecord:
+class RunRecord(Serialized):
     """One `gpudoctor run`. Times in µs, sizes in bytes; a capability that was missing is `None` with
     its reason (`nvml_missing`, `memory_missing`)."""
+
+    json_schema: ClassVar[str | None] = SCHEMA
+    json_what: ClassVar[str] = "a gpudoctor run record"
 
     argv: tuple[str, ...]  # the script's sys.argv
     started_at: str  # ISO 8601, UTC
@@ -115,9 +117,3 @@ class RunRecord:
         doc["light_median_us"] = self.light.median_us if self.light else None
         doc["traced_median_us"] = self.traced.median_us if self.traced else None
         return doc
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunRecord:
-        if data.get("schema") != SCHEMA:
-            raise UsageError(f"not a gpudoctor run record of schema {SCHEMA} (got {data.get('schema')!r})")
-        return from_jsonable(cls, data)

@@ -13,7 +13,7 @@ from gpudoctor.device.ceilings import cpu_name
 from gpudoctor.timing.api import bench, driver_version, resolve_device
 from gpudoctor.timing.measurement import Environment
 from gpudoctor.util.errors import UsageError
-from gpudoctor.util.serial import from_jsonable, to_jsonable
+from gpudoctor.util.serial import check_schema, from_jsonable, to_jsonable
 
 SCHEMA = "gpudoctor.explore"
 SCHEMA_VERSION = 1
@@ -104,7 +104,8 @@ class ExploreResult:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ExploreResult:
-        if data.get("schema") != SCHEMA or data.get("schema_version") != SCHEMA_VERSION:
+        check_schema(data, SCHEMA, "a gpudoctor explore result")  # its version is a field of its own
+        if data.get("schema_version") != SCHEMA_VERSION:
             raise UsageError("not a gpudoctor explore result of this version")
         return from_jsonable(cls, {k: v for k, v in data.items() if k != "schema"})
 

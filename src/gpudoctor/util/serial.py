@@ -1,5 +1,7 @@
 """Plain-JSON conversion of result dataclasses: dataclasses → dicts, tuples → lists, numpy scalars →
-Python numbers, NaN/inf → None (JSON has no NaN)."""
+Python numbers, NaN/inf → None (JSON has no NaN); and `Serialized`, the one `to_json`/`from_json` pair
+every result dataclass shares: its document's `schema` checked on the way in (a one-line `UsageError`
+naming what was expected), the dataclass rebuilt from its type hints."""
 
 from __future__ import annotations
 
@@ -8,7 +10,11 @@ import math
 import types
 import typing
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar, TypeVar
+
+from gpudoctor.util.errors import UsageError
+
+T = TypeVar("T", bound="Serialized")
 
 
 def to_jsonable(obj: Any) -> Any:
@@ -100,3 +106,28 @@ def _build(tp: Any, value: Any) -> Any:
     if isinstance(tp, type) and issubclass(tp, Enum):
         return tp(value)
     return value
+
+
+def check_schema(data: Any, schema: str, what: str) -> None:
+    """A `UsageError` unless `data` is a JSON object whose `schema` is `schema`; `what` names the
+    document in the message ("a gpudoctor run record")."""
+    got = data.get("schema") if isinstance(data, dict) else type(data).__name__
+    if got != schema:
+        raise UsageError(f"not {what} of schema {schema} (got {got!r})")
+
+
+class Serialized:
+    """`to_json`/`from_json` for a frozen dataclass. A subclass whose documents carry a schema names it
+    (`json_schema`, and `json_what` for the error message) and has a `schema` field holding it."""
+
+    json_schema: ClassVar[str | None] = None
+    json_what: ClassVar[str] = "a gpudoctor document"
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_json(cls: type[T], data: dict[str, Any]) -> T:
+        if cls.json_schema is not None:
+            check_schema(data, cls.json_schema, cls.json_what)
+        return from_jsonable(cls, data)
