@@ -14,8 +14,8 @@ import pytest
 
 from gpudoctor.analysis.memory_breakdown import repeated_blocks
 from gpudoctor.analysis.memory_run import MemoryAnalysis, analyze_memory
-from gpudoctor.cli.run_memory import read_json_gz
 from gpudoctor.rules.memory_registry import memory_findings
+from gpudoctor.runner.rundir import read_snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures" / "memory"
 MANIFEST = FIXTURES / "manifest.json"
@@ -27,9 +27,9 @@ def analysis_of(case: str) -> MemoryAnalysis:
     folder = FIXTURES / case
     run: dict[str, Any] = json.loads((folder / "memory_run.json").read_text())
     snapshots = {
-        name: read_json_gz(folder, meta["file"]) for name, meta in (run.get("snapshots") or {}).items()
+        name: read_snapshot(folder, meta["file"]) for name, meta in (run.get("snapshots") or {}).items()
     }
-    timeline = read_json_gz(folder, (run.get("timeline") or {}).get("file"))
+    timeline = read_snapshot(folder, (run.get("timeline") or {}).get("file"))
     if isinstance(run.get("oom"), dict) and run.get("error"):
         run["oom"] = {**run["oom"], "message": run["error"]}
     return analyze_memory(run, {k: v for k, v in snapshots.items() if v is not None}, timeline)

@@ -13,8 +13,8 @@ import pytest
 from gpudoctor.analysis.keeping import keeping_line
 from gpudoctor.analysis.memory_breakdown import CATEGORIES
 from gpudoctor.analysis.memory_run import SCHEMA, MemoryAnalysis, OomReport, analyze_memory
-from gpudoctor.cli.run_memory import read_json_gz
 from gpudoctor.rules.memory_registry import memory_findings
+from gpudoctor.runner.rundir import read_snapshot
 
 GiB = 1 << 30
 REPO = Path(__file__).resolve().parents[1]
@@ -60,7 +60,7 @@ def test_the_recorded_leak_names_the_append_that_keeps_the_loss() -> None:
     # loss with its graph, line 30 appends it to a list), with the script's text the run now records
     run = json.loads((LEAK / "memory_run.json").read_text())
     run["script_source"] = (REPO / "benchmarks" / "memory_cases" / "leak.py").read_text()
-    snapshots = {n: read_json_gz(LEAK, m["file"]) for n, m in (run.get("snapshots") or {}).items()}
+    snapshots = {n: read_snapshot(LEAK, m["file"]) for n, m in (run.get("snapshots") or {}).items()}
     m = analyze_memory(run, {k: v for k, v in snapshots.items() if v is not None}, None)
     # THEN the growing line is the loss's, and the line that keeps it is the append
     assert m.leak is not None and m.leak.sites
@@ -73,7 +73,7 @@ def test_the_recorded_leak_names_the_append_that_keeps_the_loss() -> None:
 
 def test_without_the_scripts_text_the_leak_names_only_the_allocating_line() -> None:
     run = json.loads((LEAK / "memory_run.json").read_text())
-    snapshots = {n: read_json_gz(LEAK, m["file"]) for n, m in (run.get("snapshots") or {}).items()}
+    snapshots = {n: read_snapshot(LEAK, m["file"]) for n, m in (run.get("snapshots") or {}).items()}
     m = analyze_memory(run, {k: v for k, v in snapshots.items() if v is not None}, None)
     assert m.leak is not None and all(s.kept_by is None for s in m.leak.sites)
 

@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO / "benchmarks" / "memory_cases"))
 sys.path.insert(0, str(REPO / "src"))
 from cases import CASES, RUN_OPTIONS, command  # noqa: E402
 
-from gpudoctor.cli.run_memory import read_json_gz  # noqa: E402
+from gpudoctor.runner.rundir import read_snapshot  # noqa: E402
 
 DEFAULT_OUT = REPO / "tests" / "fixtures" / "memory"
 
@@ -76,7 +76,7 @@ def copy_case(
     files = [meta["file"] for meta in (memory.get("snapshots") or {}).values()]
     files += [memory["timeline"]["file"]] if memory.get("timeline") else []
     for rel in files:
-        doc = read_json_gz(run_dir, rel)
+        doc = read_snapshot(run_dir, rel)
         if max_frames is not None:
             doc = keep_frames(doc, max_frames)
         with gzip.GzipFile(dest / rel, "wb", compresslevel=9, mtime=0) as f:

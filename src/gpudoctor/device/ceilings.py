@@ -10,7 +10,6 @@ import json
 import math
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.util.errors import GpudoctorError
+from gpudoctor.util.outfile import write_json
 from gpudoctor.util.serial import Serialized
 
 SCHEMA_VERSION = 1
@@ -108,11 +108,7 @@ def store(ceilings: Ceilings, directory: Path | None = None) -> Path:
     path = directory / CACHE_FILE
     entries = _read_cache(directory)
     entries[ceilings.device_key] = ceilings.to_json()
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".ceilings.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(entries, f, indent=1, allow_nan=False)
-    os.replace(tmp, path)
-    return path
+    return write_json(path, entries)  # the one writer: replaced whole
 
 
 def _read_cache(directory: Path) -> dict[str, Any]:

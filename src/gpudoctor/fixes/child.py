@@ -33,8 +33,8 @@ from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
 from gpudoctor.runner.launch import ScriptEnd, run_script
 from gpudoctor.runner.outputs import OutputRecorder
+from gpudoctor.runner.rundir import write_child_result
 from gpudoctor.timing.blocks import BlockPlan
-from gpudoctor.util.outfile import write_json
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run_round(args)
     if result.error and result.outcome == "exception":
         print(f"gpudoctor fix: the script raised {result.error}", file=sys.stderr)
-    write_json(args.out, result.to_json(), indent=None)  # the one writer: whole or not at all
+    write_child_result(args.out, result.to_json())  # the one writer: whole or not at all
     return 0
 
 

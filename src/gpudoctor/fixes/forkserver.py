@@ -44,6 +44,8 @@ from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
 from gpudoctor.runner.child import child_env
 from gpudoctor.runner.procgroup import end_group
+from gpudoctor.runner.rundir import forkserver_log, open_log, round_files
+from gpudoctor.util.outfile import close_live
 
 # imported by the server before any fork (what every round imports anyway)
 ALWAYS = ("torch", "torch._dynamo", "numpy", "gpudoctor.fixes.child")
@@ -195,10 +197,10 @@ def _child(argv: list[str], log: str, protocol: int) -> None:
             os.environ.pop(NVML_CHECK, None)  # the server's setting, not the script's
         os.setpgid(0, 0)  # a group of its own: a time limit ends the round and whatever it started
         signal.signal(signal.SIGINT, signal.default_int_handler)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
+        out = open_log(Path(log))  # the round's output: the one writer's, as a fresh interpreter's is
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        close_live(out)
         null = os.open(os.devnull, os.O_RDONLY)
         if null != 0:
             os.dup2(null, 0)
@@ -253,13 +255,15 @@ class ForkLauncher(SubprocessLauncher):
         """Start the server; None when it is ready, else why not (then nothing is left running)."""
         cmd = [sys.executable, "-m", "gpudoctor.fixes.forkserver", "--preload", ",".join(self.preload)]
         try:
-            self.rounds_dir.mkdir(parents=True, exist_ok=True)
             env = child_env()
             if NVML_CHECK not in env:
                 env[NVML_CHECK], env[NVML_CHECK_SET] = "1", "1"
-            with (self.rounds_dir / "forkserver.log").open("w") as log:
+            log = open_log(forkserver_log(self.rounds_dir))
+            try:
                 self._proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                               stderr=log, text=True, env=env)  # fmt: skip
+            finally:
+                close_live(log)
             hello = self._receive(START_TIMEOUT_S)
         except (OSError, ServerGone, ValueError) as err:
             self.close()
@@ -290,8 +294,7 @@ class ForkLauncher(SubprocessLauncher):
     ) -> RoundResult:
         if self._proc is None:  # the server went away: the rest in fresh interpreters
             return super().__call__(label, fixes, exact_random, switch)
-        self.rounds_dir.mkdir(parents=True, exist_ok=True)
-        out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
+        out, log = round_files(self.rounds_dir, label)
         out.unlink(missing_ok=True)
         argv = self.command(out, fixes, exact_random, switch)[3:]  # without `python -m gpudoctor.fixes.child`
         pid: int | None = None

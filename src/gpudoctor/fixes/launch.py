@@ -13,6 +13,7 @@ from pathlib import Path
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
 from gpudoctor.runner.child import log_tail, run_child
+from gpudoctor.runner.rundir import round_files
 from gpudoctor.util.errors import GpudoctorError
 
 
@@ -46,8 +47,7 @@ class SubprocessLauncher:
     def __call__(
         self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
     ) -> RoundResult:
-        self.rounds_dir.mkdir(parents=True, exist_ok=True)
-        out, log = self.rounds_dir / f"{label}.json", self.rounds_dir / f"{label}.log"
+        out, log = round_files(self.rounds_dir, label)
         argv = self.command(out, fixes, exact_random, switch)[3:]  # after `python -m gpudoctor.fixes.child`
         run = run_child(
             "gpudoctor.fixes.child", argv, result=out, log=log, timeout_s=self.options.child_timeout_s

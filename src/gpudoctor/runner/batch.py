@@ -7,7 +7,6 @@ step's peak memory; no profiler, no allocator history), stops it, and writes wha
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -114,9 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         warmup_seconds=ns.warmup_seconds,
         option=ns.batch_arg,
     )
-    from gpudoctor.util.outfile import write_json
+    from gpudoctor.runner.rundir import write_child_result
 
-    write_json(ns.result, json.loads(json.dumps(point, default=str)), indent=None)  # the one writer
+    write_child_result(ns.result, point)
     return 0
 
 

@@ -27,14 +27,14 @@ from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.modules import ModuleLabels
 from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
-from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
+from gpudoctor.runner.rundir import PROFILER_LOG, TRACE_FILE, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
     from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
     from gpudoctor.timing.stepclock import StepClock
 
-TRACE_NAME = "trace.json.gz"
+TRACE_NAME = TRACE_FILE
 MEMORY_KEYS = (
     "allocated_bytes.all.current",
     "allocated_bytes.all.peak",

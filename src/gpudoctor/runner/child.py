@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.runner.procgroup import end_group
+from gpudoctor.runner.rundir import open_log
 from gpudoctor.util.errors import GpudoctorError
+from gpudoctor.util.outfile import close_live
 
 LOG_TAIL = 2000  # characters of a child's output kept with its result
 
@@ -68,15 +70,16 @@ def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 def run_child(module: str, argv: Sequence[str], *, result: Path, log: Path, timeout_s: float) -> ChildRun:
     """Run `python -m module argv…` to its end (or its time limit); what it wrote to `result`."""
     result.unlink(missing_ok=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", module, *argv]
     t0 = time.perf_counter()
+    f = open_log(log)
     try:
-        with log.open("w") as f:
-            proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
-                                    start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
+                                start_new_session=True)  # fmt: skip
     except OSError as err:
         raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
+    finally:
+        close_live(f)
     code: int | None
     try:
         code = proc.wait(timeout=timeout_s)

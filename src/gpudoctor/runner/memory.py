@@ -21,8 +21,6 @@ is made inert. A failure here is a note, never the script's failure."""
 from __future__ import annotations
 
 import contextlib
-import gzip
-import json
 import os
 import sys
 import traceback
@@ -41,10 +39,10 @@ from gpudoctor.runner.memory_probe import (
     module_names,
     module_types,
 )
+from gpudoctor.runner.rundir import snapshot_name, write_snapshot
 from gpudoctor.util.frames import frame_text, innermost_user_frame, is_library
 
 RUN_SCHEMA = "gpudoctor.memory-run/1"
-MEMORY_DIR = "memory"
 HISTORY_ENTRIES = 200_000  # alloc/free entries kept for the detail step (a few hundred bytes each)
 MAX_FRAMES = 40
 HISTORY_MODES = ("outside-light", "always", "off")
@@ -411,18 +409,19 @@ class MemoryRecorder:
             "census": self.census,
             "modules": self.modules,
             "snapshots": {
-                name: {"file": _file(name), "step": step} for name, (step, _) in self.snapshots.items()
+                name: {"file": snapshot_name(name), "step": step}
+                for name, (step, _) in self.snapshots.items()
             },
-            "timeline": {"file": _file("timeline")} if self.timeline is not None else None,
+            "timeline": {"file": snapshot_name("timeline")} if self.timeline is not None else None,
             "oom": self.oom,
             "notes": list(self.notes),
         }
 
     def write_files(self, out_dir: Path) -> None:
         for name, (_, snapshot) in self.snapshots.items():
-            write_json_gz(out_dir / _file(name), trim_frames(snapshot))
+            write_snapshot(out_dir, name, trim_frames(snapshot))
         if self.timeline is not None:
-            write_json_gz(out_dir / _file("timeline"), self.timeline)
+            write_snapshot(out_dir, "timeline", self.timeline)
 
 
 # The recorder told of an out-of-memory error, held weakly: torch's observers cannot be removed, so one
@@ -466,10 +465,6 @@ def _script_source(path: str | None) -> str | None:
     return None
 
 
-def _file(name: str) -> str:
-    return f"{MEMORY_DIR}/{name}.json.gz"
-
-
 def trim_frames(value: Any) -> Any:
     """The snapshot with each `frames` list cut to the frames that say something: gpudoctor's and
     runpy's own frames (outermost) left out, at most MAX_FRAMES."""
@@ -489,12 +484,3 @@ def trim_frames(value: Any) -> Any:
 def _ours(frame: Any) -> bool:
     name = str(frame.get("filename", "")) if isinstance(frame, dict) else ""
     return "/gpudoctor/" in name or name.endswith("runpy.py") or name == "<frozen runpy>"
-
-
-def write_json_gz(path: Path, doc: Any) -> None:
-    """Written beside the target and renamed: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.GzipFile(tmp, "wb", compresslevel=6, mtime=0) as f:
-        f.write(json.dumps(doc, separators=(",", ":"), default=str).encode())
-    os.replace(tmp, path)

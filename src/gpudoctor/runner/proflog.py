@@ -2,7 +2,8 @@
 their log lines from C++ straight to file descriptor 2 (`USDT: … profiler_start`, `STAGE: …`,
 `[W… CPUAllocator.cpp:245] Memory block of unknown size …`), while the profiler starts, stops, exports
 and during the traced steps. While `ProfilerLog` is on, descriptor 2 is a pipe into a small filter
-process (`runner.stderr_filter`): the profiler's lines go to `profiler.log`, everything else on to the
+process (`runner.stderr_filter`): the profiler's lines go to `profiler.log` (opened here, through
+`runner.rundir`, and handed to it as a descriptor), everything else on to the
 terminal as it comes. A process, not a thread: C++ writes to stderr holding the GIL, and a thread of
 ours that needs the GIL to empty the pipe would wait on it for ever once the pipe is full. The filter
 is in a session of its own (Ctrl-C does not stop it) and ends when the pipe's last writer is gone —
@@ -17,6 +18,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+from gpudoctor.runner.rundir import open_log
+from gpudoctor.util.errors import OutputError
+from gpudoctor.util.outfile import close_live
 
 _FILTER = Path(__file__).with_name("stderr_filter.py")
 
@@ -35,20 +40,28 @@ class ProfilerLog:
             saved = os.dup(2)
         except OSError:
             return self  # no stderr, or no filter: the lines reach the terminal as before
+        try:
+            log = open_log(self.path, append=True)  # the filter writes to it: the one writer opened it
+        except OutputError:
+            os.close(saved)
+            return self
         read, write = os.pipe()
         try:
             self._filter = subprocess.Popen(
-                [sys.executable, "-c", source, str(self.path)],
+                [sys.executable, "-c", source, str(log.fileno())],
                 stdin=read,
                 stdout=saved,
                 stderr=subprocess.DEVNULL,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(log.fileno(),),
             )
         except OSError:
             for fd in (read, write, saved):
                 os.close(fd)
             return self
+        finally:
+            close_live(log)
         os.close(read)
         _flush_python_streams()
         os.dup2(write, 2)

@@ -24,7 +24,6 @@ Nothing here runs at import; `RankRun.close()` puts the signal handler back and 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -37,10 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.runner.record import RunRecord
+from gpudoctor.runner.rundir import rank_dir, write_rank_info, write_record
 
-RANK_DIR = "rank-{rank}"
-RANK_INFO = "rank.json"
-RECORD = "record.json"
 TIMEOUT_ENV, COMBINE_ENV, PORT_ENV = (
     "GPUDOCTOR_RANK_TIMEOUT_S",
     "GPUDOCTOR_COMBINE_WAIT_S",
@@ -116,7 +113,7 @@ class RankRun:
         self.store = store
         self.timeout_s = float(os.environ.get(TIMEOUT_ENV, "60"))
         self.out = out
-        self.dir = out / RANK_DIR.format(rank=env.rank)
+        self.dir = rank_dir(out, env.rank)
         self.argv, self.started, self.options = argv, started, options
         where = f"{env.master_addr}:{env.master_port}" if store is not None else None
         self.info = RankInfo(
@@ -232,7 +229,7 @@ class RankRun:
 
     # -- what is written -----------------------------------------------------------------------------
     def write_info(self) -> None:
-        _write_json(self.dir / RANK_INFO, self.info.to_json())
+        write_rank_info(self.dir, self.info.to_json())
 
     def write_progress(self, capture: Any, outcome: str = "running") -> None:
         """record.json as it stands: a rank killed later still leaves its light phase and its notes."""
@@ -244,7 +241,7 @@ class RankRun:
             exit_code=0,
             **capture.result(),
         )
-        _write_json(self.dir / RECORD, record.to_json())
+        write_record(self.dir, record)
         self.write_info()
 
     def finish(self, combine_wait_s: float | None = None) -> bool:
@@ -361,14 +358,6 @@ def _wait_count(store: Any, key: str, target: int, timeout_s: float, stop: threa
 def _elect(store: Any, rank: int) -> bool:
     won = store.compare_set("combiner", "", str(rank))
     return bytes(won).decode() == str(rank)
-
-
-def _write_json(path: Path, doc: dict[str, Any]) -> None:
-    """Written beside and renamed: a rank killed while writing leaves the previous file whole."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, allow_nan=False, default=str))
-    os.replace(tmp, path)
 
 
 OnPhase = Callable[[str, Any], None]

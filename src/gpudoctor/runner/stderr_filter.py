@@ -1,6 +1,7 @@
-"""The filter process of `runner.proflog`, run as `python -c <this file> LOG`: stdin is the pipe that
-file descriptor 2 of the profiled process writes to, stdout the terminal's stderr. The profiler's lines
-go to LOG; everything else goes on at once (a partial line that cannot be the profiler's is not held).
+"""The filter process of `runner.proflog`, run as `python -c <this file> FD`: stdin is the pipe that
+file descriptor 2 of the profiled process writes to, stdout the terminal's stderr, FD the log the parent
+opened (profiler.log, through the one writer). The profiler's lines go to FD; everything else goes on at
+once (a partial line that cannot be the profiler's is not held).
 Only the standard library: it runs from its source, before anything else is importable."""
 
 import os
@@ -38,9 +39,9 @@ def route(data: bytes, out: BinaryIO, log: BinaryIO) -> bytes:
     return partial
 
 
-def main(log_path: str) -> None:
+def main(log_fd: str) -> None:
     out = sys.stdout.buffer
-    with open(log_path, "ab") as log:
+    with os.fdopen(int(log_fd), "ab") as log:
         pending = b""
         while True:
             try:

@@ -37,11 +37,12 @@ from gpudoctor.trace.model import (
     Trace,
     TraceMeta,
 )
-from gpudoctor.trace.rankdir import rank_files
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
 from gpudoctor.util.errors import NotATraceError, TraceFormatError
 from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.units import fmt_bytes
+
+TRACE_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NO_DIM = [0, 0, 0]
@@ -103,14 +104,22 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX
 
 
 def load_traces(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES) -> list[Trace]:
-    """Load a trace file, or every trace file of a directory (one per rank, or one per `rank-K/`
-    folder of a `gpudoctor run` of several ranks), sorted by rank. In a directory, JSON of another kind
-    (a run's record.json, a manifest) is passed over; a damaged trace is not, nor are two files that claim
-    the same rank."""
+    """Load a trace file, or every trace file of a directory (one per rank), sorted by rank. (A
+    `gpudoctor run` directory's `rank-K/` folders are `runner.rundir`'s to find: `load_trace_files`.)"""
     p = Path(path)
     if not os.fspath(path) or not p.is_dir():
         return [load_trace(path, max_bytes)]
-    files = [f.trace for f in rank_files(p)]
+    files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TRACE_SUFFIXES))
+    return load_trace_files(files, p, max_bytes)
+
+
+def load_trace_files(
+    files: Sequence[Path], directory: Path, max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES
+) -> list[Trace]:
+    """The traces among `files` (of `directory`), sorted by rank. JSON of another kind (a run's
+    record.json, a manifest) is passed over; a damaged trace is not, nor are two files that claim the
+    same rank."""
+    p = directory
     traces, others = [], []
     for f in files:
         try:

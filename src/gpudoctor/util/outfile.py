@@ -13,7 +13,7 @@ import errno
 import io
 import os
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -222,18 +222,19 @@ def _set_mode(tmp: str, real: Path) -> None:
     os.chmod(tmp, mode)
 
 
-def open_live(target: PathLike, *, inputs: Iterable[PathLike] = ()) -> IO[str]:
+def open_live(target: PathLike, *, inputs: Iterable[PathLike] = (), append: bool = False) -> IO[str]:
     """A UTF-8 text file written as things happen (a log of samples), gzipped when its name ends in
-    .gz. It is written in place, not renamed at the end: a crash must leave what was written. It is
-    checked like any output (never an input, a directory, below a file); errors opening it are one
-    line, and the caller turns later write errors into one with `output_error`."""
+    .gz; with `append`, added to the end of what is there. It is written in place, not renamed at the
+    end: a crash must leave what was written. It is checked like any output (never an input, a
+    directory, below a file); errors opening it are one line, and the caller turns later write errors
+    into one with `output_error`."""
     if not os.fspath(target):
         raise OutputError("cannot write to an empty path")
     path = Path(target)
     check_not_input(path, inputs)
     real, _ = _prepare(path)
     try:
-        raw: IO[bytes] = open(real, "wb")  # noqa: SIM115 -- the caller closes it
+        raw: IO[bytes] = open(real, "ab" if append else "wb")  # noqa: SIM115 -- the caller closes it
     except OSError as err:
         raise output_error(path, err) from None
     inner: IO[bytes] = _gzip().GzipFile(fileobj=raw, mode="wb", mtime=0) if path.name.endswith(".gz") else raw
@@ -267,12 +268,19 @@ def write_bytes(target: PathLike, data: bytes, *, inputs: Iterable[PathLike] = (
 
 
 def write_json(
-    target: PathLike, doc: Any, *, inputs: Iterable[PathLike] = (), indent: int | None = 1
+    target: PathLike,
+    doc: Any,
+    *,
+    inputs: Iterable[PathLike] = (),
+    indent: int | None = 1,
+    default: Callable[[Any], Any] | None = None,
 ) -> Path:
-    """`doc` as JSON (no NaN: JSON has none); gzipped when the name ends in .gz."""
+    """`doc` as JSON (no NaN: JSON has none), gzipped when the name ends in .gz; without `indent`, in
+    its most compact form. `default`: how values JSON has no type for are written (`str`, say)."""
     import json
 
-    text = json.dumps(doc, indent=indent, allow_nan=False)
+    separators = (",", ":") if indent is None else None
+    text = json.dumps(doc, indent=indent, allow_nan=False, default=default, separators=separators)
     with open_output(target, inputs=inputs, text=True) as f:
         f.write(text)
         f.write("\n")
