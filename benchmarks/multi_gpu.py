@@ -243,13 +243,13 @@ def reanalyze(results: Path, fixtures_dir: Path) -> dict[str, Any]:
     """The findings of a recorded run derived again, on the CPU, from its rank traces and records
     (`--fixtures` of that run) by this tree's analysis; its measured figures (plain steps, the light
     phases, the benchmark's bandwidth) stay as they were measured."""
-    from gpudoctor.cli.multirank import analyze_directory, combined_doc
+    from gpudoctor.doctor import diagnose_ranks
 
     result = json.loads(results.read_text())
     for name, run in result["runs"].items():
         folder = fixtures_dir / name
         if folder.is_dir():
-            run.update(analysis_findings(combined_doc(analyze_directory(folder, all_reports=True))))
+            run.update(analysis_findings(diagnose_ranks(folder, all_reports=True).analysis_document() or {}))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
     result["reanalyzed"] = {"commit": commit.stdout.strip(), "from": fixtures_dir.name}
     result["checks"] = checks(result, result["runs"])

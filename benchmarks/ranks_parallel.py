@@ -5,7 +5,7 @@ The ranks are made from the two recorded DDP ranks (tests/fixtures/ddp, 2 H200s,
 straggler): rank k is a copy of the straggler when k % 16 == 5, else of rank 0, with its rank and
 world size in distributedInfo, its pids moved, its timestamps shifted by k × 13.7 µs and every
 duration scaled by 1 + 0.002 × (7k mod 11) (so no two ranks are identical). Then, for each worker
-count, a fresh process runs `cli.multirank.analyze_directory` over the directory with a pool of that
+count, a fresh process runs `gpudoctor.doctor.diagnose_ranks` over the directory with a pool of that
 many worker processes (spawned) and reports its wall time, the workers' peak RSS (each worker's
 high-water mark, read in the worker), the parent's, and what was found.
 
@@ -67,12 +67,13 @@ def generate(folder: Path, n: int) -> int:
 
 def measure(folder: Path, workers: int) -> dict[str, Any]:
     """In this (fresh) process: the directory analyzed with `workers` processes."""
-    from gpudoctor.cli.multirank import analyze_directory
-    from gpudoctor.cli.rank_pool import peak_rss_bytes
+    from gpudoctor.doctor import diagnose_ranks
+    from gpudoctor.doctor.rank_pool import peak_rss_bytes
 
     t0 = time.perf_counter()
-    run = analyze_directory(folder, workers=workers, engine="processes")
+    run = diagnose_ranks(folder, workers=workers, engine="processes").ranks
     wall = time.perf_counter() - t0
+    assert run is not None
     rss = [s.peak_rss_bytes for s in run.summaries if s.peak_rss_bytes]
     per_rank = [s.seconds for s in run.summaries if s.seconds]
     slowest = run.across.overview.slowest

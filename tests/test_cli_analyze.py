@@ -18,7 +18,7 @@ from typer.testing import CliRunner, Result
 
 from gpudoctor.analysis.summary import SCHEMA, analyze
 from gpudoctor.cli.main import app, main
-from gpudoctor.report.json_out import RANKS_SCHEMA, report_json, reports_from_json
+from gpudoctor.doctor.document import RANKS_SCHEMA, report_json, reports_from_json
 from gpudoctor.report.terminal import render_analysis
 from gpudoctor.rules import SCHEMA as FINDINGS_SCHEMA
 from gpudoctor.rules import diagnose
@@ -162,7 +162,7 @@ def test_ctrl_c_exits_130_without_traceback(monkeypatch: pytest.MonkeyPatch) -> 
     def interrupted(path: object, *_: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("gpudoctor.trace.load_traces", interrupted)
+    monkeypatch.setattr("gpudoctor.doctor.diagnose.load_traces", interrupted)
     result = run("analyze", fixture("inference"))
     assert result.exit_code == 130
     assert "Traceback" not in result.output
@@ -209,12 +209,22 @@ def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def test_cpu_only_trace_says_gpu_parts_are_not_available(cpu_trace: Path) -> None:
+def test_cpu_only_trace_says_once_what_is_missing_and_leaves_the_gpu_sections_out(cpu_trace: Path) -> None:
     result = run("analyze", cpu_trace)
     assert result.exit_code == 0, result.output
     out = result.stdout
-    assert "no GPU activity" in out
-    assert out.count("not available: no GPU activity in this trace") >= 5  # GPU time, kernels, ...
+    assert out.count("no GPU activity") == 1  # the header says it once, and names what is left out
+    assert "left out below, for want of GPU activity: GPU time, top kernels, roofline" in out
+    for section in (
+        "GPU time ─",
+        "Top kernels",
+        "Roofline",
+        "Launches",
+        "Transfers",
+        "Host synchronizations",
+    ):
+        assert section not in out
+    assert "not available: no GPU activity" not in out
     assert "aten::mm" in out  # the CPU side is still there
     doc = json.loads(run("analyze", cpu_trace, "--json").stdout)
     assert doc["findings"] == [] and "No GPU activity" in doc["bound"]

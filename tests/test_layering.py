@@ -19,8 +19,20 @@ ALLOWED: dict[str, set[str]] = {
     "runner": {"util", "device", "timing", "monitor", "trace"},
     "analysis": {"util", "device", "trace"},
     "rules": {"util", "analysis"},
-    "fixes": {"util", "timing", "runner", "trace", "analysis", "rules"},
-    "report": {"util", "analysis", "rules", "device", "trace", "timing", "monitor", "fixes"},
+    "doctor": {"util", "device", "timing", "monitor", "trace", "runner", "analysis", "rules"},
+    "fixes": {"util", "timing", "runner", "trace", "analysis", "rules", "doctor"},
+    "report": {
+        "util",
+        "analysis",
+        "rules",
+        "device",
+        "trace",
+        "timing",
+        "monitor",
+        "fixes",
+        "doctor",
+        "runner",
+    },
     "cli": {
         "util",
         "device",
@@ -30,12 +42,14 @@ ALLOWED: dict[str, set[str]] = {
         "runner",
         "analysis",
         "rules",
+        "doctor",
         "fixes",
         "report",
         "workloads",
     },
     "workloads": {"util"},
 }
+REPO = SRC.parent.parent
 
 
 def gpudoctor_imports(path: Path) -> set[str]:
@@ -110,3 +124,86 @@ def test_the_serializer_check_catches_a_copy() -> None:
     )
     fns = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.FunctionDef)]
     assert [_is_serializer_copy(f) for f in fns] == [True, True]
+
+
+def _outside_modules() -> list[Path]:
+    return sorted(p for folder in ("benchmarks", "tools") for p in (REPO / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("module", _outside_modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_benchmarks_and_tools_import_the_library_never_the_cli(module: Path) -> None:
+    assert "cli" not in gpudoctor_imports(module), f"{module.relative_to(REPO)} imports gpudoctor.cli"
+
+
+def test_nothing_imports_the_cli_but_main() -> None:
+    importers = sorted(
+        str(m.relative_to(SRC))
+        for m in SRC.rglob("*.py")
+        if m.parent.name != "cli" and "cli" in gpudoctor_imports(m)
+    )
+    assert importers == ["__main__.py"]
+
+
+def _top_level_imports(path: Path) -> list[int]:
+    """Lines that import the `gpudoctor` package itself (`import gpudoctor`, `from gpudoctor import
+    step`), not one of its sub-packages."""
+    packages = {p.name for p in SRC.iterdir() if (p / "__init__.py").exists()}
+
+    def itself(node: ast.AST) -> bool:
+        if isinstance(node, ast.Import):
+            return any(a.name == "gpudoctor" for a in node.names)
+        if isinstance(node, ast.ImportFrom) and node.module == "gpudoctor" and node.level == 0:
+            return any(a.name not in packages for a in node.names)
+        return False
+
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if itself(node)]
+
+
+def test_no_module_of_the_package_imports_the_package_itself() -> None:
+    """The package's top level is the composition root of the Python API (it wires `doctor` to
+    `report`): a module below importing it would climb over the layers."""
+    found = {str(m.relative_to(SRC)): _top_level_imports(m) for m in MODULES}
+    assert {k: v for k, v in found.items() if v} == {}
+
+
+def test_the_top_level_check_catches_a_bare_import(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text("import gpudoctor\nfrom gpudoctor import step\nfrom gpudoctor import workloads\n")
+    assert _top_level_imports(module) == [1, 2]
+
+
+def _calls(path: Path, names: set[str]) -> set[str]:
+    return {
+        node.func.id
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in names
+    }
+
+
+def test_the_pipeline_is_put_together_in_one_place() -> None:
+    """`analysis.summary.analyze` and `rules.diagnose` are called by `doctor.pipeline` alone: every way
+    in (analyze, report, run, the rank pool, fix, notebooks) goes through it."""
+    callers = sorted(
+        str(m.relative_to(SRC))
+        for m in MODULES
+        if m.parent.name not in ("analysis", "rules") and _calls(m, {"analyze", "diagnose"})
+    )
+    assert callers == ["doctor/pipeline.py"]
+
+
+def test_the_way_from_analyze_to_its_output_never_climbs_back(tmp_path: Path) -> None:
+    """The doctor diagnoses a trace with neither `cli` nor `report` loaded: nothing below them calls up."""
+    import subprocess
+    import sys
+
+    trace = REPO / "tests" / "fixtures" / "traces" / "sync_every_step.json.gz"
+    code = (
+        "import sys; from gpudoctor.doctor import diagnose_ranks, diagnose_trace\n"
+        f"r = diagnose_trace({str(trace)!r}, timeline=True); assert r.diagnosis.findings\n"
+        f"diagnose_ranks({str(REPO / 'tests' / 'fixtures' / 'ddp')!r}, engine='serial')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('gpudoctor.cli', 'gpudoctor.report'))))\n"
+    )
+    env = {"PYTHONPATH": str(SRC.parent), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

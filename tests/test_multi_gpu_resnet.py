@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.cli.multirank import RanksRun, analyze_directory
+from gpudoctor.doctor.ranks import RanksRun, analyze_directory
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddp_resnet50"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())

@@ -18,7 +18,7 @@ from conftest import write_json
 from gpudoctor.analysis.ranks import RankOverview, rank_overview
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.main import app
-from gpudoctor.report.json_out import RANKS_SCHEMA
+from gpudoctor.doctor.document import RANKS_SCHEMA
 from gpudoctor.trace import load_traces
 
 DDP = Path(__file__).parent / "fixtures" / "ddp"

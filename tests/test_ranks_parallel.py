@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from conftest import TRACES_DIR, write_json
 from gpudoctor.cli.main import app
-from gpudoctor.cli.rank_pool import jobs_for, run_jobs
+from gpudoctor.doctor.rank_pool import jobs_for, run_jobs
 from gpudoctor.report.ranks_view import MAX_ROWS
-from gpudoctor.trace.rankdir import rank_files
+from gpudoctor.runner.rundir import rank_files
 from gpudoctor.util.errors import UsageError
 
 DDP = Path(__file__).parent / "fixtures" / "ddp"

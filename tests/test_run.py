@@ -87,7 +87,8 @@ def test_a_training_script_gets_a_record_findings_and_a_summary(tmp_path: Path) 
     analysis = Analysis.from_json(doc["analysis"])
     assert len(analysis.steps) == 2
     assert analysis.unprofiled_step_us == pytest.approx(record.light.mean_us)  # the phase over its steps
-    assert "light phase (no profiler): 3 steps" in result.output and "Step time" in result.output
+    # the step count said once: how many steps, of which how many timed and traced
+    assert "3 timed without the profiler, 2 traced" in result.output and "Step time" in result.output
 
 
 def test_options_after_the_script_name_are_the_scripts(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpudoctor.cli.rank_run import torchrun_argv
+from gpudoctor.doctor.combine import torchrun_argv
 from gpudoctor.monitor.topology import read_link
 from gpudoctor.runner.capture import LiveOptions
 from gpudoctor.runner.ranks import RankEnv, RankRun

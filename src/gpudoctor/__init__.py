@@ -3,9 +3,9 @@
 Importing the package is cheap and changes nothing: torch is imported only by the parts that run code.
 """
 
-__version__ = "0.1.0"
-
 from typing import Any
+
+from gpudoctor.util.version import __version__ as __version__
 
 
 def bench(fn: Any, *args: Any, **options: Any) -> Any:

@@ -1,10 +1,11 @@
-"""`gpudoctor analyze PATH`: load a trace (or a directory of rank traces), analyze it and print the
-summary, or the JSON of the analysis with --json (nothing else on stdout)."""
+"""`gpudoctor analyze PATH`: the doctor on a trace (`doctor.diagnose_trace`) or a directory of rank
+traces (`doctor.diagnose_ranks`), then the summary printed, or the JSON of the analysis with --json
+(nothing else on stdout)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -15,12 +16,13 @@ from gpudoctor.cli.common import (
     WorkersOption,
     input_path,
     parse_size,
-    rank_index,
     set_debug,
     stdout_console,
     step_time_us,
-    trace_ceilings,
 )
+
+if TYPE_CHECKING:
+    from gpudoctor.doctor.report import RunReport
 
 
 def analyze_command(
@@ -96,96 +98,46 @@ def analyze_command(
     set_debug(ctx, debug)
     import json
 
-    from gpudoctor.analysis.summary import analyze
-    from gpudoctor.report.json_out import report_json
-    from gpudoctor.report.terminal import render_analysis, render_rank_overview
-    from gpudoctor.rules import diagnose
-    from gpudoctor.trace import load_traces
+    from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
+    from gpudoctor.doctor.pipeline import AnalyzeOptions
 
     source = input_path(path)
-    unprofiled = step_time_us(step_time_ms)
-    max_bytes = parse_size(max_trace_size)
-    if source.is_dir() and step is None:
-        _analyze_ranks(source, as_json, rank, top, unprofiled, html, workers, engine)
-        return
-    traces = load_traces(source, max_bytes)
-    analyses = [
-        analyze(
-            trace,
-            step=step,
-            top=max(top, 15),
-            unprofiled_step_us=unprofiled,
-            ceilings=trace_ceilings(trace),
-            module_depth=module_depth,
-        )
-        for trace in traces
-    ]
-    reports = [(a, diagnose(a)) for a in analyses]
-    index = rank_index([a.trace.rank for a in analyses], rank)
-    chosen, diagnosis = reports[index]
-    view = None
-    if len(reports) > 1 or html is not None:  # the report's module: only where it is needed
-        from gpudoctor.cli.report_source import ranks_view, write_html
-
-        view = ranks_view(reports, chosen.trace.rank)
+    options = AnalyzeOptions(
+        step=step,
+        top=max(top, 15),
+        unprofiled_us=step_time_us(step_time_ms),
+        module_depth=module_depth,
+        max_bytes=parse_size(max_trace_size),
+    )
+    if source.is_dir() and step is None:  # many rank files: each rank by a worker, summaries kept
+        report = diagnose_ranks(
+            source, options, rank=rank, engine=engine, workers=workers,
+            all_reports=as_json and rank is None, timeline=html is not None,
+        )  # fmt: skip
+    else:
+        report = diagnose_trace(source, options, rank=rank, timeline=html is not None)
     if html is not None:
-        write_html(
-            html,
-            chosen,
-            diagnosis,
-            traces[index],
-            ranks=view,
-            inputs=(source, *(t.meta.path for t in traces)),
+        from gpudoctor.cli.report_files import write_html
+
+        inputs = (
+            source,
+            *((report.ranks.trace_paths.values()) if report.ranks else (report.trace_path or source,)),
         )
+        write_html(html, report, inputs=inputs)
     if as_json:
-        doc = report_json([reports[index]] if rank is not None else reports)
-        typer.echo(json.dumps(doc, indent=1, allow_nan=False))
+        typer.echo(json.dumps(_json_doc(report, rank), indent=1, allow_nan=False))
         return
-    console = stdout_console()
-    if view is not None:
-        render_rank_overview(view, console)
-        console.print()
-    render_analysis(chosen, console, top=top, diagnosis=diagnosis)
+    from gpudoctor.report.run_view import render_report
+
+    render_report(report, stdout_console(), top=top)
 
 
-def _analyze_ranks(
-    path: Path,
-    as_json: bool,
-    rank: int | None,
-    top: int,
-    unprofiled: float | None,
-    html: Path | None,
-    workers: int | None,
-    engine: str,
-) -> None:
-    """A directory of rank traces: every rank (in parallel where there are many), then one in detail."""
-    import json
-
-    from gpudoctor.cli.multirank import analyze_directory, check_rank, combined_doc
-    from gpudoctor.cli.report_source import write_html
-    from gpudoctor.report.json_out import report_json
-    from gpudoctor.report.terminal import render_analysis, render_rank_overview
-    from gpudoctor.trace import load_trace
-
-    run = analyze_directory(
-        path, unprofiled_us=unprofiled, detailed=rank, all_reports=as_json and rank is None,
-        workers=workers, engine=engine, top=max(top, 15),
-    )  # fmt: skip
-    chosen = check_rank(run, rank)
-    a, d = run.reports[chosen]
-    view = run.view(chosen) if len(run.summaries) > 1 else None
-    if html is not None:
-        inputs = (path, *run.trace_paths.values())
-        write_html(html, a, d, load_trace(run.trace_paths[chosen]), ranks=view, inputs=inputs)
-    if as_json:
-        doc = report_json([(a, d)]) if rank is not None or view is None else combined_doc(run)
-        typer.echo(json.dumps(doc, indent=1, allow_nan=False))
-        return
-    console = stdout_console()
-    if view is not None:
-        render_rank_overview(view, console)
-        console.print()
-    render_analysis(a, console, top=top, diagnosis=d)
+def _json_doc(report: RunReport, rank: int | None) -> dict[str, Any]:
+    """The findings with the analysis: of the rank asked for alone, else of every rank (gpudoctor.ranks/1)."""
+    several = report.ranks is not None and len(report.ranks.summaries) > 1
+    if rank is not None or not several:
+        return {**report.diagnosis.to_json(), "analysis": report.analysis.to_json()}  # type: ignore[union-attr]
+    return report.analysis_document() or {}
 
 
 def register(app: typer.Typer) -> None:

@@ -5,16 +5,12 @@ where throughput stops growing and, with --latency-ms, the largest batch meeting
 
 from __future__ import annotations
 
-import json
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
-
-RUNS_DIR = Path("gpudoctor-runs")
 
 
 def batch_command(
@@ -48,13 +44,14 @@ def batch_command(
     is tried with the next size up. Options after the script name are the script's.
     """
     from gpudoctor.analysis.batch_plan import SweepPlan, sweep
+    from gpudoctor.doctor.run import default_out
     from gpudoctor.report.batch_view import render_html, render_sweep
+    from gpudoctor.runner.rundir import write_batch
     from gpudoctor.runner.sweep import measure_in_process
 
     set_debug(ctx, debug)
     target, args = command[0], command[1:]
-    name = Path(target).stem if target.endswith(".py") else target.rsplit(".", 1)[-1]
-    out = out or RUNS_DIR / f"{name}-batch-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    out = out or default_out(target, "-batch")
     child = ["--warmup", str(warmup), "--light-steps", str(light_steps)]
     child += ["--batch-arg", batch_arg] if batch_arg else []
     plan = SweepPlan(
@@ -73,11 +70,9 @@ def batch_command(
         return raw
 
     result = sweep(measured, plan, [target, *args])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "batch.json").write_text(json.dumps(result.to_json(), indent=1, allow_nan=False))
-    (out / "batch.html").write_text(render_html(result), encoding="utf-8")
+    written = write_batch(out, result.to_json(), render_html(result))
     render_sweep(result, console)
-    console.print(f"\nwrote {out / 'batch.json'} and {out / 'batch.html'}")
+    console.print(f"\nwrote {written[0]} and {written[1]}")
 
 
 def register(app: typer.Typer) -> None:

@@ -1,11 +1,12 @@
-"""What every command shares: the --debug option, the console, the one-line error format, and which
-rank of several to detail."""
+"""What every command shares: the --debug option, the console, the one-line error format, and the
+options of several commands (--workers, --engine, --max-trace-size, --step-time-ms)."""
 
 from __future__ import annotations
 
 import math
 import os
 import re
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -18,8 +19,6 @@ from gpudoctor.util.text import printable
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from gpudoctor.device.ceilings import Ceilings
-    from gpudoctor.trace.model import Trace
 
 DEBUG_KEY = "gpudoctor.debug"  # in click's context meta, which all nested contexts share
 PIPE_WIDTH = 120  # rich's 80 columns cramp the tables when the output goes to a file or a pipe
@@ -94,12 +93,16 @@ def is_debug(ctx: typer.Context) -> bool:
 
 
 def stdout_console() -> Console:
-    """The console commands print on: untrusted text in it is shown escaped, never as markup."""
+    """The console commands print on: untrusted text in it is shown escaped, never as markup. Written to
+    a file or a pipe, a sentence is one line, however long (a reader or an editor wraps it), and tables
+    are laid out in PIPE_WIDTH columns."""
     from gpudoctor.report.console import SafeConsole
 
     console = SafeConsole()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console.width = PIPE_WIDTH
+    if not console.is_terminal:
+        console.soft_wrap = True
+        if "COLUMNS" not in os.environ:
+            console.width = PIPE_WIDTH
     return console
 
 
@@ -116,22 +119,35 @@ def error_line(err: BaseException) -> str:
     return f"gpudoctor: error: {message}"
 
 
-def rank_index(ranks: Sequence[int], rank: int | None) -> int:
-    """Where `rank` is among the ranks loaded (in their order); without one, the first. A rank not
-    among them is a user error that names the ranks there are."""
-    if not ranks:
-        raise UsageError("no ranks to report on")
-    if rank is None:
-        return 0
-    if rank in ranks:
-        return list(ranks).index(rank)
-    raise UsageError(f"no rank {rank} among the traces (ranks: {', '.join(map(str, ranks))})")
-
-
-def trace_ceilings(trace: Trace) -> Ceilings | None:
-    """The measured ceilings of the trace's GPU for its roofline: this machine's cache if it measured a
-    GPU of that name, else gpudoctor's table of measured devices."""
-    from gpudoctor.device.ceilings import ceilings_for_device
-
-    info = trace.device_info
-    return ceilings_for_device(info.name) if info is not None else None
+def own_options_after_script(ctx: typer.Context, command: Sequence[str]) -> str | None:
+    """A warning where an argument after the script is one of the command's own options
+    (`gpudoctor fix train.py --budget 2m`: the script gets --budget 2m): it names them and the order that
+    gives them to gpudoctor. None when there is none."""
+    if len(command) < 2:
+        return None
+    options = {name: param for param in ctx.command.params for name in (*param.opts, *param.secondary_opts)
+               if name.startswith("-")}  # fmt: skip
+    script, args = command[0], list(command[1:])
+    moved: list[str] = []
+    kept: list[str] = []
+    i = 0
+    while i < len(args):
+        name = args[i].split("=", 1)[0]
+        param = options.get(name) if name not in ("-h", "--help") else None
+        if param is None:
+            kept.append(args[i])
+            i += 1
+            continue
+        takes_value = "=" not in args[i] and not getattr(param, "is_flag", False) and i + 1 < len(args)
+        moved += args[i : i + 1 + takes_value]
+        i += 1 + takes_value
+    if not moved:
+        return None
+    names = [a for a in moved if a.split("=", 1)[0] in options]
+    one = len(names) == 1
+    where = ctx.command_path
+    right = " ".join(shlex.quote(a) for a in [*where.split(), *moved, script, *kept])
+    return (
+        f"warning: {', '.join(names)} {'comes' if one else 'come'} after the script, so {script} gets "
+        f"{'it' if one else 'them'}, not {where}; {where}'s own options go before the script: {right}"
+    )

@@ -1,7 +1,8 @@
 """`gpudoctor demo`: a built-in workload run under `gpudoctor run` — on the GPU if there is one, else on
 the CPU — its run directory written and its summary printed. The README's first command. On a machine
 without a GPU it then shows, labelled as such, the full diagnosis of the same workload recorded on an
-H100 (shipped with gpudoctor: `gpudoctor/workloads/recorded/`), so that a first try shows what it does."""
+H100 (shipped with gpudoctor: `gpudoctor/workloads/recorded/`) first, labelled as such, so that a first
+try shows what it does; then the live run on the CPU, whose GPU sections are left out."""
 
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def demo_command(
     record.json, analysis.json, report.html) under --out and prints the summary.
     """
     set_debug(ctx, debug)
+    from rich.rule import Rule
     from rich.text import Text
 
     from gpudoctor import workloads  # imports torch: only when the demo runs
@@ -79,45 +81,56 @@ def demo_command(
     # the run stops it once captured; room for warm-up steps beyond WARMUP_STEPS while step times fall
     total = WARMUP_STEPS + light_steps + steps + 2 + 20
     args = [workload, "--steps", str(total), *(["--cpu"] if cpu else [])]
-    code = run_and_report(DRIVER, args, module=True, out=out, options=options, console=console)
-    if device.type == "cpu" and workload in RECORDED:
+    recorded = device.type == "cpu" and workload in RECORDED
+    if recorded:  # the point of the demo first: a GPU run, labelled as the recorded run it is
         show_recorded(RECORDED[workload], out / RECORDED_DIR, console)
+        console.print()
+        console.print(Rule(Text(f"This machine: {workload} on the CPU, live", style="bold")))
+    code = run_and_report(DRIVER, args, module=True, out=out, options=options, console=console)
+    if recorded:
+        console.print(
+            f"\n(above this machine's run: the recorded {RECORDED[workload]} run; its report is "
+            f"{out / RECORDED_DIR / 'report.html'})",
+            style="dim",
+        )
     if code:
         raise typer.Exit(code)
 
 
 def show_recorded(name: str, dest: Path, console: Console) -> None:
-    """The recorded GPU run `name`, copied to `dest` (its trace and record), analyzed and shown in full
+    """The recorded GPU run `name`, copied to `dest` (its trace and record), diagnosed and shown in full
     as `gpudoctor run` shows a run, under a heading that says where it comes from."""
     from importlib import resources
 
     from rich.rule import Rule
     from rich.text import Text
 
-    from gpudoctor.cli import run as run_cli
-    from gpudoctor.runner.record import RunRecord
-    from gpudoctor.util.jsonfile import read_json_object
-    from gpudoctor.util.outfile import write_bytes
+    from gpudoctor.doctor.run import diagnose_run
+    from gpudoctor.report.run_view import render_report, report_html
+    from gpudoctor.runner import rundir
 
     source = resources.files("gpudoctor.workloads") / "recorded" / name
-    for file in ("record.json", "trace.json.gz"):
-        write_bytes(dest / file, (source / file).read_bytes())
-    record = RunRecord.from_json(read_json_object(dest / "record.json", "gpudoctor run record"))
+    rundir.copy_recorded_run(
+        dest, {f: (source / f).read_bytes() for f in (rundir.RECORD_FILE, rundir.TRACE_FILE)}
+    )
+    record = rundir.read_record(dest)
+    assert record is not None
     env = record.environment
     gpu = env.gpu_name if env and env.gpu_name else "a GPU"
     where = f"{gpu}, torch {env.torch if env else '?'}, {record.started_at[:10]}"
-    console.print()
-    console.print(Rule(Text(f"No GPU here. The same workload, recorded on an {gpu}", style="bold yellow")))
+    console.print(
+        Rule(Text(f"No GPU here. First, the same workload recorded on an {gpu}", style="bold yellow"))
+    )
     console.print(
         f"What follows is not this machine: it is the run of `gpudoctor demo` on an {where}, shipped with "
-        "gpudoctor, diagnosed now as it was there.",
+        "gpudoctor, diagnosed now as it was there. This machine's own run comes after it.",
         style="yellow",
     )
-    run_cli._report(record, dest, console)  # as `gpudoctor run` reports its own run
+    report = diagnose_run(dest, record)  # as `gpudoctor run` diagnoses its own run
+    rundir.write_report(dest, report_html(report))
+    render_report(report, console)
     console.print(
-        f"(recorded on an {where}; its report: {dest / 'report.html'}. On a machine with a GPU, "
-        "`gpudoctor demo` runs it live.)",
-        style="yellow",
+        f"(recorded on an {where}. On a machine with a GPU, `gpudoctor demo` runs it live.)", style="yellow"
     )
 
 

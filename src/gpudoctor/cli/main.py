@@ -13,9 +13,9 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
-from gpudoctor import __version__
 from gpudoctor.cli.common import DebugOption, error_line, is_debug, set_debug
 from gpudoctor.util.errors import GpudoctorError
+from gpudoctor.util.version import __version__
 
 # Each name is a module gpudoctor.cli.<name> with `register(app)`; adding a command is one entry.
 COMMANDS = ("analyze", "demo", "monitor", "bench", "explore", "run", "report", "fix", "batch")

@@ -2,14 +2,14 @@
 trace (--format trace) of a trace, a directory of rank traces, a run directory (trace + analysis.json)
 or a saved analysis.json (re-rendered without re-analyzing where the output does not need the trace).
 With several ranks (a directory of rank traces, or `analyze --json`'s gpudoctor.ranks/1 document), the
-HTML and Markdown show every rank side by side and detail one (--rank, default the first). The work is
-in `cli.report_source`, imported when the command runs."""
+HTML and Markdown show every rank side by side and detail one (--rank, default the first). The source
+is the doctor's (`doctor.source`), the files `cli.report_files`', imported when the command runs."""
 
 from __future__ import annotations
 
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
@@ -27,11 +27,7 @@ from gpudoctor.util.errors import UsageError
 from gpudoctor.util.text import printable
 
 if TYPE_CHECKING:
-    from gpudoctor.monitor.samples import GpuSample
     from gpudoctor.report.ranks_view import RanksView
-
-ANALYSIS_FILE = "analysis.json"
-RECORD_FILE = "record.json"  # written by `gpudoctor run`
 
 
 class Format(str, Enum):
@@ -91,43 +87,32 @@ def report_command(
     one (--rank); the annotated trace is of that rank.
     """
     set_debug(ctx, debug)
-    from gpudoctor.cli import report_source as rs
+    from gpudoctor.cli import report_files
+    from gpudoctor.doctor.document import DAMAGED
+    from gpudoctor.doctor.pipeline import AnalyzeOptions
+    from gpudoctor.doctor.source import load_source
+    from gpudoctor.report.run_view import ranks_view
 
     source_path = input_path(path)
     target = out or Path(DEFAULT_OUT[fmt])
-    unprofiled = step_time_us(step_time_ms)
-    max_bytes = parse_size(max_trace_size)
-    source = rs.load_source(
-        source_path,
-        unprofiled,
-        need_trace=fmt == Format.trace,
-        rank=rank,
-        max_bytes=max_bytes,
-        workers=workers,
-        engine=engine,
+    options = AnalyzeOptions(unprofiled_us=step_time_us(step_time_ms), max_bytes=parse_size(max_trace_size))
+    source = load_source(
+        source_path, options, need_trace=fmt == Format.trace, rank=rank, workers=workers, engine=engine
     )
     try:
         if fmt == Format.html:
-            rs.write_html(
-                target,
-                source.analysis,
-                source.diagnosis,
-                source.trace,
-                source.nvml,
-                source.ranks,
-                source.inputs,
-            )
+            report_files.write_html(target, source.report, source.inputs)
         elif fmt == Format.md:
-            rs.write_markdown(target, source)
+            report_files.write_markdown(target, source)
         else:
-            rs.write_annotated(target, source, max_bytes)
-    except rs.DAMAGED as err:  # a saved analysis whose values no report can show: edited by hand
+            report_files.write_annotated(target, source, options.max_bytes)
+    except DAMAGED as err:  # a saved analysis whose values no report can show: edited by hand
         if source.saved is None:
             raise
         raise UsageError(
             f"{printable(str(source.saved))} cannot be rendered (edited by hand?): {type(err).__name__}: {err}"
         ) from None
-    typer.echo(f"wrote {printable(str(target))}{_ranks_note(source.ranks)}")
+    typer.echo(f"wrote {printable(str(target))}{_ranks_note(ranks_view(source.report))}")
 
 
 def _ranks_note(view: RanksView | None) -> str:
@@ -138,19 +123,6 @@ def _ranks_note(view: RanksView | None) -> str:
     if slowest is not None and slowest.straggler and slowest.rank != view.detailed:
         note += f"; straggler: rank {slowest.rank}, see it with --rank {slowest.rank}"
     return note + ")"
-
-
-# For `analyze --html` and `run`: the same writers, imported when used.
-def write_html(target: Path, *args: Any, **kwargs: Any) -> None:
-    from gpudoctor.cli.report_source import write_html as _write_html
-
-    _write_html(target, *args, **kwargs)
-
-
-def nvml_samples(record_path: Path) -> tuple[GpuSample, ...]:
-    from gpudoctor.cli.report_source import nvml_samples as _nvml_samples
-
-    return _nvml_samples(record_path)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,28 +1,27 @@
-"""`gpudoctor run` with several ranks, the command-line side: `--nproc N` starts torchrun with N ranks
-of this same command; under torchrun, each rank ends by saying it is done (`runner.ranks`), and the
-one elected combines the ranks: `analysis.json` (gpudoctor.ranks/1, with every rank's summary and the
-findings about the ranks together, and whether their traces cover the same steps), `report.html`,
-and the ranks side by side on its terminal."""
+"""A `gpudoctor run` of several ranks, the doctor's side: the torchrun command that runs the ranks
+(`--nproc N`), and the ranks of one run directory combined — every rank analyzed (`doctor.ranks`),
+`analysis.json` written (gpudoctor.ranks/1, with every rank's summary, the findings about the ranks
+together, and whether their traces cover the same steps) — as a `RunReport`; or, where no rank left a
+trace, why, and the options that would fit the steps the script ran."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-
+from gpudoctor.doctor.diagnose import ranks_report
+from gpudoctor.doctor.ranks import FULL_REPORTS_MAX, analyze_directory
+from gpudoctor.doctor.report import RunReport
+from gpudoctor.runner import rundir
 from gpudoctor.runner.capture import LiveOptions
-from gpudoctor.runner.ranks import RANK_INFO, RECORD, RankRun
-from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 
-ANALYSIS = "analysis.json"
-REPORT = "report.html"
-NVML_OFF_ENV = {"NCCL_NVLS_ENABLE": "0"}  # never NVLink multicast from a tool's own launch
+NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0"}  # never NVLink multicast from a tool's own launch
 
 
 def torchrun_argv(nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str]) -> list[str]:
@@ -46,77 +45,48 @@ def torchrun_argv(nproc: int, out: Path, options: LiveOptions, module: bool, com
     return [*launcher, "-m", "gpudoctor", "run", *flags, *(["-m"] if module else []), *command]
 
 
-def launch(
-    nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str], console: Console
-) -> int:
-    """Run the ranks under torchrun and wait; combine them here if no rank did (one was killed)."""
+def launch_ranks(
+    nproc: int,
+    out: Path,
+    options: LiveOptions,
+    module: bool,
+    command: list[str],
+    on_note: Callable[[str], None] = lambda _: None,
+) -> tuple[int, RunReport | None]:
+    """Run the ranks under torchrun and wait; combine them here if no rank did (one was killed). The
+    exit status, and the combined report when it was made here."""
     argv = torchrun_argv(nproc, out, options, module, command)
-    env = {**os.environ, **{k: v for k, v in NVML_OFF_ENV.items() if k not in os.environ}}
+    env = {**os.environ, **{k: v for k, v in NVLS_OFF_ENV.items() if k not in os.environ}}
     code = subprocess.call(argv, env=env)
-    if not (out / ANALYSIS).is_file() and any(out.glob("rank-*/trace*.json*")):
-        console.print("no rank combined the ranks (one ended early): combining them now", style="dim")
-        combine(out, console)
-    return code
+    if (out / rundir.ANALYSIS_FILE).is_file() or not rundir.has_rank_traces(out):
+        return code, None
+    on_note("no rank combined the ranks (one ended early): combining them now")
+    return code, combine_ranks(out, on_note)
 
 
-def finish_rank(rank: RankRun, console: Console) -> None:
-    """This rank is done: the elected one combines every rank's results."""
-    try:
-        elected = rank.finish()
-        if elected:
-            combine(rank.out, console)
-        else:
-            console.print(f"rank {rank.env.rank}: {rank.dir}", style="dim")
-    finally:
-        rank.close()
-
-
-def combine(out: Path, console: Console) -> dict[str, Any] | None:
-    """The ranks of the run directory analyzed together: analysis.json, report.html, the terminal."""
-    from gpudoctor.cli.multirank import FULL_REPORTS_MAX, analyze_directory, combined_doc
-    from gpudoctor.cli.report import write_html
-    from gpudoctor.report.terminal import render_analysis, render_rank_overview
-    from gpudoctor.trace import load_trace
-
-    if not any(out.glob("rank-*/trace*.json*")):
-        console.print(untraced_ranks(out))
+def combine_ranks(out: Path, on_note: Callable[[str], None] = lambda _: None) -> RunReport | None:
+    """The ranks of the run directory analyzed together, analysis.json written; None (and a note) when
+    no rank left a trace or they could not be analyzed."""
+    if not rundir.has_rank_traces(out):
+        on_note(untraced_ranks(out))
         return None
     try:
-        run = analyze_directory(out, all_reports=len(list(out.glob("rank-*"))) <= FULL_REPORTS_MAX)
+        run = analyze_directory(out, all_reports=rundir.rank_count(out) <= FULL_REPORTS_MAX)
     except GpudoctorError as err:
-        console.print(f"the ranks could not be analyzed together: {err}", style="dim")
+        on_note(f"the ranks could not be analyzed together: {err}")
         return None
-    doc = combined_doc(run)
-    doc["run"] = alignment(out)
-    (out / ANALYSIS).write_text(json.dumps(doc, indent=1, allow_nan=False))
-    first = run.ranks[0]
-    a, d = run.reports[first]
-    view = run.view(first) if len(run.summaries) > 1 else None
-    try:
-        write_html(out / REPORT, a, d, load_trace(run.trace_paths[first]), ranks=view)
-    except Exception as err:  # the report is a by-product: the results are written
-        console.print(f"{REPORT} not written: {type(err).__name__}: {err}", style="dim")
-    if view is not None:
-        render_rank_overview(view, console)
-        console.print()
-    render_analysis(a, console, diagnosis=d)
-    _alignment_line(doc["run"], console)
-    console.print(f"\nrun directory: {out}")
-    return doc
+    report = replace(ranks_report(run, run.ranks[0]), alignment=alignment(out), run_dir=str(out))
+    rundir.write_analysis(out, report.analysis_document() or {})
+    return report
 
 
 def untraced_ranks(out: Path) -> str:
     """Why no rank left a trace, and what to do: a script that ended before its traced phase is not
     run again under torchrun (every rank would have to start the script's process group anew): the
     phases that fit the steps it ran, as the options to pass."""
-    from gpudoctor.cli.run import fitted_options
+    from gpudoctor.doctor.run import fitted_options
 
-    records = []
-    for path in sorted(out.glob(f"rank-*/{RECORD}")):
-        try:
-            records.append(RunRecord.from_json(json.loads(path.read_text())))
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
+    records = rundir.rank_records(out)
     if not records:
         return f"no rank left a record or a trace in {out}: the ranks ended before gpudoctor could write"
     first = min(records, key=lambda r: r.steps_seen)
@@ -149,38 +119,16 @@ def _known(options: dict[str, Any]) -> dict[str, Any]:
 def alignment(out: Path) -> dict[str, Any]:
     """Whether every rank entered each phase at the same step (so their traces cover the same steps),
     which ranks left no trace, and each rank's notes."""
-    infos = {}
-    for path in sorted(out.glob(f"rank-*/{RANK_INFO}")):
-        try:
-            info = json.loads(path.read_text())
-            infos[int(info["rank"])] = info
-        except (OSError, ValueError, KeyError):
-            continue
+    infos = rundir.rank_infos(out)
     world = max((i.get("world_size", 0) for i in infos.values()), default=0)
     phases = {r: i.get("phases", {}) for r, i in infos.items()}
     steps = {p for ph in phases.values() for p in ph}
     agreed = {p: sorted({ph.get(p) for ph in phases.values()} - {None}) for p in steps}
-    traced = sorted(r for r in infos if any((out / f"rank-{r}").glob("trace*.json*")))
     return {
         "world_size": world,
         "ranks_seen": sorted(infos),
-        "ranks_traced": traced,
+        "ranks_traced": rundir.traced_ranks(out, sorted(infos)),
         "phase_steps": {p: v[0] if len(v) == 1 else v for p, v in sorted(agreed.items())},
         "aligned": bool(phases) and all(len(v) == 1 for v in agreed.values()),
         "notes": {r: i.get("notes", []) for r, i in infos.items() if i.get("notes")},
     }
-
-
-def _alignment_line(info: dict[str, Any], console: Console) -> None:
-    steps = info.get("phase_steps", {})
-    traced = info.get("ranks_traced", [])
-    if info.get("aligned") and "traced" in steps and "done" in steps:
-        console.print(
-            f"\n{len(traced)} of {info['world_size']} ranks traced the same steps: {steps['traced'] + 2}–"
-            f"{steps['done']} recorded, after one profiler warm-up step"
-        )
-    elif steps:
-        console.print(f"\nthe ranks did not enter their phases at the same steps: {steps}", style="bold red")
-    missing = sorted(set(range(info.get("world_size", 0))) - set(traced))
-    if missing:
-        console.print(f"ranks without a trace: {missing}", style="yellow")

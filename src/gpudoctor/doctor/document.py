@@ -1,21 +1,27 @@
-"""The JSON document of `gpudoctor analyze --json`.
+"""The JSON document of an analysis: `analysis.json` of a run directory and `gpudoctor analyze --json`.
 
 One trace: the doctor's `Diagnosis` (schema `gpudoctor.findings/1`: `findings` ranked by
 `est_saving_pct`, `bound`, `summary`) with the whole `Analysis` under `analysis` (schema
 `gpudoctor.analysis/1`). Several ranks: `{"schema": "gpudoctor.ranks/1", "ranks": [...]}` with one such
-document per rank, in rank order. `schema` is always at the top level; `reports_from_json` reads both.
+document per rank, in rank order. `schema` is always at the top level; `reports_from_json` reads both,
+`saved_reports` reads a file of either with a damaged one a one-line error.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.runner.rundir import read_analysis
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.text import printable
 
 RANKS_SCHEMA = "gpudoctor.ranks/1"
 Report = tuple[Analysis, Diagnosis]
+# what a saved document edited by hand (or from another version) raises when it is read or rendered
+DAMAGED = (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError)
 
 
 def report_json(reports: list[Report]) -> dict[str, Any]:
@@ -35,6 +41,21 @@ def reports_from_json(data: dict[str, Any]) -> list[Report]:
             raise UsageError(f"a {RANKS_SCHEMA} document needs a list of ranks")
         return [_one(r) for r in ranks]
     return [_one(data)]
+
+
+def saved_reports(saved: Path) -> tuple[list[Report], dict[str, Any]]:
+    """The reports of a saved analysis.json (or `analyze --json` output), and the document; one line if
+    it is damaged."""
+    doc = read_analysis(saved)
+    try:
+        return reports_from_json(doc), doc
+    except UsageError as err:
+        raise UsageError(f"{printable(str(saved))}: {err}") from None
+    except DAMAGED as err:
+        raise UsageError(
+            f"{printable(str(saved))} is a damaged gpudoctor analysis (edited or from another version): "
+            f"{type(err).__name__}: {err}"
+        ) from None
 
 
 def _one(doc: dict[str, Any]) -> Report:

@@ -1,4 +1,4 @@
-"""The per-rank stage of `analyze`/`report` on a directory of rank traces, run in parallel: each task
+"""The per-rank stage of the doctor on a directory of rank traces, run in parallel: each task
 loads one rank's trace, analyzes and diagnoses it, and sends back its `RankSummary` (a few KB) — and,
 for the ranks asked for, its whole report — so the parent holds summaries, not traces. Tasks run in
 this process (`serial`), in a pool of processes on this machine (`processes`: each worker holds one
@@ -8,7 +8,6 @@ files live. Results come back as plain JSON, whichever engine ran them."""
 
 from __future__ import annotations
 
-import json
 import os
 import resource
 import sys
@@ -22,13 +21,12 @@ from typing import Any
 
 from gpudoctor.analysis.rank_summary import Clocks, RankSummary, TopFinding, summarize_rank
 from gpudoctor.device.links import Link
-from gpudoctor.report.json_out import Report, reports_from_json
-from gpudoctor.trace.rankdir import RankFile
+from gpudoctor.doctor.document import Report, reports_from_json
+from gpudoctor.runner.rundir import RankFile, rank_info_beside, record_fields
 from gpudoctor.util.errors import GpudoctorError, NotATraceError, UsageError
 
 ENGINES = ("auto", "serial", "processes", "ray", "dask")
 SERIAL_BELOW = 4  # fewer ranks than this: starting workers costs more than it saves
-RANK_INFO = "rank.json"  # beside a rank's record: its link (monitor.topology), written by the runner
 
 
 @dataclass(frozen=True)
@@ -50,10 +48,8 @@ class RankResult:
 
 def analyze_rank(job: RankJob) -> dict[str, Any] | None:
     """The per-rank stage (runs in a worker): None for a file that is not a trace."""
-    from gpudoctor.analysis.summary import analyze
-    from gpudoctor.cli.common import trace_ceilings
-    from gpudoctor.report.json_out import report_json
-    from gpudoctor.rules import diagnose
+    from gpudoctor.doctor.document import report_json
+    from gpudoctor.doctor.pipeline import AnalyzeOptions, diagnose_loaded
     from gpudoctor.trace import load_trace
 
     t0 = time.perf_counter()
@@ -61,14 +57,13 @@ def analyze_rank(job: RankJob) -> dict[str, Any] | None:
         trace = load_trace(job.trace)
     except NotATraceError:
         return None
-    record = _read_json(job.record)
-    unprofiled = job.unprofiled_us or (record or {}).get("light_median_us")
-    link = _link(job.record)
-    a = analyze(trace, top=job.top, unprofiled_step_us=unprofiled, ceilings=trace_ceilings(trace), link=link)
-    d = diagnose(a)
+    record = record_fields(Path(job.record) if job.record else None)
+    unprofiled = job.unprofiled_us or record.get("light_median_us")
+    options = AnalyzeOptions(top=job.top, unprofiled_us=unprofiled)
+    a, d = diagnose_loaded(trace, options, link=_link(job.record))
     del trace
     tops = tuple(TopFinding(f.id, f.est_saving_pct, f.title) for f in d.findings[:3])
-    summary = summarize_rank(a, tops, Clocks.from_nvml_summary((record or {}).get("nvml_summary")))
+    summary = summarize_rank(a, tops, Clocks.from_nvml_summary(record.get("nvml_summary")))
     doc = summary.to_json()
     doc["seconds"] = time.perf_counter() - t0
     doc["peak_rss_bytes"] = peak_rss_bytes()
@@ -158,20 +153,9 @@ def _dask(jobs: Sequence[RankJob], workers: int) -> list[dict[str, Any] | None]:
         client.close()
 
 
-def _read_json(path: str | None) -> dict[str, Any] | None:
-    if not path:
-        return None
-    try:
-        doc = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
 def _link(record: str | None) -> Link | None:
     """The link NVML saw for this rank's GPU (rank.json beside its record), if it was recorded."""
-    info = _read_json(str(Path(record).with_name(RANK_INFO))) if record else None
-    link = (info or {}).get("link")
+    link = rank_info_beside(Path(record) if record else None).get("link")
     if not isinstance(link, dict):
         return None
     try:

@@ -1,7 +1,8 @@
 """Several ranks, for `analyze` and `report` on a directory and for `gpudoctor run` under torchrun: the
-per-rank stage (`cli.rank_pool`, in parallel where there are many), the reduce over the ranks'
-summaries (`analysis.across_ranks`), the findings about the run as a whole (`rules.across`), the
-view the reports show, and the combined JSON document (schema gpudoctor.ranks/1 with every rank's
+per-rank stage (`doctor.rank_pool`, in parallel where there are many, on processes, Ray or Dask), the
+reduce over the ranks' summaries (`analysis.across_ranks`), the ranks that wait for a straggler
+diagnosed again at their own pace, the findings about the run as a whole (`rules.across`), and the
+combined JSON document (schema gpudoctor.ranks/1 with every rank's
 summary; the whole report of every rank up to `FULL_REPORTS_MAX` ranks, else of the first and the
 slowest only)."""
 
@@ -14,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gpudoctor.analysis.across_ranks import AcrossRanks, across_ranks, own_pace_us
-from gpudoctor.analysis.rank_summary import RankSummary, summarize_rank
-from gpudoctor.cli.rank_pool import SERIAL_BELOW, RankJob, default_workers, jobs_for, run_jobs
-from gpudoctor.report.json_out import RANKS_SCHEMA, Report, report_json
-from gpudoctor.report.ranks_view import RanksView, top_finding_of
+from gpudoctor.analysis.rank_summary import RankSummary, TopFinding, summarize_rank
+from gpudoctor.doctor.document import RANKS_SCHEMA, Report, report_json
+from gpudoctor.doctor.pipeline import diagnose_again
+from gpudoctor.doctor.rank_pool import SERIAL_BELOW, RankJob, default_workers, jobs_for, run_jobs
 from gpudoctor.rules.across import diagnose_ranks
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.trace.rankdir import rank_files
+from gpudoctor.runner.rundir import rank_files
 from gpudoctor.util.errors import TraceFormatError, UsageError
 
 FULL_REPORTS_MAX = 64
@@ -40,15 +41,6 @@ class RanksRun:
     @property
     def ranks(self) -> list[int]:
         return [s.rank for s in self.summaries]
-
-    def view(self, detailed: int) -> RanksView:
-        return RanksView(
-            self.across.overview,
-            tuple(s.top_findings[0] if s.top_findings else None for s in self.summaries),
-            detailed,
-            self.across,
-            self.diagnosis,
-        )
 
 
 def analyze_directory(
@@ -105,15 +97,11 @@ def at_own_pace(
     them; the summaries, updated."""
     from dataclasses import replace
 
-    from gpudoctor.analysis.rank_summary import TopFinding
-    from gpudoctor.rules import diagnose
-
     out = []
     for summary in summaries:
         own = own_pace_us(across, summary)
         if own is not None and summary.rank in reports:
-            a = replace(reports[summary.rank][0], unprofiled_step_us=own)
-            d = diagnose(a)
+            a, d = diagnose_again(reports[summary.rank][0], unprofiled_us=own)
             reports[summary.rank] = (a, d)
             tops = tuple(TopFinding(f.id, f.est_saving_pct, f.title) for f in d.findings[:3])
             summary = replace(summary, top_findings=tops)
@@ -129,7 +117,7 @@ def ranks_from_reports(reports: Sequence[Report], saved: dict[str, Any] | None =
         summaries = tuple(RankSummary.from_json(s) for s in saved["summaries"])
     else:
         summaries = tuple(
-            summarize_rank(a, (top,) if (top := top_finding_of(d)) is not None else ()) for a, d in reports
+            summarize_rank(a, (top,) if (top := top_finding(d)) is not None else ()) for a, d in reports
         )
     across = across_ranks(summaries)
     by_rank = {a.trace.rank: (a, d) for a, d in reports}
@@ -158,6 +146,12 @@ def check_rank(run: RanksRun, rank: int | None) -> int:
     if rank not in run.ranks:
         raise UsageError(f"no rank {rank} among the traces (ranks: {', '.join(map(str, run.ranks))})")
     return rank
+
+
+def top_finding(d: Diagnosis) -> TopFinding | None:
+    """A rank's first finding as its summary keeps it."""
+    first = d.findings[0] if d.findings else None
+    return TopFinding(first.id, first.est_saving_pct, first.title) if first is not None else None
 
 
 def _first_and_slowest(run: RanksRun) -> list[int]:

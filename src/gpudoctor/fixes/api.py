@@ -1,5 +1,5 @@
-"""`run_fix`: the whole of `gpudoctor fix` below the command line — the diagnosis (a fresh `gpudoctor
-run`, a run directory, or none), then the A/B session in child processes — returning the `FixReport`.
+"""`run_fix`: the whole of `gpudoctor fix` below the command line — the diagnosis (the doctor run on the
+script in a fresh process, a run directory, or none), then the A/B session in child processes — returning the `FixReport`.
 Writes only under `out` (the diagnosis run, the rounds' results and logs)."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from gpudoctor.fixes.forkserver import ForkLauncher, start_launcher
 from gpudoctor.fixes.launch import SubprocessLauncher
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.session import FixOptions, FixSession, Progress
+from gpudoctor.runner import rundir
 
 DIAGNOSE_STEPS = (3, 10, 3)  # warm-up, light and traced steps of the diagnosis run
 
@@ -44,16 +45,16 @@ def run_fix(
     notes: list[str] = []
     if inputs is None and diagnose:
         if on_stage:
-            on_stage("diagnosing: gpudoctor run --with-stack")
+            on_stage("diagnosing: the script under the doctor, with stacks")
         w, light, traced = DIAGNOSE_STEPS
-        inputs = diagnose_script(script.target, list(script.args), module=script.module, out=out / "run",
+        inputs = diagnose_script(script.target, list(script.args), module=script.module, out=out / rundir.DIAGNOSIS_RUN,
                                  warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
     if inputs is not None and inputs.note:
         notes.append(f"no diagnosis: {inputs.note}; fixes chosen from what the script does")
     if on_stage:
         on_stage("starting the rounds' processes")
     launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=options,
-                                   rounds_dir=out / "rounds", extra=child_extra, fork=options.fork)  # fmt: skip
+                                   rounds_dir=out / rundir.ROUNDS_DIR, extra=child_extra, fork=options.fork)  # fmt: skip
     if options.fork and not isinstance(launcher, ForkLauncher):
         notes.append(f"rounds: {how}")  # slower than asked (the options say fork)
     try:
@@ -80,7 +81,7 @@ def run_aa_fix(
     """`gpudoctor fix --aa`: the script against itself (`fixes.aa`), its rounds under `out/rounds`."""
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     recorded = replace(options, blocks=options.blocks * BLOCK_PAIRS_FACTOR)  # resampled in the session's size
-    rounds = out / "rounds"
+    rounds = out / rundir.ROUNDS_DIR
     launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=recorded,
                                    rounds_dir=rounds, extra=child_extra, fork=options.fork)  # fmt: skip
     plain = SubprocessLauncher(script.target, list(script.args), module=script.module, options=recorded,
@@ -100,7 +101,7 @@ def load_from_run(run_dir: Path) -> tuple[FixTarget, RunInputs]:
 
     inputs = load_run(run_dir)
     if not inputs.argv:
-        raise UsageError(f"{run_dir}/record.json names no script")
+        raise UsageError(f"{run_dir}/{rundir.RECORD_FILE} names no script")
     target, *args = inputs.argv
     module = not target.endswith(".py") and not Path(target).is_file()
     if not module and not Path(target).is_file():

@@ -1,16 +1,18 @@
-"""The doctor's diagnosis for `gpudoctor fix`: `gpudoctor run --with-stack` on the script in a fresh
-process through the runner's child protocol (`runner.child`: its own process group, a time limit, what
-it leaves running ended), so that nothing it loads stays in this one; or a run directory already made.
-Read back from the run directory it writes: the findings (`analysis.json`) and the script's command line
-(`record.json`)."""
+"""The doctor's diagnosis for `gpudoctor fix`: `doctor.run_and_diagnose` (stacks on, no NVML) on the
+script in a fresh process through the runner's child protocol (`runner.child` running
+`gpudoctor.doctor.child`: its own process group, a time limit, what it leaves running ended), so that
+nothing it loads stays in this one; or a run directory already made, read back as the doctor's
+`RunReport`."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpudoctor.doctor.child import ChildDiagnosis, child_argv
+from gpudoctor.doctor.report import RunReport
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.runner import rundir
 from gpudoctor.runner.child import run_child
 from gpudoctor.util.errors import UsageError
 
@@ -33,42 +35,33 @@ def diagnose_script(
     steps: int,
     timeout_s: float,
 ) -> RunInputs:
-    """Run `gpudoctor run` on the script into `out` (its output in `out`.log) and read the diagnosis."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    argv = [
-        "run", "--out", str(out), "--with-stack", "--no-nvml", "--warmup", str(warmup),
-        "--light-steps", str(light_steps), "--steps", str(steps), *(["-m"] if module else []), target, *args,
-    ]  # fmt: skip
-    log = out.with_name(out.name + ".log")
-    run = run_child("gpudoctor", argv, result=out / "record.json", log=log, timeout_s=timeout_s)
+    """The doctor run on the script into `out` (its output in `out`.log), in a child process."""
+    result, log = rundir.diagnosis_files(out)
+    command = [target, *args]
+    argv = child_argv(
+        out, result, module=module, warmup=warmup, light_steps=light_steps, steps=steps, command=command
+    )
+    run = run_child("gpudoctor.doctor.child", argv, result=result, log=log, timeout_s=timeout_s)
     if run.timed_out:
-        return RunInputs(None, (target, *args), f"the diagnosis run ran past {timeout_s:.0f} s")
-    inputs = load_run(out, required=False)
-    if inputs.diagnosis is None:
+        return RunInputs(None, tuple(command), f"the diagnosis run ran past {timeout_s:.0f} s")
+    if run.result is None:
         tail = run.log_tail.strip().splitlines()[-1:]
-        note = inputs.note or "no diagnosis"
-        return RunInputs(None, (target, *args), note + (f" ({tail[0][:200]})" if tail else ""))
-    return RunInputs(inputs.diagnosis, (target, *args))
+        why = f"the diagnosis run wrote no result ({run.error})"
+        return RunInputs(None, tuple(command), why + (f" ({tail[0][:200]})" if tail else ""))
+    child = ChildDiagnosis.from_json(run.result)
+    if child.diagnosis is None:
+        tail = run.log_tail.strip().splitlines()[-1:]
+        note = child.note or "no diagnosis"
+        return RunInputs(None, tuple(command), note + (f" ({tail[0][:200]})" if tail else ""))
+    return RunInputs(child.diagnosis, tuple(command))
 
 
-def load_run(run_dir: Path, *, required: bool = True) -> RunInputs:
+def load_run(run_dir: Path) -> RunInputs:
     """The diagnosis and command line of a `gpudoctor run` directory."""
-    record, analysis = run_dir / "record.json", run_dir / "analysis.json"
-    argv: tuple[str, ...] = ()
-    if record.exists():
-        try:
-            argv = tuple(json.loads(record.read_text()).get("argv") or ())
-        except (OSError, ValueError) as err:
-            raise UsageError(f"{record} cannot be read: {err}") from None
-    elif required:
+    if not run_dir.is_dir() or rundir.read_record(run_dir) is None:
         raise UsageError(f"{run_dir} is not a gpudoctor run directory (no record.json)")
-    if not analysis.exists():
+    report = RunReport.load(run_dir)
+    argv = report.record.argv if report.record else ()
+    if report.diagnosis is None:
         return RunInputs(None, argv, f"{run_dir} has no analysis.json (the run traced no steps)")
-    try:
-        doc = json.loads(analysis.read_text())
-        if doc.get("schema") == "gpudoctor.ranks/1":
-            doc = doc["ranks"][0]
-        diagnosis = Diagnosis.from_json({k: v for k, v in doc.items() if k != "analysis"})
-    except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
-        raise UsageError(f"{analysis} cannot be read: {err}") from None
-    return RunInputs(diagnosis, argv)
+    return RunInputs(report.diagnosis, argv)

@@ -9,12 +9,12 @@ from html import escape
 
 from rich.console import Console
 
-from gpudoctor import __version__
 from gpudoctor.analysis.batch import BatchSweep
 from gpudoctor.report import memory_svg
 from gpudoctor.report.html_style import CSS
 from gpudoctor.report.style import dim_line, line, section, table
 from gpudoctor.util.units import fmt_bytes, fmt_us
+from gpudoctor.util.version import __version__
 
 
 def sentences(s: BatchSweep) -> list[str]:

@@ -13,7 +13,6 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
-from gpudoctor import __version__
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
@@ -35,6 +34,7 @@ from gpudoctor.report.ranks_view import (
 from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
+from gpudoctor.util.version import __version__
 
 TOP_ROWS = 25
 MAX_NVML_POINTS = 1500

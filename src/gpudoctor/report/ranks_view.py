@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import TopFinding
@@ -17,6 +18,9 @@ from gpudoctor.analysis.timeline import IDLE_CAUSES
 from gpudoctor.report.style import IDLE_LABELS
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_rate, fmt_us
+
+if TYPE_CHECKING:
+    from gpudoctor.doctor.ranks import RanksRun
 
 MAX_ROWS = 16  # ranks shown in a table: the furthest from the median first, and the detailed one
 
@@ -225,9 +229,12 @@ def _top_finding(f: TopFinding | None) -> Cell:
     return Cell(f.id + saving, hint=f.title)
 
 
-def top_finding_of(d: Diagnosis) -> TopFinding | None:
-    return (
-        TopFinding(d.findings[0].id, d.findings[0].est_saving_pct, d.findings[0].title)
-        if d.findings
-        else None
+def view_of(run: RanksRun, detailed: int) -> RanksView:
+    """What the reports show of a run's ranks, `detailed` the rank they detail."""
+    return RanksView(
+        run.across.overview,
+        tuple(s.top_findings[0] if s.top_findings else None for s in run.summaries),
+        detailed,
+        run.across,
+        run.diagnosis,
     )

@@ -135,7 +135,7 @@ class Environment:
 
     @classmethod
     def capture(cls, driver: str | None = None) -> Environment:
-        from gpudoctor import __version__
+        from gpudoctor.util.version import __version__
 
         torch = sys.modules.get("torch")
         return cls(

@@ -1,0 +1,26 @@
+"""The doctor as a library: load → analyze → diagnose (memory, the profiler's observer effect, ranks on
+processes, Ray or Dask), each way in returning a frozen, versioned `RunReport` that saves to and loads
+from a run directory. The command line (`cli`), `gpudoctor fix`, notebooks and the benchmarks all call
+it; it renders nothing (that is `report`'s).
+
+    diagnose_trace("trace.json.gz")                       # a Kineto trace from any tool
+    diagnose_ranks("traces/", engine="processes")         # a directory of rank traces
+    run_and_diagnose("train.py", ["--lr", "3e-4"])        # run the script here, then diagnose it
+    RunReport.load("gpudoctor-runs/train-…/")             # a saved run directory
+
+The notebook API (`gpudoctor.profile()`, `gpudoctor.diagnose()`, `%%gpudoctor`) is `doctor.notebook`.
+"""
+
+from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
+from gpudoctor.doctor.pipeline import AnalyzeOptions
+from gpudoctor.doctor.report import RunReport
+from gpudoctor.doctor.run import RunOptions, run_and_diagnose
+
+__all__ = [
+    "AnalyzeOptions",
+    "RunOptions",
+    "RunReport",
+    "diagnose_ranks",
+    "diagnose_trace",
+    "run_and_diagnose",
+]
