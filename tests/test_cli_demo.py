@@ -52,15 +52,21 @@ def test_on_the_cpu_the_demo_also_shows_a_recorded_h100_run_labelled_as_such(
         app, ["demo", "--cpu", "--out", str(tmp_path), "--steps", "2", "--light-steps", "3"]
     )
     assert result.exit_code == 0, result.output
-    # THEN after this machine's run comes the H100's, under a heading that says where it is from
-    here, recorded = result.output.split(
-        "No GPU here. The same workload, recorded on an NVIDIA H100 80GB HBM3"
+    # THEN the H100's run comes first, under a heading that says where it is from, then this machine's
+    head, rest = result.output.split(
+        "No GPU here. First, the same workload recorded on an NVIDIA H100 80GB HBM3"
     )
+    recorded, here = rest.split("This machine: sync_every_step on the CPU, live")
+    assert "gpudoctor run:" not in head  # nothing of this machine's run before the recorded one
     assert "not this machine" in recorded and "torch 2.11.0+cu130" in recorded
     assert "[tensor_cores_unused]" in recorded and "[host_sync]" in recorded and "CRITICAL" in recorded
     assert "profiler slows each step by 2%" in recorded
     # and this machine's part says what a CPU run can tell, with no overhead figure for a CPU profile
     assert "the profiler slows each step" not in here and "on the CPU: step times are the host's" in here
+    # and leaves out the GPU sections a CPU trace cannot fill, saying once what is missing
+    assert "Top kernels" not in here and "Roofline" not in here and "Host synchronizations" not in here
+    assert "not available: no GPU activity" not in here
+    assert here.count("no GPU activity") == 1
     # its report sits beside the run's own, and `gpudoctor report` reads it
     assert "<!DOCTYPE html>" in (tmp_path / "recorded-h100" / "report.html").read_text()
     analysis = json.loads((tmp_path / "recorded-h100" / "analysis.json").read_text())["analysis"]

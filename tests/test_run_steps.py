@@ -321,10 +321,38 @@ def test_a_script_too_short_for_the_phases_is_run_again_to_fit(tmp_path: Path) -
     import builtins
 
     builtins.__dict__.pop("_gpudoctor_test_runs", None)
-    assert "running it again" in output and output.count("ran") >= 2
+    assert "running it once more" in output and output.count("ran") >= 2
     assert record.trace_files and (tmp_path / "run" / "analysis.json").exists()
     assert record.light is not None and record.light.times_us
     assert "alive from earlier runs: 0" in output and "alive from earlier runs: 1" not in output
+
+
+SHORT_SCRIPT = f"""
+import torch
+model = {MLP}
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+print("SIDE-EFFECT-MARK")
+for i in range(7):
+    model(torch.randn(8, 32)).sum().backward()
+    opt.step(); opt.zero_grad()
+"""
+
+
+def test_a_second_run_is_announced_before_it_happens_with_the_way_to_avoid_it(tmp_path: Path) -> None:
+    # GIVEN a script too short for its phases WHEN it is run
+    _, output = run_script(tmp_path, SHORT_SCRIPT, "--warmup", "3", "--light-steps", "20")
+    # THEN the notice comes between the first run's output and the second's, says that its output and
+    # side effects happen again, and names --no-rerun
+    first, notice, second = output.partition("running it once more")
+    assert first.count("SIDE-EFFECT-MARK") == 1 and second.count("SIDE-EFFECT-MARK") == 1 and notice
+    assert "its output and side effects happen again (--no-rerun: not)" in second.splitlines()[0]
+
+
+def test_no_rerun_runs_a_short_script_once(tmp_path: Path) -> None:
+    record, output = run_script(tmp_path, SHORT_SCRIPT, "--warmup", "3", "--light-steps", "20", "--no-rerun")
+    assert output.count("SIDE-EFFECT-MARK") == 1
+    assert "before anything was traced (--no-rerun: not run again)" in output
+    assert not record.trace_files and not (tmp_path / "run" / "analysis.json").exists()
 
 
 def test_a_script_of_a_few_steps_is_traced_whole(tmp_path: Path) -> None:

@@ -7,8 +7,6 @@ the results so far and exits 130; a script that does not run as written exits 1,
 
 from __future__ import annotations
 
-import json
-import os
 import re
 import sys
 from datetime import datetime, timezone
@@ -17,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.common import DebugOption, own_options_after_script, set_debug, stdout_console
 from gpudoctor.runner.ranks import RankEnv
 from gpudoctor.util.errors import UsageError
 
@@ -92,9 +90,13 @@ def fix_command(
     diff. Options after the script name are the script's.
     """
     set_debug(ctx, debug)
+    warning = own_options_after_script(ctx, command or [])
+    if warning:
+        typer.echo(f"gpudoctor fix: {warning}", err=True)
     from gpudoctor.fixes.api import FixTarget, load_from_run
     from gpudoctor.fixes.session import FixOptions
     from gpudoctor.report.fix_view import render_fix_terminal
+    from gpudoctor.runner.rundir import ROUNDS_DIR, round_files
 
     if compile_mode is not None and compile_mode not in MODES:
         raise UsageError(f"--compile-mode must be one of {', '.join(MODES)}")
@@ -134,7 +136,10 @@ def fix_command(
         raise typer.Exit(130)
     if not report.baseline_rounds:  # the script as written did not run: nothing to compare fixes with
         why = next((n for n in report.notes if n.startswith("the baseline did not run")), "no baseline")
-        print(f"gpudoctor fix: {why}; its output: {out / 'rounds' / 'baseline-0.log'}", file=sys.stderr)
+        print(
+            f"gpudoctor fix: {why}; its output: {round_files(out / ROUNDS_DIR, 'baseline-0')[1]}",
+            file=sys.stderr,
+        )
         raise typer.Exit(1)
 
 
@@ -150,6 +155,7 @@ def _run(
 
     from gpudoctor.fixes.api import run_fix
     from gpudoctor.fixes.session import Progress as Step
+    from gpudoctor.runner.rundir import write_fix_progress
 
     bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                     console=console, transient=True)  # fmt: skip
@@ -174,21 +180,21 @@ def _run(
 
     with bars:
         return run_fix(script, out, options, inputs=inputs, diagnose=diagnose, on_progress=progress,
-                       on_update=lambda r: _write(out / "fix.json", json.dumps(r.to_json(), indent=1, allow_nan=False)),
+                       on_update=lambda r: write_fix_progress(out, r.to_json()),
                        on_stage=lambda s: bars.update(task, description=s))  # fmt: skip
 
 
 def _run_aa(script: FixTarget, out: Path, options: FixOptions, console: Console) -> None:
     from gpudoctor.fixes.api import run_aa_fix
     from gpudoctor.report.aa_view import aa_lines
-    from gpudoctor.util.outfile import write_json
+    from gpudoctor.runner.rundir import write_aa
 
     with console.status("A/A") as status:
         report = run_aa_fix(script, out, options, on_stage=lambda s: status.update(s))
-    write_json(out / "aa.json", report.to_json())
+    written = write_aa(out, report.to_json())
     for line in aa_lines(report):
         console.print(line, markup=False, highlight=False)
-    console.print(f"\nA/A results: {out / 'aa.json'}")
+    console.print(f"\nA/A results: {written}")
 
 
 def _titles(fix: str | None) -> str:
@@ -197,21 +203,12 @@ def _titles(fix: str | None) -> str:
     return " + ".join(title_of(f) for f in (fix or "").split("+") if f)
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _write_all(out: Path, report: FixReport) -> None:
     from gpudoctor.report.fix_view import render_fix_html, render_fix_markdown
+    from gpudoctor.runner.rundir import write_fix
 
-    _write(out / "fix.json", json.dumps(report.to_json(), indent=1, allow_nan=False))
-    _write(out / "fix.md", render_fix_markdown(report))
-    _write(out / "fix.html", render_fix_html(report))
-    _write(out / "calibration.json", json.dumps(report.calibration_json(), indent=1, allow_nan=False))
-    if report.diff:
-        _write(out / "fix.diff", report.diff)
+    write_fix(out, report.to_json(), markdown=render_fix_markdown(report), html=render_fix_html(report),
+              calibration=report.calibration_json(), diff=report.diff)  # fmt: skip
 
 
 def _name(target: str) -> str:

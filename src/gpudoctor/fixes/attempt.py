@@ -14,6 +14,7 @@ from gpudoctor.fixes.catalog import spec_of, title_of
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
 from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.stalls import stall_of
 from gpudoctor.fixes.verify import NumericsCheck, compare_pairs, decision
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.timing.blocks import block_pairs
@@ -101,7 +102,10 @@ def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
     failure = at.failure
     if failure is None and runs and timing is None and (at.numerics is None or at.numerics.ok):
         failure = "fewer than two pairs were timed: no verdict"
+    stalled = stall_of(*unit_pairs(at)) if timing is not None else None
     kept, reason = decision(timing, at.numerics, failure)
+    if stalled is not None and failure is None:
+        kept, reason = False, stalled  # no verdict on a stall's figure
     compile_s = (
         statistics.mean(r.compile_s for r in runs) if runs and any(r.compile_s for r in runs) else None
     )
@@ -147,6 +151,7 @@ def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
         baseline_steps=base_steps,
         candidate_steps=cand_steps,
         on_top_of=at.on_top or (),
+        stalled=stalled,
     )
 
 
@@ -229,6 +234,6 @@ def calibration(tried: list[Tried], diagnosis: Diagnosis | None) -> tuple[Calibr
             t.verdict.kept,
         )
         for t in tried
-        if t.verdict.rounds
+        if t.verdict.rounds and t.verdict.stalled is None  # a stall's figure calibrates nothing
         for rule in t.verdict.rules
     )

@@ -69,6 +69,8 @@ class FixVerdict:
     baseline_steps: StepDistribution | None = None
     candidate_steps: StepDistribution | None = None
     on_top_of: tuple[str, ...] = ()  # timed against this configuration, not the script as written
+    # one stall dominates the measurement (`fixes.stalls`): why; the saving is then no figure to report
+    stalled: str | None = None
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ def _verdict(v: FixVerdict | None, what: str) -> str:
     if v is None:
         return f"{what}: not measured"
     saving = f"{v.measured_saving_pct:+.1f}%" if v.measured_saving_pct is not None else "-"
+    if v.stalled is not None:
+        saving = "no figure (one stall dominates it)"
     ci = (
         f" (95% CI {v.ci_low_pct:+.1f} to {v.ci_high_pct:+.1f})"
         if v.ci_low_pct is not None and v.ci_high_pct is not None

@@ -2,7 +2,8 @@
 and emoji codes are off (a name like `[bold]`, `[link=…]` or `:x:` prints as itself), and every
 control character in the text it writes is shown escaped (`\\x1b`), so a crafted name cannot set the
 window title, write the clipboard or clear the screen. The escape codes rich itself writes for styles
-pass through: they are not part of any text."""
+pass through: they are not part of any text. Written to a file or a pipe (not a terminal), no line
+ends in spaces (rich pads code and table cells to their width)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ class SafeConsole(Console):
         return super().render_str(printable_block(text), **options)
 
     def _render_buffer(self, buffer: Iterable[Segment]) -> str:
-        return super()._render_buffer(_safe_segments(buffer))
+        text = super()._render_buffer(_safe_segments(buffer))
+        if self.is_terminal:
+            return text
+        return "\n".join(line.rstrip(" ") for line in text.split("\n"))
 
 
 def _safe_segments(buffer: Iterable[Segment]) -> Iterable[Segment]:

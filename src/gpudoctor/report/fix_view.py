@@ -25,6 +25,8 @@ HEAD = ("fix", "predicted saving", "measured saving (95% CI)", "numerics", "", "
 
 
 def saving_cell(v: FixVerdict) -> str:
+    if v.stalled is not None:
+        return "stalled: no figure"  # one stall dominates it (the reason says which)
     if v.measured_saving_pct is None:
         return "-"
     lo, hi = v.ci_low_pct, v.ci_high_pct

@@ -37,8 +37,8 @@ def render_memory_run(m: MemoryAnalysis, console: Console) -> None:
         )
     elif m.breakdown is None and m.census is None and m.oom is None:
         not_available(console, "no CUDA memory statistics (the script did not use a GPU)")
-    if m.census is not None:
-        c = m.census
+    c = m.census
+    if c is not None and m.breakdown is None:  # with the peak by category, its table gives the figures
         opt = f" ({', '.join(c.optimizers)})" if c.optimizers else ""
         line(
             console,
@@ -49,6 +49,8 @@ def render_memory_run(m: MemoryAnalysis, console: Console) -> None:
         )
     if m.breakdown is not None:
         _render_breakdown(m.breakdown, console)
+        if c is not None and c.optimizers:
+            dim_line(console, f"optimizer: {', '.join(c.optimizers)}")
     else:
         dim_line(console, "peak by category: not recorded (" + _why_no_breakdown(m) + ")")
     dim_line(console, f"allocator history: {m.history}" if m.history else "allocator history: not recorded")

@@ -1,6 +1,7 @@
 """The terminal summary of an `Analysis` (rich): header, step time, GPU time, then the detail tables
 of `report.tables`. Renders only; a part the analysis could not produce prints a dim
-"not available: <reason>" line instead of disappearing."""
+"not available: <reason>" line instead of disappearing — except on a trace with no GPU activity at all,
+whose GPU sections are left out and named once in the header."""
 
 from __future__ import annotations
 
@@ -47,27 +48,31 @@ from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 MAX_STEP_ROWS = 12
 
 
+# What a trace without GPU activity cannot fill: left out, and said once in the header.
+GPU_SECTIONS = "GPU time, top kernels, roofline, launches, transfers, host synchronizations and GPU memory"
+_GPU_MEMORY_NOTES = ("memory events only for the CPU", "no GPU memory events")  # said with what is left out
+
+
 def render_analysis(
     analysis: Analysis, console: Console, top: int = 10, diagnosis: Diagnosis | None = None
 ) -> None:
     """The whole summary of one trace, the doctor's findings first when given; `top` caps the rows of
-    the kernel and op tables."""
+    the kernel and op tables. A trace with no GPU activity leaves the GPU sections out (its header says
+    which, once)."""
+    gpu = bool(analysis.trace.gpu_activities)
     render_header(analysis, console)
     if diagnosis is not None:
         render_diagnosis(diagnosis, console)
     render_step_time(analysis, console)
-    render_gpu_time(analysis, console)
+    if gpu:
+        render_gpu_time(analysis, console)
     render_modules(analysis.modules, console)
-    if analysis.trace.gpu_activities:
+    if gpu:
         tables.render_kernels(analysis.kernels, console, top)
         tables.render_roofline(analysis.roofline, console, top)
         tables.render_launches(analysis.kernels, console)
         tables.render_transfers(analysis.transfers, console)
         tables.render_syncs(analysis.syncs, console)
-    else:
-        for title in ("Top kernels", "Roofline", "Launches", "Transfers", "Host synchronizations"):
-            section(console, title)
-            not_available(console, "no GPU activity in this trace")
     tables.render_ops(analysis.ops, console, top)
     render_memory(analysis, console)
 
@@ -93,15 +98,20 @@ def render_header(analysis: Analysis, console: Console) -> None:
     sentence = steps_sentence(analysis)
     if sentence:
         line(console, sentence)
-    options = _profiler_options(t.profiler_config)
+    options = profiler_options(t.profiler_config)
     if options:
-        line(console, f"profiler: {options}")
+        line(console, options)
     else:
         dim_line(console, "profiler options: not recorded in the trace")
     if t.skipped:
         dim_line(console, "not kept: " + ", ".join(f"{count(n)} {why}" for why, n in t.skipped.items()))
+    gpu = bool(t.gpu_activities)
     for note in analysis.notes:
+        if not gpu and note.startswith(_GPU_MEMORY_NOTES):
+            continue  # said with the sections left out
         console.print(Text("  note: ", style="yellow") + Text(printable(note)))
+    if not gpu:
+        dim_line(console, f"left out below, for want of GPU activity: {GPU_SECTIONS}")
 
 
 def _device_text(analysis: Analysis) -> str:
@@ -121,10 +131,13 @@ def _device_text(analysis: Analysis) -> str:
     return ", ".join(parts)
 
 
-def _profiler_options(config: dict[str, Any]) -> str:
+def profiler_options(config: dict[str, Any]) -> str:
+    """The options the trace was recorded with, in words: "recorded with with_stack; without
+    profile_memory, record_shapes" (empty when the trace does not say)."""
     shown = [k if v in (1, True) else f"{k}={v}" for k, v in config.items() if v not in (0, False, None)]
     off = [k for k, v in config.items() if v in (0, False)]
-    return ", ".join(shown + ([f"off: {', '.join(off)}"] if off else []))
+    parts = ([f"with {', '.join(shown)}"] if shown else []) + ([f"without {', '.join(off)}"] if off else [])
+    return f"torch.profiler recorded {'; '.join(parts)}" if parts else ""
 
 
 def render_step_time(analysis: Analysis, console: Console) -> None:
@@ -157,7 +170,7 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
     if len(analysis.steps) > MAX_STEP_ROWS:
         dim_line(console, f"per-step table left out: {len(analysis.steps)} steps (at most {MAX_STEP_ROWS})")
         return
-    _step_table(analysis.steps, console)
+    _step_table(analysis.steps, console, gpu=bool(analysis.trace.gpu_activities))
 
 
 # Per-step columns: header, value of a step (µs, or a share for "GPU busy").
@@ -174,7 +187,7 @@ _STEP_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def _step_table(steps: tuple[StepSummary, ...], console: Console) -> None:
+def _step_table(steps: tuple[StepSummary, ...], console: Console, gpu: bool) -> None:
     columns = [(h, f) for h, f in _STEP_COLUMNS if any(f(s) for s in steps)]
     missing = [h for h, f in _STEP_COLUMNS if all(f(s) is None for s in steps)]
     zero = [
@@ -185,7 +198,7 @@ def _step_table(steps: tuple[StepSummary, ...], console: Console) -> None:
         cells = [pct(f(s)) if h == "GPU\nbusy" else dur(f(s)) for h, f in columns]
         t.add_row(str(s.number), fmt_us(s.duration_us), *cells, count(s.cpu.launch_count))
     console.print(t)
-    if missing:
+    if missing and gpu:
         not_available(console, "GPU busy and idle per step: no GPU activity in this trace")
     if zero:
         dim_line(console, "zero in every step shown: " + ", ".join(zero))
@@ -233,6 +246,8 @@ def _gpu_cells(b: TimeBreakdown, value: Any, with_share: bool) -> tuple[str, str
 def render_memory(analysis: Analysis, console: Console) -> None:
     if analysis.memory_run is not None:
         render_memory_run(analysis.memory_run, console)
+    if analysis.memory is None and not analysis.trace.gpu_activities:
+        return  # GPU memory: among the sections the header says are left out
     section(console, "Memory")
     m = analysis.memory
     if m is None:
