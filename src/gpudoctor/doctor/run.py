@@ -61,7 +61,7 @@ def run_and_diagnose(
     out = options.out or default_out(script)
     from gpudoctor.runner.ranks import RankRun
 
-    started = _now()
+    started = now_utc()
     rank = RankRun.start(out, [script, *args], started, dict(vars(options.live)))  # one of several ranks?
     if rank is not None:
         return _as_rank(rank, script, args, options, note)
@@ -147,7 +147,7 @@ def capture_script(
     exception it ended with, and the signal that stopped it, if one did."""
     from gpudoctor.runner.livedir import RunDir
 
-    started = _now()
+    started = now_utc()
     argv = [target, *args]
     live = None if rank is not None else RunDir(out, argv, started, dict(vars(options))).open()
     on_phase = rank.on_phase if rank is not None else None
@@ -253,5 +253,5 @@ def record_of(
     )
 
 
-def _now() -> str:
+def now_utc() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -51,6 +51,8 @@ def load_source(
     if not path.exists():
         raise UsageError(f"no such file or directory: {printable(str(path))}")
     saved = rundir.saved_analysis(path)
+    if saved is None and path.is_dir() and rundir.is_run_dir(path) and not rundir.rank_files(path):
+        return Source(RunReport.load(path), None, (path,))  # a run that traced nothing: its record, memory
     if saved is None and path.is_dir() and not need_trace:
         return _directory_source(path, options, rank, workers, engine)
     if saved is None:

@@ -13,6 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from gpudoctor.doctor.notebook import PROFILE_ARGV0
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.report.findings_view import render_diagnosis
 from gpudoctor.report.html import render_html
@@ -67,7 +68,11 @@ def render_run_header(report: RunReport, console: Console) -> None:
     """What gpudoctor did with the script, each figure said once."""
     record = report.record
     assert record is not None
-    console.print(Text.assemble("\n", ("gpudoctor run", "bold"), f": {printable(' '.join(record.argv))}"))
+    if record.argv[:1] == (PROFILE_ARGV0,):  # a block of the caller's code: gpudoctor.profile()
+        title, what = PROFILE_ARGV0, f"a block of {' '.join(record.argv[1:])}"
+    else:
+        title, what = "gpudoctor run", " ".join(record.argv)
+    console.print(Text.assemble("\n", (title, "bold"), f": {printable(what)}"))
     console.print(f"  {steps_sentence(record, report)}")
     for note in (*record.notes, *report.notes):
         console.print(Text(f"  note: {printable(note)}", style="dim"))
@@ -170,10 +175,13 @@ def report_html(report: RunReport) -> str:
 
 
 def report_text(report: RunReport, width: int = 100) -> str:
-    """The terminal report as plain text (no colours), at `width` columns."""
+    """The terminal report as plain text (no colours): tables laid out in `width` columns, sentences
+    one line each."""
     from gpudoctor.report.console import SafeConsole
 
     buffer = StringIO()
-    console = SafeConsole(file=buffer, width=width, color_system=None, force_terminal=False)
+    console = SafeConsole(
+        file=buffer, width=width, color_system=None, force_terminal=False, force_jupyter=False, soft_wrap=True
+    )
     render_report(report, console)
     return buffer.getvalue()
