@@ -85,21 +85,22 @@ def test_a_kernel_profiles_a_training_loop_and_shows_the_report_as_html(tmp_path
     # GIVEN a notebook that trains a small model on the CPU
     cells = [
         SETUP,
-        f"with gpudoctor.profile(out={str(tmp_path / 'block')!r}) as p:\n    train_steps(80)",
+        f"with gpudoctor.profile(out={str(tmp_path / 'block')!r}) as p:\n    train_steps(150)",
         "p.report",
         "import json\nprint(json.dumps([f.id for f in p.report.findings]), p.run_report.record.steps_seen)",
         "%load_ext gpudoctor",
-        f"%%gpudoctor --out {tmp_path / 'cell'} --steps 2\ntrain_steps(60)\nprint('the cell ran')",
+        f"%%gpudoctor --out {tmp_path / 'cell'} --steps 2\ntrain_steps(150)\nprint('the cell ran')",
         LEFT_BEHIND,
     ]
     outputs = run_notebook(cells, tmp_path)
     # THEN the profiled block's report comes back as HTML inline (a frame holding the whole report) and
     # as text, both of the block's traced steps
     shown = data_of(outputs[2])
+    assert "3 traced" in shown["text/plain"], shown["text/plain"]
     assert shown["text/html"].startswith('<iframe class="gpudoctor-report" srcdoc="')
     assert "&lt;!DOCTYPE html&gt;" in shown["text/html"] and "class=&quot;bound&quot;" in shown["text/html"]
     assert "gpudoctor.profile()" in shown["text/plain"] and "3 traced" in shown["text/plain"]
-    assert stdout_of(outputs[3]).split()[-1] == "80"
+    assert stdout_of(outputs[3]).split()[-1] == "150"
     assert (tmp_path / "block" / "record.json").is_file() and (tmp_path / "block" / "analysis.json").is_file()
     # and the magic runs a cell under the doctor and displays its report
     magic = outputs[5]
@@ -139,3 +140,33 @@ def test_import_gpudoctor_is_cheap_and_changes_nothing() -> None:
     assert out.stdout.split("] ", 1)[0] == "["  # no torch, numpy, rich or IPython
     assert "gpudoctor.doctor" not in out.stdout and "gpudoctor.report" not in out.stdout
     assert out.stdout.strip().endswith("True True")
+
+
+def test_a_block_too_short_to_trace_says_what_it_needed(tmp_path: Path) -> None:
+    import torch
+
+    import gpudoctor
+    from gpudoctor.runner import capture
+
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    # GIVEN a block of 5 steps WHEN it is profiled
+    with gpudoctor.profile(out=tmp_path / "short") as p:
+        for _ in range(5):
+            model(torch.randn(4, 8)).sum().backward()
+            opt.step()
+    # THEN its report has what was measured and says why nothing was traced; nothing stays installed
+    report = p.run_report
+    assert report.record is not None and report.record.steps_seen == 5 and report.analysis is None
+    assert any(n.startswith("nothing was traced: the block ended after 5 steps") for n in report.notes)
+    assert "nothing was traced" in str(p.report)
+    assert capture._ACTIVE is None
+
+
+def test_an_exception_in_the_block_goes_on_and_the_run_is_kept(tmp_path: Path) -> None:
+    import gpudoctor
+
+    with pytest.raises(ZeroDivisionError), gpudoctor.profile(out=tmp_path / "failed"):
+        1 / 0  # noqa: B018
+    record = json.loads((tmp_path / "failed" / "record.json").read_text())
+    assert record["outcome"] == "exception" and "ZeroDivisionError" in record["error"]

@@ -35,7 +35,7 @@ class ProfileOptions:
     warmup: int = 2
     warmup_seconds: float = 0.0
     light_steps: int = 10
-    light_seconds: float = 0.2
+    light_seconds: float = 0.0  # a notebook's loop is short: its steps, not a time, bound the phase
     steps: int = 3
     with_stack: bool = False
     record_shapes: bool = False
@@ -116,11 +116,11 @@ class Profile:
 
 
 def _untraced(steps: int, o: ProfileOptions) -> str:
+    timed = f"{o.light_steps} timed" + (f" for at least {o.light_seconds:g} s" if o.light_seconds else "")
     return (
         f"nothing was traced: the block ended after {steps} steps, before its {o.steps} traced ones (it "
-        f"needs {o.warmup} warm-up steps, then {o.light_steps} timed for at least {o.light_seconds:g} s, "
-        "then one more for the profiler to warm up): run more steps in it, or profile with "
-        "light_steps=… and light_seconds=0"
+        f"needs {o.warmup} warm-up steps or more, until step times settle, then {timed}, then one for the "
+        "profiler to warm up): run more steps in it, or profile with fewer light_steps"
     )
 
 

@@ -124,8 +124,9 @@ def _as_rank(rank: RankRun, script: str, args: list[str], options: RunOptions, n
     if error is not None:
         print_script_traceback(error)
     try:
-        combined = combine_ranks(rank.out, note) if rank.finish() else None
-        if combined is None:
+        elected = rank.finish()
+        combined = combine_ranks(rank.out, note) if elected else None
+        if not elected:
             note(f"rank {rank.env.rank}: {rank.dir}")
     finally:
         rank.close()

@@ -60,7 +60,7 @@ def render_report(report: RunReport, console: Console, top: int = 10) -> None:
         )
     if report.alignment is not None:
         render_alignment(report.alignment, console)
-    if report.run_dir is not None and report.record is not None:
+    if report.run_dir is not None and (report.record is not None or report.alignment is not None):
         console.print(f"\nrun directory: {printable(report.run_dir)}")
 
 

@@ -202,7 +202,7 @@ def snapshot_name(name: str) -> str:
 
 
 def write_snapshot(folder: Path, name: str, doc: Any) -> None:
-    write_json(folder / snapshot_name(name), doc, indent=None, default=str)
+    write_json(folder / snapshot_name(name), doc, indent=None, default=str, allow_nan=True)  # torch's format
 
 
 def read_snapshot(folder: Path, name: Any) -> Any:

@@ -274,13 +274,15 @@ def write_json(
     inputs: Iterable[PathLike] = (),
     indent: int | None = 1,
     default: Callable[[Any], Any] | None = None,
+    allow_nan: bool = False,
 ) -> Path:
     """`doc` as JSON (no NaN: JSON has none), gzipped when the name ends in .gz; without `indent`, in
-    its most compact form. `default`: how values JSON has no type for are written (`str`, say)."""
+    its most compact form. `default`: how values JSON has no type for are written (`str`, say);
+    `allow_nan`: NaN and infinities written as Python's JSON writes them (a document in torch's format)."""
     import json
 
     separators = (",", ":") if indent is None else None
-    text = json.dumps(doc, indent=indent, allow_nan=False, default=default, separators=separators)
+    text = json.dumps(doc, indent=indent, allow_nan=allow_nan, default=default, separators=separators)
     with open_output(target, inputs=inputs, text=True) as f:
         f.write(text)
         f.write("\n")
