@@ -31,7 +31,7 @@ from gpudoctor.runner.rundir import PROFILER_LOG, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
-    from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
+    from gpudoctor.timing.blocks import Block, BlockLayout, BlockPlan, BlockSchedule
     from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = "trace.json.gz"
@@ -123,6 +123,7 @@ class LiveCapture:
         self._clock: StepClock | None = None
         self._blocks: BlockSchedule | None = None
         self.blocks: tuple[Block, ...] = ()  # the light phase's blocks, with LiveOptions.blocks
+        self.block_layout: BlockLayout | None = None  # their calibration, period, steps and orders
         self._cuda = False
         self._detector: StepDetector | None = None
         self._warm: list[float] = []  # host times of the warm-up boundaries
@@ -344,6 +345,7 @@ class LiveCapture:
     def _end_light(self) -> None:
         if self._blocks is not None:
             self.blocks = tuple(self._blocks.blocks)
+            self.block_layout = self._blocks.layout
             clock = self.blocks[0].clock if self.blocks else ("cuda_events" if self._cuda else "perf_counter")
             self.light = StepTimes(clock, tuple(t for b in self.blocks for t in b.step_times_us))
         else:
