@@ -149,6 +149,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         light_only=True,
         nvml=False,
         blocks=plan,
+        settle=False,  # a round is its --steps and --steps-s: what A and B share cancels in their pairs
     )
     capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher)
     compiling = any(f.startswith("compile") for f in fixes)
