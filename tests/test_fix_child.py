@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from numpy.random import default_rng
 from torch.nn.modules import module as nn_module
 from torch.utils.data import DataLoader
 
 from gpudoctor.fixes.child import parse, run_round
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner import capture as live
+from gpudoctor.timing.paired import random_orders, sides
 
 TRAIN = """\
 import torch
@@ -141,16 +143,19 @@ for step in range(10_000):
     print(model[0].weight.is_contiguous(), model[0].weight.is_contiguous(memory_format=torch.channels_last))
 """
 
-BLOCKS = ("--pairs", "2", "--block-s", "0", "--block-steps", "2", "--settle", "1")
+BLOCKS = ("--pairs", "2", "--block-s", "0", "--block-steps", "2", "--settle", "1", "--order-seed", "1")
 
 
 def test_an_in_process_ab_switches_the_fix_in_blocks_and_times_each(tmp_path: Path) -> None:
-    """The candidate is on from the start (its first losses recorded so), then off and on in blocks
-    A B B A; each block a window of at least two steps, synchronized at its ends."""
+    """The candidate is on from the start (its first losses recorded so), then off for the calibration,
+    and off and on in blocks, each pair's order as the seed drew it; each block a window of the same
+    steps (at least two), synchronized at its ends."""
     r = child(tmp_path, CONV, "--fixes", "channels_last", "--switch", "channels_last", *BLOCKS)
     assert r.failure is None and r.switch == ("channels_last",) and r.switch_error is None
-    assert [b.candidate for b in r.blocks] == [False, True, True, False]
-    assert all(b.steps >= 2 and b.elapsed_us > 0 for b in r.blocks)
+    layout = r.block_layout
+    assert layout is not None and layout.seed == 1 and len(layout.calibration_us) >= 12
+    assert [b.candidate for b in r.blocks] == sides(layout.b_first) == sides(random_orders(2, default_rng(1)))
+    assert all(b.steps == layout.steps >= 2 and b.elapsed_us > 0 for b in r.blocks)
     assert len(r.step_times_us) == sum(b.steps for b in r.blocks)
     assert r.outputs_kind == "loss" and len(r.outputs) == 3  # recorded with the fix on, from step one
     assert RoundResult.from_json(r.to_json()) == r
@@ -161,9 +166,11 @@ def test_the_weights_follow_the_switch(tmp_path: Path, capsys: pytest.CaptureFix
     assert r.failure is None
     printed = [line.split()[1] == "True" for line in capsys.readouterr().out.splitlines()]
     runs = [on for i, on in enumerate(printed) if i == 0 or on != printed[i - 1]]
-    # channels_last from the start (warm-up, first losses), NCHW for the A block, channels_last for the
-    # two B blocks, NCHW for the last A block; the step after each switch converts the weights
-    assert runs == [True, False, True, False]
+    # channels_last from the start (warm-up, first losses), NCHW for the calibration, then each block's
+    # (the step after each switch converts the weights)
+    assert r.block_layout is not None
+    sides_run = [True, False, *sides(r.block_layout.b_first)]
+    assert runs == [on for i, on in enumerate(sides_run) if i == 0 or on != sides_run[i - 1]]
 
 
 def test_a_fix_that_cannot_switch_is_a_failed_round_saying_so(tmp_path: Path) -> None:

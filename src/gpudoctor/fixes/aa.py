@@ -5,12 +5,14 @@ verdict is trusted. The unchanged script against itself, through the same machin
   the script as written (A) against a patch that changes nothing (B, `noop`), A B, B A, …; between the
   pairs, the script in a fresh interpreter of its own (plain sequential processes): the harness's
   spread between processes beside the plain processes' spread;
-- in blocks of one process: the no-op switched off and on, A B B A …, as a switchable fix is timed.
+- in blocks of one process: the no-op switched off and on, each pair of blocks in a random order, as a
+  switchable fix is timed.
 
 Each live comparison gets a verdict (any but "no significant difference" is a false one), and the
 recorded processes and blocks are resampled into 200 A/A comparisons each of the session's own size (up
-to 4 process pairs, any pairing of the recorded processes; `--blocks` block pairs, stretches of adjacent
-blocks): the false-positive rate of its test on this script and machine."""
+to 4 process pairs, any pairing of the recorded processes, A B B A …; `--blocks` block pairs, stretches
+of adjacent blocks from any block, each pair's order a coin as the schedule draws it): the
+false-positive rate of its test on this script and machine."""
 
 from __future__ import annotations
 
@@ -132,7 +134,7 @@ def run_aa(
     if len(means) >= 4:
         pairs = min(4, len(means) // 2)
         rate, n = false_positive_rate(
-            means, pairs, unit="process pair", pairing=True, comparisons=COMPARISONS
+            means, pairs, unit="process pair", pairing=True, orders="abba", comparisons=COMPARISONS
         )
         found.append(FalsePositives("process pair", pairs, n, rate))
     if len(block_means) >= 2 * options.blocks:

@@ -1,6 +1,6 @@
 """A configuration being tried by `gpudoctor fix` and the verdict read from its rounds: the pairs its
-timing is judged on (blocks of one process, A B B A …, where its fixes can be switched in a running
-process; else fresh processes side by side, A B, B A, …), each unit's mean step over a window
+timing is judged on (blocks of one process, each pair in a random order, where its fixes can be switched
+in a running process; else fresh processes side by side, A B, B A, …), each unit's mean step over a window
 synchronized at its ends, the paired test, and the per-step distribution beside it. Pure: no processes,
 no clock."""
 

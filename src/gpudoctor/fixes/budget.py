@@ -46,10 +46,11 @@ class Budget:
         return statistics.median(every) if every else 0.0
 
     def block_round_s(self) -> float:
-        """An in-process A/B's length: the median of those so far, else a round's and its blocks."""
+        """An in-process A/B's length: the median of those so far, else a round's, its calibration and
+        its blocks (each rounded up to whole cycles of the loop, after an untimed step)."""
         if self.block_s:
             return statistics.median(self.block_s)
-        return self.typical_s(()) + 2 * self.options.blocks * self.options.block_s * 1.5
+        return self.typical_s(()) + (2 * self.options.blocks + 1) * self.options.block_s * 1.5
 
     def reserve_s(self, fixes: Sequence[tuple[str, ...]]) -> float:
         """The time to verify `fixes` together, where they span two groups or more (else nothing is

@@ -9,8 +9,10 @@ changed is undone before it exits.
 
 With `--switch f,g` (fixes among `--fixes`) the timed phase is an A/B inside this process: after the
 warm-up (with every fix on, as the first losses were recorded) `f` and `g` are switched off and on at
-step boundaries in `--pairs` pairs of blocks, A B B A … (`timing.blocks`), each block at least
-`--block-steps` steps and `--block-s` seconds between synchronizations.
+step boundaries in `--pairs` pairs of blocks, each pair A B or B A at random (`timing.blocks`): after
+`--warmup` untimed steps of the baseline, its steps are timed for the loop's pace and period (a
+loader's cycle), and every block is then the same whole number of periods, at least `--block-steps`
+steps and `--block-s` seconds at that pace, after `--settle` untimed steps.
 """
 
 from __future__ import annotations
@@ -54,7 +56,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=8, help="block pairs of the in-process A/B")
     parser.add_argument("--block-s", type=float, default=0.5, help="seconds a block lasts at least")
     parser.add_argument("--block-steps", type=int, default=2, help="steps a block lasts at least")
-    parser.add_argument("--settle", type=int, default=1, help="steps after a switch left untimed")
+    parser.add_argument("--settle", type=int, default=1, help="untimed steps before every block")
+    parser.add_argument("--order-seed", type=int, default=None,
+                        help="seed of the pairs' random orders (default: drawn afresh; recorded)")  # fmt: skip
     parser.add_argument("--count-cpu-items", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -133,7 +137,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     plan = None
     if switch:
         plan = BlockPlan(pairs=args.pairs, min_steps=args.block_steps, min_seconds=args.block_s,
-                         settle=args.settle, prewarm=max(args.warmup, 1))  # fmt: skip
+                         settle=args.settle, prewarm=max(args.warmup, 1), seed=args.order_seed)  # fmt: skip
     # a loader's workers fill a queue ahead of the loop: warm up until it holds what it holds for good,
     # and time past it, so that batches made during the warm-up do not flatter the timed steps
     queued = sum(p.workers * PREFETCH for p in patches if isinstance(p, Workers))
@@ -145,6 +149,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         light_only=True,
         nvml=False,
         blocks=plan,
+        settle=False,  # a round is its --steps and --steps-s: what A and B share cancels in their pairs
     )
     capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher)
     compiling = any(f.startswith("compile") for f in fixes)
@@ -172,6 +177,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         result,
         switch=switch,
         blocks=capture.blocks,
+        block_layout=capture.block_layout,
         switch_error=switcher.error,
         outputs_kind=kind,
         outputs=tuple(tuple(v) for v in values),

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.patches.base import PatchOutcome
-from gpudoctor.timing.blocks import Block
+from gpudoctor.timing.blocks import Block, BlockLayout
 from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.fix-round/1"
@@ -40,9 +40,11 @@ class RoundResult(Serialized):
     device: str = "unknown"  # the GPU's name, or cpu
     torch: str | None = None
     log_tail: str = ""
-    # an A/B inside this process: the fixes turned off and on in blocks (A B B A …), each block's times
+    # an A/B inside this process: the fixes turned off and on in blocks (each pair in a random order),
+    # each block's times, and what the blocks were made of (the calibration, the loop's period)
     switch: tuple[str, ...] = ()
     blocks: tuple[Block, ...] = ()
+    block_layout: BlockLayout | None = None
     switch_error: str | None = None  # a fix that could not be switched (its A/B needs fresh processes)
     leftover_processes: int = 0  # left running in its process group when it ended (then killed)
     schema: str = SCHEMA

@@ -1,9 +1,9 @@
 """`gpudoctor fix`'s A/B: a baseline round that also observes the script, the candidate fixes chosen from
 the findings and what it saw (a fix with nothing to change "does not apply" and is not run), then per
-fix an A/B where drift cancels — in blocks of one process (A B B A …) where its fixes can be switched in a
-running process, else fresh processes side by side (A B, B A, …) from a `Launcher` — the verdict from
-the paired test, the kept fixes combined and verified in fresh processes, fixes without gain alone tried
-on top, and the permanent change. Within a time budget; a Ctrl-C ends it with the results so far.
+fix an A/B where drift cancels — in blocks of one process (each pair A B or B A at random) where its fixes
+can be switched in a running process, else fresh processes side by side (A B, B A, …) from a `Launcher`
+— the verdict from the paired test, the kept fixes combined and verified in fresh processes, fixes
+without gain alone tried on top, and the permanent change. Within a time budget; a Ctrl-C ends it with the results so far.
 Progress and the report so far go to callbacks after every round (the CLI draws bars and writes files)."""
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ class FixSession:
         on_top: tuple[str, ...] | None,
     ) -> Tried | None:
         """One process: every fix on from the start (its first losses recorded so), then `moving`
-        switched off and on in blocks, A B B A … None when a fix could not be switched there (the
+        switched off and on in blocks (each pair in a random order). None when a fix could not be switched there (the
         caller then tries it in fresh processes)."""
         label = "+".join(moving)
         at = Attempt(fixes, cand, on_top=on_top, in_blocks=True)

@@ -119,6 +119,9 @@ def steps_sentence(record: RunRecord, report: RunReport) -> str:
     else:
         traced = len(record.traced.times_us) if record.traced else 0
     parts = [f"{timed} timed without the profiler"] if timed else ["none timed without the profiler"]
+    settling = record.light.settling if record.light else None
+    if settling is not None and settling.dropped_us:
+        parts[0] += f" ({len(settling.dropped_us)} before them left out: not yet settled)"
     if record.options.get("trace_all"):
         parts.append("traced from start to end")
     elif traced or record.trace_files:

@@ -40,6 +40,7 @@ def measure_batch(
         light_only=True,
         nvml=False,
         memory_history="off",
+        settle=False,  # a point is its --light-steps and --light-seconds, as every other point
     )
     knob = BatchKnob(batch, option).install()
     try:

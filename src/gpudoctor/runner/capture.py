@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gpudoctor.runner import settle
 from gpudoctor.runner.compile_workers import stop_compile_workers
 from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
@@ -31,7 +32,7 @@ from gpudoctor.runner.rundir import PROFILER_LOG, TRACE_FILE, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
-    from gpudoctor.timing.blocks import Block, BlockPlan, BlockSchedule
+    from gpudoctor.timing.blocks import Block, BlockLayout, BlockPlan, BlockSchedule
     from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = TRACE_FILE
@@ -83,6 +84,9 @@ class LiveOptions:
     memory_history: str = "outside-light"  # runner.memory: outside-light, always, off
     # the light phase as an A/B in blocks (timing.blocks): `on_switch` turns the candidate off and on
     blocks: BlockPlan | None = None
+    # leave out the light phase's unsettled head, and time on (up to twice the plan) until it settles
+    # (`runner.settle`); fix rounds do not: their pairs cancel what A and B share
+    settle: bool = True
 
 
 class LiveCapture:
@@ -123,12 +127,15 @@ class LiveCapture:
         self._clock: StepClock | None = None
         self._blocks: BlockSchedule | None = None
         self.blocks: tuple[Block, ...] = ()  # the light phase's blocks, with LiveOptions.blocks
+        self.block_layout: BlockLayout | None = None  # their calibration, period, steps and orders
         self._cuda = False
         self._detector: StepDetector | None = None
         self._warm: list[float] = []  # host times of the warm-up boundaries
         self._memory_at = 0.0  # when the allocator's statistics were last read
         self._memory_rows = 0  # light-phase steps whose statistics were read
         self._light_start = 0.0
+        self._planned_s: float | None = None  # how long the light phase took to reach its plan
+        self._settle_checked = 0.0
         self._light_calls = 0
         self._prof: Any = None
         self._prof_steps = 0
@@ -271,21 +278,41 @@ class LiveCapture:
             self.on_phase(phase, self)
 
     def _light_done(self) -> bool:
-        """--light-steps and --light-seconds both reached (or too many marks); with ranks, the number
-        of steps rank 0 planned, so that every rank ends the phase at the same step."""
+        """--light-steps and --light-seconds both reached (or too many marks), and then its steps
+        settled (`runner.settle`) or the phase ran twice as long as planned (not with --light-seconds
+        0); with ranks, the number of steps rank 0 planned, so that every rank ends the phase at the
+        same step."""
         assert self._clock is not None
         if self.light_target is not None:
             return self._clock.steps >= self.light_target
-        timed = self._clock.timed_steps
-        long_enough = time.perf_counter() - self._light_start >= self.options.light_seconds
-        return (timed >= self.options.light_steps and long_enough) or len(self._clock.marks) > MAX_MARKS
+        o, now = self.options, time.perf_counter()
+        if len(self._clock.marks) > MAX_MARKS:
+            return True
+        if self._clock.timed_steps < o.light_steps or now - self._light_start < o.light_seconds:
+            return False
+        if not o.settle or o.light_seconds <= 0:  # no floor of seconds: --light-steps, not extended
+            return True
+        if self._planned_s is None:
+            self._planned_s = now - self._light_start
+        if now - self._light_start >= settle.EXTEND_FACTOR * self._planned_s:
+            return True
+        if now - self._settle_checked < settle.CHECK_EVERY_S:
+            return False
+        self._settle_checked = now
+        times = self._clock.ready_times()
+        return settle.light_done(times, min_steps=o.light_steps, min_seconds=o.light_seconds)
 
     def light_plan(self) -> int:
-        """Light-phase steps enough for --light-seconds at the warm-up's pace (what rank 0 proposes)."""
+        """Light-phase steps enough for --light-seconds at the warm-up's pace (what rank 0 proposes) —
+        and for --warmup-seconds: with ranks the warm-up goes by --warmup steps alone, and the light
+        phase, which is not extended, leaves out its unsettled head instead (not with --light-seconds
+        0: then --light-steps)."""
         times = [b - a for a, b in itertools.pairwise(self._warm)]
         pace = statistics.median(times) if times else 0.0
-        seconds = math.ceil(self.options.light_seconds / pace) if pace > 0 else 0
-        return max(self.options.light_steps, min(seconds, MAX_MARKS))
+        o = self.options
+        wanted = o.light_seconds + (o.warmup_seconds if o.settle and o.light_seconds > 0 else 0.0)
+        seconds = math.ceil(wanted / pace) if pace > 0 else 0
+        return max(o.light_steps, min(seconds, MAX_MARKS))
 
     def _warmed_up(self) -> bool:
         """At least --warmup steps, and until a step takes no more than twice the fastest of the last
@@ -325,6 +352,7 @@ class LiveCapture:
         self.environment = environment(self._cuda)
         self._start_nvml()
         self._light_start = time.perf_counter()
+        self._planned_s, self._settle_checked = None, 0.0
         self._light_calls = self._detector.calls if self._detector else 0
         self.phase = "light"
         from gpudoctor.timing.blocks import BlockSchedule
@@ -344,6 +372,7 @@ class LiveCapture:
     def _end_light(self) -> None:
         if self._blocks is not None:
             self.blocks = tuple(self._blocks.blocks)
+            self.block_layout = self._blocks.layout
             clock = self.blocks[0].clock if self.blocks else ("cuda_events" if self._cuda else "perf_counter")
             self.light = StepTimes(clock, tuple(t for b in self.blocks for t in b.step_times_us))
         else:
@@ -351,9 +380,19 @@ class LiveCapture:
             self.light = _step_times(self._clock)
         if self._detector is not None and self._detector.root_module is not None and self.light.times_us:
             self.calls_per_step = (self._detector.calls - self._light_calls) / len(self.light.times_us)
+        if self._clock is not None and self._blocks is None and self.options.settle:
+            self._settle_light(self._clock)
         self._read_memory()
         self._stop_nvml()
         self._changed()
+
+    def _settle_light(self, clock: StepClock) -> None:
+        """Leave out the light phase's unsettled head; say so where it mattered, and if it did not settle."""
+        assert self.light is not None
+        late = time.perf_counter() - self._light_start - self._planned_s if self._planned_s else 0.0
+        self.light = settle.settled(self.light, clock.host_time_of_step, max(late, 0.0))
+        found = settle.notes(self.light, agreed=self.light_target is not None)
+        self.notes.extend(n for n in found if n not in self.notes)
 
     def _start_traced(self, schedule: bool = True) -> None:
         import torch

@@ -13,6 +13,19 @@ SCHEMA = "gpudoctor.run/1"
 
 
 @dataclass(frozen=True)
+class Settling:
+    """How the light phase's steps settled (`runner.settle`): the unsettled head left out of its times,
+    whether every quarter of the rest is within `tolerance` of their mean, those quarters' means, and
+    how long the phase ran past its plan waiting to settle."""
+
+    dropped_us: tuple[float, ...]
+    settled: bool
+    quarter_means_us: tuple[float, ...]
+    tolerance: float
+    extended_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class StepTimes:
     """Step times of one phase, from one clock: `cuda_events` (GPU stream time between step boundaries)
     or `perf_counter` (host wall time, on the CPU)."""
@@ -22,6 +35,8 @@ class StepTimes:
     # When the phase's first and last marks were made, by the host's perf_counter (seconds): to set the
     # phase beside timings the script makes itself.
     host_span_s: tuple[float, float] | None = None
+    # the light phase's: the unsettled steps left out of `times_us`, and whether the rest settled
+    settling: Settling | None = None
 
     @property
     def median_us(self) -> float | None:

@@ -1,8 +1,25 @@
 """An A/B inside one running loop: the baseline (A) and the candidate (B) alternate in blocks of steps,
-A B B A A B …, switched at step boundaries by a callback, so that both share one process start, one
-import, one compilation and the same GPU clocks, and drift cancels between adjacent blocks. Each block
-is a window synchronized at its ends (`sync`, then the host clock): its mean step is what the loop's
-throughput pays, slow steps included; the per-step times inside it come from the step clock beside.
+switched at step boundaries by a callback, so that both share one process start, one import, one
+compilation and the same GPU clocks, and drift cancels between adjacent blocks. Each block is a window
+synchronized at its ends (`sync`, then the host clock): its mean step is what the loop's throughput
+pays, slow steps included; the per-step times inside it come from the step clock beside.
+
+Three rules make the blocks of one configuration exchangeable with the other's (measured on recorded
+A/A blocks of three workloads on the H100: `benchmarks/aa_blocks_replay.py`):
+
+- **Whole cycles of the loop.** Before the first block the baseline's steps are timed (the
+  calibration): their mean is the loop's pace, and their period — a loader whose two workers hand over
+  batches together makes steps of 25 and 136 ms in turn — is their autocorrelation's first peak
+  (`loop_period`).
+  Every block then has the same number of steps, a whole number of periods, at least `min_steps` and
+  `min_seconds` at the calibration's pace. A block of 7 such steps took 73 or 90 ms a step by the phase
+  it began at; one of 8 took 79–81 ms whatever the phase.
+- **The same steps in a block, whatever the order.** `settle` untimed steps before every block, switched
+  or not, so which of the loop's steps fall in a block does not depend on which configuration it runs.
+- **A random order for each pair** (A B or B A, a coin each, `seed`), not a fixed A B B A: a stall, a
+  slow spell spanning two blocks, or a cycle of the loop that happens to line up with a fixed schedule
+  then favours neither side, and the sign-flip test over the pairs (`paired.paired_compare`) is a
+  randomization test — its false-positive rate holds whatever the steps' serial dependence.
 
 `BlockSchedule.boundary()` is called at every step boundary after the loop's warm-up (with the
 candidate's configuration on, as the process started); it says when the schedule is done, with the
@@ -10,21 +27,33 @@ configuration switched back to the candidate's. No torch here but through the st
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import secrets
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from gpudoctor.timing.clock import HostClock, PerfCounterClock
-from gpudoctor.timing.paired import Pair, abba, pairs_in_order
+from gpudoctor.timing.paired import Pair, pairs_in_order, random_orders, sides
 from gpudoctor.timing.stepclock import StepClock
+
+PERIOD_CORRELATION = 0.5  # a cycle: the steps correlate at least this much one period apart …
+PERIOD_MARGIN = 0.25  # … this much more than at any shorter lag …
+PERIOD_SWING = 0.02  # … and vary by at least 2% of their mean
 
 
 @dataclass(frozen=True)
 class BlockPlan:
     pairs: int = 8  # block pairs: `pairs` blocks of each configuration
     min_steps: int = 2  # steps timed in a block, at least …
-    min_seconds: float = 0.5  # … and at least this long (a block should see the loop's periodic stalls)
-    settle: int = 1  # steps after a switch that are not timed (a layout converted, a first call)
-    prewarm: int = 3  # steps of the baseline's configuration before the first block (its warm-up)
+    min_seconds: float = 0.5  # … and at least this long at the calibration's pace
+    settle: int = 1  # untimed steps before every block (after a switch: a layout converted, a first call)
+    prewarm: int = 3  # untimed steps of the baseline's configuration before the calibration (its warm-up)
+    calibrate_steps: int = 12  # timed baseline steps (and at least `min_seconds`): the loop's pace, period
+    period: int | None = None  # steps of the loop's cycle; None: found in the calibration
+    max_period: int = 16
+    seed: int | None = None  # the pairs' orders; None: drawn afresh
 
     def __post_init__(self) -> None:
         if (
@@ -33,6 +62,9 @@ class BlockPlan:
             or self.min_seconds < 0
             or self.settle < 0
             or self.prewarm < 0
+            or self.calibrate_steps < 2
+            or (self.period is not None and self.period < 1)
+            or self.max_period < 1
         ):
             raise ValueError(f"not a block plan: {self}")
 
@@ -50,9 +82,55 @@ class Block:
         return self.elapsed_us / self.steps
 
 
+@dataclass(frozen=True)
+class BlockLayout:
+    """What the calibration measured and the blocks were made of."""
+
+    calibration_us: tuple[float, ...]  # the baseline's timed steps before the first block
+    period: int  # steps of the loop's cycle (1: none found)
+    measured_period: bool  # found in the calibration, not given
+    steps: int  # in every block: a whole number of periods
+    b_first: tuple[bool, ...]  # each pair's order: the candidate first
+    seed: int
+
+
 def block_pairs(blocks: tuple[Block, ...] | list[Block]) -> list[Pair]:
     """The blocks of a schedule as pairs in the order they ran (A B → one pair, B A → the next)."""
     return pairs_in_order([(b.candidate, b.mean_us) for b in blocks])
+
+
+def loop_period(
+    times_us: Sequence[float],
+    max_period: int = 16,
+    *,
+    least: float = PERIOD_CORRELATION,
+    margin: float = PERIOD_MARGIN,
+    swing: float = PERIOD_SWING,
+) -> int:
+    """The shortest cycle of a loop's step times: the smallest lag p (2 … max_period, at most a third
+    of the steps) at which the steps' autocorrelation is at least `least` and beats every shorter lag
+    by `margin` (a loader's two workers: −1 at lag 1, +1 at lag 2; a slow spell lasting several steps
+    correlates most at lag 1 and has no cycle); 1 where none does, or where the steps vary by less than
+    `swing` of their mean (a cycle too small to matter). Correlation rather than folding the steps by
+    phase: a slip of the cycle (a worker late once) costs it one lag's products, not every phase after."""
+    x = np.asarray(times_us, dtype=np.float64)
+    n = x.size
+    mean = float(x.mean()) if n else 0.0
+    var = float(((x - mean) ** 2).mean()) if n else 0.0
+    if n < 6 or mean <= 0.0 or math.sqrt(var) < swing * mean:
+        return 1
+    r = [1.0]
+    for p in range(1, min(max_period, n // 3) + 1):
+        r.append(float(((x[:-p] - mean) * (x[p:] - mean)).mean()) / var)
+        if p >= 2 and r[p] >= least and r[p] >= max(r[1:p]) + margin:
+            return p
+    return 1
+
+
+def steps_per_block(plan: BlockPlan, pace_us: float, period: int) -> int:
+    """Whole periods, at least `min_steps` and `min_seconds` at `pace_us` a step."""
+    least = max(plan.min_steps, math.ceil(1e6 * plan.min_seconds / pace_us) if pace_us > 0 else 1)
+    return period * math.ceil(least / period)
 
 
 class BlockSchedule:
@@ -72,11 +150,14 @@ class BlockSchedule:
         self.cuda = cuda
         self.host = host or PerfCounterClock()
         self.sync = sync or (lambda: None)
-        self.order = abba(plan.pairs)
+        self.seed = plan.seed if plan.seed is not None else secrets.randbits(63)
+        self.b_first = random_orders(plan.pairs, np.random.default_rng(self.seed))
+        self.order = sides(self.b_first)
         self.blocks: list[Block] = []
+        self.layout: BlockLayout | None = None
         self.on = True  # the configuration now: the candidate's, as the process started
         self.switches = 0
-        self._phase = "start"  # start, prewarm, settle, timing, done
+        self._phase = "start"  # start, prewarm, calibrate, settle, timing, done
         self._count = 0
         self._t0 = 0.0
         self._steps: StepClock | None = None
@@ -92,14 +173,29 @@ class BlockSchedule:
         if self._phase == "start":
             self._set(False)
             self._phase, self._count = "prewarm", 0
-            return self._after_count(self.plan.prewarm)
-        if self._phase in ("prewarm", "settle"):
-            self._count += 1
-            return self._after_count(self.plan.settle if self._phase == "settle" else self.plan.prewarm)
+            if self.plan.prewarm == 0:
+                self._start_clock("calibrate")
+            return False
+        self._count += 1
+        if self._phase == "prewarm":
+            if self._count >= self.plan.prewarm:
+                self._start_clock("calibrate")
+            return False
+        if self._phase == "settle":
+            if self._count >= self.plan.settle:
+                self._start_clock("timing")
+            return False
         assert self._steps is not None
         self._steps.boundary()
-        self._count += 1
-        if self._count < self.plan.min_steps or self.host.now_us() - self._t0 < 1e6 * self.plan.min_seconds:
+        if self._phase == "calibrate":
+            long_enough = self.host.now_us() - self._t0 >= 1e6 * self.plan.min_seconds
+            if self._count >= self.plan.calibrate_steps and long_enough:
+                self.sync()
+                self._calibrated(self._steps.spans().times_us)
+                self._begin(0)
+            return False
+        assert self.layout is not None
+        if self._count < self.layout.steps:
             return False
         self.sync()
         elapsed = self.host.now_us() - self._t0
@@ -112,24 +208,24 @@ class BlockSchedule:
         self._begin(len(self.blocks))
         return False
 
-    def _after_count(self, needed: int) -> bool:
-        if self._count >= needed:
-            if self._phase == "prewarm":
-                self._begin(0)
-            else:
-                self._start_window()
-        return False
+    def _calibrated(self, times_us: tuple[float, ...]) -> None:
+        pace = sum(times_us) / len(times_us)
+        measured = self.plan.period is None
+        period = loop_period(times_us, self.plan.max_period) if measured else self.plan.period
+        assert period is not None
+        steps = steps_per_block(self.plan, pace, period)
+        self.layout = BlockLayout(times_us, period, measured, steps, tuple(self.b_first), self.seed)
 
     def _begin(self, index: int) -> None:
-        switched = self._set(self.order[index])
-        if switched and self.plan.settle > 0 and index > 0:
+        self._set(self.order[index])
+        if self.plan.settle > 0:  # switched or not: the same steps fall in a block whatever the order
             self._phase, self._count = "settle", 0
             return
-        self._start_window()
+        self._start_clock("timing")
 
-    def _start_window(self) -> None:
+    def _start_clock(self, phase: str) -> None:
         self.sync()
-        self._phase, self._count = "timing", 0
+        self._phase, self._count = phase, 0
         self._t0 = self.host.now_us()
         self._steps = StepClock(self.cuda, host=self.host)
         self._steps.boundary()

@@ -1,15 +1,17 @@
 """Stand-ins for the hardware seams, to exercise the timing core without a GPU (and without waiting):
-a fake host clock, a seeded cost-model backend (warm-up ramp, noise, throttled stretches, drift), and a
-scripted NVML sensor. The tests use them; so can anyone testing code built on `bench`."""
+a fake host clock, a seeded cost-model backend (warm-up ramp, noise, throttled stretches, drift), a
+scripted NVML sensor, and a loop that replays recorded step times through the block schedule. The tests
+use them; so can anyone testing code built on `bench`."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpudoctor.timing.blocks import BlockPlan, BlockSchedule
 from gpudoctor.timing.clock import ClockReading
 from gpudoctor.timing.measurement import KernelTimes
 from gpudoctor.timing.runner import Plan
@@ -158,3 +160,42 @@ class ScriptedSensor:
 
     def close(self) -> None:
         self.closed = True
+
+
+class ReplayLoop:
+    """A loop on a fake host clock whose steps take recorded times (µs), one after another from
+    `start`; while the candidate's configuration is on, each is scaled by `effect` (1.0: an A/A).
+    `run_one_step()` says False once the recording has run out."""
+
+    def __init__(self, times_us: Sequence[float], start: int = 0, effect: float = 1.0) -> None:
+        self.times = times_us
+        self.i = start
+        self.effect = effect
+        self.now = 0.0
+        self.on = True
+
+    def now_us(self) -> float:
+        return self.now
+
+    def switch(self, on: bool) -> None:
+        self.on = on
+
+    def run_one_step(self) -> bool:
+        if self.i >= len(self.times):
+            return False
+        self.now += self.times[self.i] * (self.effect if self.on else 1.0)
+        self.i += 1
+        return True
+
+
+def replay_blocks(
+    times_us: Sequence[float], plan: BlockPlan, *, start: int = 0, effect: float = 1.0
+) -> BlockSchedule | None:
+    """The block schedule of `plan` run on recorded step times from `start` (`ReplayLoop`); None when
+    they run out before its last block."""
+    loop = ReplayLoop(times_us, start, effect)
+    schedule = BlockSchedule(plan, loop.switch, host=loop)
+    while not schedule.boundary():
+        if not loop.run_one_step():
+            return None
+    return schedule

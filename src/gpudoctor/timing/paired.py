@@ -2,19 +2,22 @@
 candidate (B) measurement taken next to each other — two blocks of steps in one process, or two fresh
 processes — each the mean step over a window synchronized at its ends (what the user pays, stalls
 included). Steps inside a block or a process are not independent samples (a slow GPU clock, a loader
-refill or a garbage collection moves many of them at once); pairs taken in alternating order (A B, B A,
-A B, …) are, up to drift, which adjacent pairs then cancel.
+refill or a garbage collection moves many of them at once); pairs are, up to drift, which the order of
+each pair then cancels: A B, B A, A B, … for processes (`abba`), a coin for each pair of blocks
+(`random_orders`, see `timing.blocks`).
 
 The test: Student's t on d_i = ln(B_i / A_i) over the pairs, two-sided. With six pairs or more in both
 orders, the pair's order (A first or B first) is a covariate: a linear drift adds +δ to one order and −δ
 to the other, so it leaves the estimate and is taken out of the variance instead of inflating it. With
 six pairs or more the exact sign-flip permutation test on the mean of d_i must reject as well (the
-larger p counts): a few pairs of skewed block means (a stall in one block) are far from normal. The
-verdict tests a minimum effect: faster (slower) only when p < α and the whole 95% interval lies beyond
-−`same_within` (+`same_within`), not merely beyond no change; "same" when the interval lies within
-±`same_within`; else ambiguous. Its A/A rate is therefore under the nominal 5%. Its false-positive rate is
-calibrated on A/A data (`false_positive_rate`; `tests/test_timing_paired.py` with a drifting fake clock,
-`benchmarks/aa_noise.py` on recorded processes)."""
+larger p counts): a few pairs of skewed block means (a stall in one block) are far from normal, and
+where each pair's order was drawn at random (blocks) it is a randomization test, exact whatever the
+serial dependence of the units. The verdict tests a minimum effect: faster (slower) only when p < α and
+the whole 95% interval lies beyond −`same_within` (+`same_within`), not merely beyond no change; "same"
+when the interval lies within ±`same_within`; else ambiguous. Its A/A rate is therefore under the
+nominal 5%. Its false-positive rate is calibrated on A/A data (`false_positive_rate`;
+`tests/test_timing_paired.py` with drifting and loader-bound fake loops, `benchmarks/aa_noise.py` on
+recorded processes and blocks, `benchmarks/aa_blocks_replay.py` on recorded step series)."""
 
 from __future__ import annotations
 
@@ -143,7 +146,7 @@ def decide_min_effect(
 
 def pairs_in_order(labelled: Sequence[tuple[bool, float]]) -> list[Pair]:
     """Units in the order they were measured, as (is_candidate, mean µs), paired two by two: positions
-    (0, 1), (2, 3), … each one A and one B (an A B B A … schedule gives that); an unpaired last unit,
+    (0, 1), (2, 3), … each one A and one B (the block schedule and A B B A … give that); an unpaired last unit,
     or two of a kind side by side, are left out."""
     out = []
     for first, second in zip(labelled[0::2], labelled[1::2], strict=False):
@@ -161,12 +164,23 @@ def abba(pairs: int) -> list[bool]:
     return [side for k in range(pairs) for side in ((False, True) if k % 2 == 0 else (True, False))]
 
 
+def random_orders(pairs: int, rng: np.random.Generator) -> list[bool]:
+    """A coin for each pair: True, the candidate first (the block schedule's order)."""
+    return [bool(c) for c in rng.random(pairs) < 0.5]
+
+
+def sides(b_first: Sequence[bool]) -> list[bool]:
+    """The units of pairs in these orders, one after another (True: the candidate's)."""
+    return [side for first in b_first for side in ((True, False) if first else (False, True))]
+
+
 def false_positive_rate(
     units: Sequence[float],
     pairs: int,
     *,
     unit: str = "block pair",
     pairing: bool = False,
+    orders: str = "random",
     same_within: float = SAME_WITHIN,
     alpha: float = ALPHA,
     comparisons: int = 200,
@@ -174,11 +188,15 @@ def false_positive_rate(
     decide_fn: Callable[[Sequence[Pair]], str] | None = None,
 ) -> tuple[float, int]:
     """A/A calibration: `units` are mean steps of one configuration in the order they were measured
-    (blocks of one process, or processes one after another). Each comparison labels 2·`pairs` of them
-    A B B A … (or B A A B …) and asks for a verdict: a random stretch of adjacent units, as the block
-    schedule takes them, or with `pairing` a random pairing of any of them (processes: every pairing of
-    the recorded ones is a comparison the session could have made, drift between them included).
-    Returns (share of faster or slower verdicts, comparisons made)."""
+    (blocks of one process, or processes one after another). Each comparison takes 2·`pairs` of them —
+    a random stretch of adjacent units, as the block schedule takes them (from any unit: the schedule's
+    blocks are the same steps whatever their order), or with `pairing` a random pairing of any of them
+    (processes: every pairing of the recorded ones is a comparison the session could have made, drift
+    between them included) — labels them as the session would (`orders`: "random", a coin for each
+    pair as blocks are ordered; "abba", A B B A … or B A A B … as processes are) and asks for a
+    verdict. Returns (share of faster or slower verdicts, comparisons made)."""
+    if orders not in ("random", "abba"):
+        raise ValueError(f"orders is random or abba, not {orders!r}")
     n = 2 * pairs
     if len(units) < n:
         raise ValueError(f"{len(units)} units cannot make {pairs} pairs")
@@ -194,9 +212,12 @@ def false_positive_rate(
         else:
             start = int(rng.integers(0, len(values) - n + 1))
             picked = values[start : start + n]
-        labels = abba(pairs)
-        if rng.random() < 0.5:
-            labels = [not s for s in labels]
+        if orders == "random":
+            labels = sides(random_orders(pairs, rng))
+        else:
+            labels = abba(pairs)
+            if rng.random() < 0.5:
+                labels = [not s for s in labels]
         verdict = judge(pairs_in_order(list(zip(labels, picked.tolist(), strict=True))))
         false += verdict in (Verdict.FASTER.value, Verdict.SLOWER.value)
     return false / comparisons, comparisons

@@ -46,8 +46,9 @@ class StepClock:
         self.name = "cuda_events" if cuda else "perf_counter"
         self.marks: list[Any] = []
         self.steps = 0  # boundaries seen since the first mark
-        self.host_times: list[float] = []  # perf_counter at the first and the latest mark
+        self.host_times: list[float] = []  # perf_counter at each mark
         self._spare: list[Any] = []
+        self._ready: list[float] = []  # spans read so far without waiting (`ready_times`)
 
     def boundary(self) -> None:
         if self.marks:
@@ -64,8 +65,7 @@ class StepClock:
             self.marks.append(event)
         else:
             self.marks.append(self.host.now_us())
-        now = time.perf_counter()
-        self.host_times = [self.host_times[0] if self.host_times else now, now]
+        self.host_times.append(time.perf_counter())
 
     @property
     def timed_steps(self) -> int:
@@ -82,3 +82,25 @@ class StepClock:
             spans = [b - a for a, b in itertools.pairwise(self.marks)]
         times = tuple(t / self.every for t in spans for _ in range(self.every))
         return StepSpans(self.name, times, (self.host_times[0], self.host_times[-1]))
+
+    def ready_times(self) -> tuple[float, ...]:
+        """The step times so far whose closing mark the GPU has passed, without waiting for the others
+        (marks on one stream complete in order: the last one passed is found by bisection)."""
+        if len(self.marks) < 2:
+            return ()
+        if not self.cuda:
+            return self.spans().times_us
+        lo, hi = len(self._ready), len(self.marks) - 1  # marks up to `lo` are known passed
+        if not self.marks[lo].query():
+            hi = lo
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if self.marks[mid].query() else (lo, mid - 1)
+        for i in range(len(self._ready), lo):
+            self._ready.append(self.marks[i].elapsed_time(self.marks[i + 1]) * 1e3)
+        return tuple(t / self.every for t in self._ready for _ in range(self.every))
+
+    def host_time_of_step(self, step: int) -> float | None:
+        """perf_counter when the mark that starts timed step `step` (0-based) was made."""
+        mark = step // self.every
+        return self.host_times[mark] if mark < len(self.host_times) else None
