@@ -370,3 +370,34 @@ def test_fix_under_torchrun_says_why_it_is_not_offered(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert "gpudoctor fix does not run under torchrun yet" in result.output
     assert "docs/fix.md" in result.output and "Traceback" not in result.output
+
+
+def test_the_ranks_notes_are_printed_once_each_with_the_ranks_that_say_them(tmp_path: Path) -> None:
+    # GIVEN two ranks whose light phases did not settle (a note in each record) and one meeting note
+    from rich.console import Console
+
+    from gpudoctor.doctor.combine import alignment
+    from gpudoctor.report.run_view import render_alignment
+    from gpudoctor.runner import rundir
+    from gpudoctor.runner.record import RunRecord
+
+    unsettled = "the light phase did not settle: its quarters were 12% apart"
+    for rank in (0, 1):
+        folder = tmp_path / f"rank-{rank}"
+        folder.mkdir()
+        info = {"rank": rank, "world_size": 2, "phases": {"light": 3, "traced": 8, "done": 12}}
+        if rank == 1:
+            info["notes"] = ["rank 0 was not there for 'traced' within 60 s"]
+        rundir.write_rank_info(folder, info)
+        record = RunRecord(
+            argv=("train.py",), started_at="2026-11-26T00:00:00Z", options={}, environment=None,
+            outcome="stopped", exit_code=0, steps_seen=12, notes=(unsettled,),
+        )  # fmt: skip
+        rundir.write_record(folder, record)
+    # WHEN the combining rank prints the ranks' alignment
+    console = Console(record=True, width=200)
+    render_alignment(alignment(tmp_path), console)
+    text = console.export_text()
+    # THEN the records' notes reach the terminal, each once, with the ranks that say it
+    assert f"note (ranks 0, 1): {unsettled}" in text
+    assert "note (rank 1): rank 0 was not there for 'traced' within 60 s" in text

@@ -130,5 +130,13 @@ def alignment(out: Path) -> dict[str, Any]:
         "ranks_traced": rundir.traced_ranks(out, sorted(infos)),
         "phase_steps": {p: v[0] if len(v) == 1 else v for p, v in sorted(agreed.items())},
         "aligned": bool(phases) and all(len(v) == 1 for v in agreed.values()),
-        "notes": {r: i.get("notes", []) for r, i in infos.items() if i.get("notes")},
+        "notes": {r: notes for r in sorted(infos) if (notes := _rank_notes(out, r, infos[r]))},
     }
+
+
+def _rank_notes(out: Path, rank: int, info: dict[str, Any]) -> list[str]:
+    """A rank's notes: its meetings' (rank.json) and its run's (record.json: a light phase that did not
+    settle, a step that changed), each once."""
+    record = rundir.read_record(rundir.rank_dir(out, rank))
+    notes = [*info.get("notes", []), *(record.notes if record is not None else ())]
+    return list(dict.fromkeys(notes))

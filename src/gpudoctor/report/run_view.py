@@ -162,6 +162,14 @@ def render_alignment(info: dict[str, Any], console: Console) -> None:
     missing = sorted(set(range(info.get("world_size", 0))) - set(traced))
     if missing:
         console.print(f"ranks without a trace: {missing}", style="yellow")
+    by_note: dict[str, list[str]] = {}
+    for rank, notes in info.get("notes", {}).items():
+        for note in notes:
+            by_note.setdefault(note, []).append(str(rank))
+    for note, ranks in by_note.items():  # each once, with the ranks that say it
+        console.print(
+            f"note (rank{'s' if len(ranks) > 1 else ''} {', '.join(ranks)}): {printable(note)}", style="dim"
+        )
 
 
 def report_html(report: RunReport) -> str:
