@@ -20,33 +20,42 @@ from gpudoctor.fixes.edits import Edit
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession
-from gpudoctor.fixes.verify import TimingComparison, check_numerics, compare_rounds, decision, noise_floor
+from gpudoctor.fixes.verify import check_numerics, decision, noise_floor
+from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
 
 
-# -- the statistics ------------------------------------------------------------------------------------
-def rounds(rng: np.random.Generator, median: float, noise: float, n: int = 3) -> list[list[float]]:
-    return [list(median * (1 + noise * rng.standard_normal(20))) for _ in range(n)]
+# -- the statistics: the timing core's paired test (tests/test_timing_paired.py), read as a verdict --
+def pairs(rng: np.random.Generator, a: float, b: float, noise: float, n: int = 6) -> list[Pair]:
+    """n pairs of mean steps measured side by side, each pair's two units sharing the machine's drift."""
+    out = []
+    for i in range(n):
+        drift = 1 + 0.2 * rng.standard_normal()  # the machine between pairs: 20%
+        out.append(
+            Pair(
+                a * drift * (1 + noise * rng.standard_normal()),
+                b * drift * (1 + noise * rng.standard_normal()),
+                i % 2 == 1,
+            )
+        )
+    return out
 
 
 def test_a_fix_faster_beyond_noise_is_kept() -> None:
-    rng = np.random.default_rng(0)
-    t = compare_rounds(rounds(rng, 100.0, 0.02), rounds(rng, 80.0, 0.02))
+    t = paired_compare(pairs(np.random.default_rng(0), 100.0, 80.0, 0.01), unit="process pair")
     assert t.verdict == "faster" and t.saving == pytest.approx(0.2, abs=0.02)
     assert t.saving_ci[0] < t.saving < t.saving_ci[1]
     assert decision(t, None, None) == (True, "faster beyond noise")
 
 
 def test_no_significant_difference_is_reverted() -> None:
-    rng = np.random.default_rng(0)
-    t = compare_rounds(rounds(rng, 100.0, 0.005), rounds(rng, 100.0, 0.005))
+    t = paired_compare(pairs(np.random.default_rng(0), 100.0, 100.0, 0.001), unit="block pair")
     assert t.verdict == "same"
     kept, why = decision(t, None, None)
     assert not kept and why.startswith("no significant difference (within ±1%)")
 
 
 def test_a_small_gain_inside_the_noise_is_reverted() -> None:
-    rng = np.random.default_rng(0)
-    t = compare_rounds(rounds(rng, 100.0, 0.3), rounds(rng, 97.0, 0.3))
+    t = paired_compare(pairs(np.random.default_rng(0), 100.0, 97.0, 0.1), unit="process pair")
     assert t.verdict == "ambiguous"
     assert decision(t, None, None)[1].startswith("no significant difference (too noisy to tell: 95% CI")
 
@@ -76,26 +85,22 @@ def test_an_ambiguous_comparison_says_why_it_is_no_reason_to_keep(
 ) -> None:
     # GIVEN comparisons neither faster nor slower nor the same: the interval holding no change, or
     # excluding it with a change under the drift margin or unconfirmed by the test
-    t = TimingComparison(ratio, lo, hi, p, "ambiguous", 0.01, 100.0, 100.0 * ratio, 3, 3)
+    t = PairedComparison(
+        ratio, lo, hi, p, "ambiguous", 0.01, 6, "process pair", "paired t-test", 100.0, 100.0 * ratio
+    )
     # THEN the reason says which, with the numbers
     assert decision(t, None, None) == (False, f"no significant difference ({why})")
 
 
 def test_a_slower_fix_is_reverted() -> None:
-    rng = np.random.default_rng(0)
-    t = compare_rounds(rounds(rng, 100.0, 0.02), rounds(rng, 110.0, 0.02))
+    t = paired_compare(pairs(np.random.default_rng(0), 100.0, 110.0, 0.01), unit="process pair")
     assert t.verdict == "slower" and decision(t, None, None) == (False, "slower beyond noise")
 
 
-def test_one_slow_process_widens_the_interval() -> None:
-    # every step of the candidate's third process is slow: a process-level effect, not per-step noise
-    base = [[100.0 + i % 3 for i in range(20)] for _ in range(3)]
-    cand = [
-        [90.0 + i % 3 for i in range(20)],
-        [90.0 + i % 3 for i in range(20)],
-        [130.0 + i % 3 for i in range(20)],
-    ]
-    t = compare_rounds(base, cand)
+def test_one_slow_pair_widens_the_interval() -> None:
+    # every pair 10% faster but one, where the candidate's process ran 30% slow: a process-level effect
+    base = [Pair(100.0, 90.0), Pair(100.0, 90.0, True), Pair(100.0, 130.0), Pair(100.0, 90.0, True)]
+    t = paired_compare(base, unit="process pair")
     assert t.ci_high > 1.0 and t.verdict != "faster"
 
 

@@ -2,26 +2,24 @@
 baseline's over pairs of units measured side by side — blocks of one process, or fresh processes —
 with the timing core's paired test (`timing.paired`); and its first steps' losses or outputs against the
 baseline's, within the fix's tolerance or the baseline's own run-to-run spread, whichever is larger (a
-loader fix is judged on speed: its losses are reported, only held to stay finite). `compare_rounds`,
-the steps of several processes pooled, stays for comparing attempts that were not measured side by side."""
+loader fix is judged on speed: its losses are reported, only held to stay finite)."""
 
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpudoctor.timing.compare import ALPHA, SAME_WITHIN, Verdict, decide
+from gpudoctor.timing.compare import SAME_WITHIN, Verdict
 from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
-from gpudoctor.timing.stats import bootstrap_ratio_ci_grouped, mann_whitney
 
 NOISE_FACTOR = 3.0  # a fix may differ from the baseline by this many times the baseline's own spread
 
 
 class Judged(Protocol):
-    """What a verdict is read from: `TimingComparison` or the timing core's `PairedComparison`."""
+    """What a verdict is read from: the timing core's `PairedComparison` (a Protocol, so tests may hand
+    in their own)."""
 
     @property
     def ratio(self) -> float: ...
@@ -44,64 +42,6 @@ def compare_pairs(
     if len(pairs) < 2:
         return None
     return paired_compare(pairs, unit=unit, same_within=same_within)
-
-
-@dataclass(frozen=True)
-class TimingComparison:
-    """Candidate against baseline, per step (or per sample). `ratio` is candidate over baseline median
-    time (below 1: faster); `ci_low`/`ci_high` its 95% interval; `p_value` Mann–Whitney's on all steps."""
-
-    ratio: float
-    ci_low: float
-    ci_high: float
-    p_value: float
-    verdict: str  # faster, slower, same, ambiguous
-    same_within: float
-    baseline_us: float  # median step (or sample) time
-    candidate_us: float
-    rounds_baseline: int
-    rounds_candidate: int
-
-    @property
-    def saving(self) -> float:
-        """Share of the baseline's time saved (negative: slower)."""
-        return 1 - self.ratio
-
-    @property
-    def saving_ci(self) -> tuple[float, float]:
-        return 1 - self.ci_high, 1 - self.ci_low
-
-
-def compare_rounds(
-    baseline: Sequence[Sequence[float]],
-    candidate: Sequence[Sequence[float]],
-    *,
-    same_within: float = SAME_WITHIN,
-    alpha: float = ALPHA,
-    seed: int = 0,
-) -> TimingComparison:
-    """Each side is a list of rounds, each a list of step times (µs) from one fresh process."""
-    a = [t for r in baseline for t in r]
-    b = [t for r in candidate for t in r]
-    if not a or not b:
-        raise ValueError("both sides need step times")
-    base_median, cand_median = statistics.median(a), statistics.median(b)
-    ratio = cand_median / base_median
-    lo, hi = bootstrap_ratio_ci_grouped(baseline, candidate, seed=seed)
-    _, p = mann_whitney(a, b)
-    verdict = decide(ratio, lo, hi, p, same_within, alpha)
-    return TimingComparison(
-        ratio,
-        lo,
-        hi,
-        p,
-        verdict.value,
-        same_within,
-        base_median,
-        cand_median,
-        sum(1 for r in baseline if r),
-        sum(1 for r in candidate if r),
-    )
 
 
 @dataclass(frozen=True)
