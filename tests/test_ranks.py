@@ -15,7 +15,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from conftest import write_json
-from gpudoctor.analysis.ranks import RankOverview, rank_overview
+from gpudoctor.analysis.ranks import HOST_IDLE_GAP, RankFigures, RankOverview, rank_overview, rank_overview_of
 from gpudoctor.analysis.summary import analyze
 from gpudoctor.cli.main import app
 from gpudoctor.doctor.document import RANKS_SCHEMA
@@ -228,3 +228,43 @@ def test_ddp_report_marks_the_straggler_and_the_wait_on_it(tmp_path: Path) -> No
     assert "**Rank 1 is the straggler:" in md
     assert "more per step in exposed communication than it does: waiting for it in the collectives." in md
     assert "| 1 **straggler** | rank1.json.gz |" in md
+
+
+def _figures(rank: int, work_us: float, comm_us: float, gpu_work_us: float = 15_000.0) -> RankFigures:
+    return RankFigures(
+        rank=rank, path=f"rank-{rank}", steps=3, step_p50_us=work_us + comm_us, busy_fraction=0.5,
+        compute_share=0.4, communication_share=0.1, copy_share=0.0, idle_share_by_cause={},
+        work_us=work_us, communication_us=comm_us, gpu_work_us=gpu_work_us,
+    )  # fmt: skip
+
+
+# In the trace rank 0 is far longer outside communication (the profiler slowed its host); unprofiled the
+# step (40 ms) is more than the GPU floor (15 ms of GPU work and the transfer): a host paces it.
+TRACED = [_figures(0, 78_000.0, 500.0), _figures(1, 32_000.0, 46_000.0)]
+
+
+def test_the_unprofiled_utilization_names_the_rank_whose_gpu_waits_for_its_host() -> None:
+    # GIVEN rank 1's GPU idle 55% of the unprofiled step, rank 0's 4%
+    s = rank_overview_of(TRACED, 40_000.0, [0.96, 0.45]).slowest
+    # THEN rank 1 is the straggler, the trace's rank 0 kept as what the trace said, and the saving is at
+    # most rank 1's idle beyond the other's (51% of the step), below the step less the GPU floor
+    assert s is not None and s.rank == 1 and s.straggler and s.traced_rank == 0
+    assert s.paced_by == "host"
+    assert s.catch_up_us == pytest.approx(min(40_000.0 - 15_500.0, (0.55 - 0.04) * 40_000.0))
+
+
+def test_ranks_whose_gpus_idle_alike_unprofiled_are_balanced_whatever_the_trace_says() -> None:
+    # GIVEN both GPUs 83% and 81% busy in the light phase, however far apart the trace puts the ranks
+    s = rank_overview_of(TRACED, 40_000.0, [0.83, 0.81]).slowest
+    # THEN no straggler; the trace's slowest is the one shown, with at most its idle beyond the other's
+    assert s is not None and not s.straggler and s.rank == 0 and s.traced_rank is None
+    assert s.gpu_idle - s.others_gpu_idle < HOST_IDLE_GAP
+    assert s.catch_up_us <= max(s.gpu_idle - s.others_gpu_idle, 0.0) * 40_000.0 + 1e-6
+
+
+def test_without_every_ranks_utilization_the_trace_decides() -> None:
+    # GIVEN one rank with no NVML record
+    s = rank_overview_of(TRACED, 40_000.0, [0.96, None]).slowest
+    # THEN the trace's slowest, bounded by the step less the GPU floor and the others' traced wait
+    assert s is not None and s.rank == 0 and s.straggler and s.gpu_idle is None
+    assert s.catch_up_us == pytest.approx(min(40_000.0 - 15_500.0, s.comm_wait_us))

@@ -63,7 +63,9 @@ class AcrossRanks:
 
 
 def across_ranks(summaries: Sequence[RankSummary]) -> AcrossRanks:
-    overview = rank_overview_of([s.figures for s in summaries], unprofiled_step_us(summaries))
+    overview = rank_overview_of(
+        [s.figures for s in summaries], unprofiled_step_us(summaries), [_util(s) for s in summaries]
+    )
     deviation = _deviation(summaries)
     order = sorted(range(len(summaries)), key=lambda i: (-(deviation[i] or 0.0), summaries[i].rank))
     steps, matched = _matched_calls(summaries)
@@ -85,6 +87,12 @@ def unprofiled_step_us(summaries: Sequence[RankSummary]) -> float | None:
     """The ranks' median unprofiled step time, where every rank's is known (they step together)."""
     known = [s.unprofiled_step_us for s in summaries]
     return statistics.median(u for u in known if u) if known and all(known) else None
+
+
+def _util(summary: RankSummary) -> float | None:
+    """The rank's GPU utilization in the unprofiled light phase (NVML), 0–1."""
+    u = summary.clocks.util_mean_pct if summary.clocks is not None else None
+    return u / 100 if u is not None else None
 
 
 def own_pace_us(x: AcrossRanks, summary: RankSummary) -> float | None:

@@ -18,6 +18,7 @@ from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.rank-summary/1"
 TOP_KERNELS = 30
+MIN_UTIL_SAMPLES = 5  # NVML samples (0.1 s apart) before the light phase's utilization counts
 
 
 @dataclass(frozen=True)
@@ -42,11 +43,13 @@ class KernelSig:
 
 @dataclass(frozen=True)
 class Clocks:
-    """The GPU's clocks during the run's light phase, from NVML (`gpudoctor run` records them)."""
+    """The GPU's clocks during the run's light phase, from NVML (`gpudoctor run` records them), and how
+    busy it was then (unprofiled: the share of time a kernel ran, a collective's waiting kernel included)."""
 
     sm_busy_mean_mhz: float | None  # mean SM clock while utilization was ≥ 50%
     sm_max_mhz: int | None
     slowdown_shares: dict[str, float]  # reason -> share of samples (gpu_idle excluded)
+    util_mean_pct: float | None = None  # NVML utilization, mean over the light phase's samples
 
     @classmethod
     def from_nvml_summary(cls, summary: dict[str, Any] | None) -> Clocks | None:
@@ -57,10 +60,14 @@ class Clocks:
             return None
         d = max(devices, key=lambda d: d.get("samples") or 0)
         shares = d.get("slowdown_shares") or {}
+        util = d.get("gpu_util_mean_pct")
         return cls(
             d.get("sm_clock_busy_mean_mhz"),
             d.get("sm_max_mhz"),
             {str(k): float(v) for k, v in shares.items() if isinstance(v, (int, float))},
+            float(util)
+            if isinstance(util, (int, float)) and (d.get("samples") or 0) >= MIN_UTIL_SAMPLES
+            else None,
         )
 
 

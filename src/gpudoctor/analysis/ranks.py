@@ -9,7 +9,15 @@ of each rank (compute and copies, as traced: kernels run at their own speed) and
 exposed communication over the ranks (the transfer, no wait) say how short the step could be. When
 the heaviest GPU accounts for the unprofiled step, the GPUs pace the run and the slowest rank is the
 one with the most GPU work; otherwise a host paces it, the rank longest outside communication in the
-trace, and catching up can save at most the unprofiled step less that GPU floor."""
+trace, and catching up can save at most the unprofiled step less that GPU floor.
+
+A host-paced run's slowest rank in the trace may be the profiler's doing alone: on a busy host it slowed
+one rank's ops twice as much as the other's (2 × H200, DDP ResNet-50, a balanced run and one whose
+straggler was the *other* rank). Where NVML measured each rank's GPU utilization in the unprofiled
+light phase, that decides: the rank whose GPU idles most, waiting for its own host, is the straggler (the
+others' GPUs are busy, if only in a collective's waiting kernel), and only when it idles at least
+HOST_IDLE_GAP of the step more than the others' median; what it can save is at most that much of the
+step."""
 
 from __future__ import annotations
 
@@ -22,6 +30,10 @@ from gpudoctor.analysis.timeline import IDLE_CAUSES
 
 # Below this spread the ranks are called balanced: step times of one rank vary by a few % anyway.
 STRAGGLER_SPREAD = 0.05
+# The unprofiled straggler's GPU idles this share of the step more than the other ranks' median (NVML
+# utilization over the light phase). Balanced DDP runs measured 1–6 points apart (2 × H100, 2 × H200),
+# host-work stragglers 48–55 points.
+HOST_IDLE_GAP = 0.15
 COPY_KINDS = ("memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "memcpy_other", "memset")
 
 
@@ -63,6 +75,12 @@ class Slowest:
     catch_up_us: float | None = None
     paced_by: str | None = None
     unprofiled_step_us: float | None = None
+    # Unprofiled (NVML, the light phase), where every rank's is known: the share of the step this rank's
+    # GPU idled, and the other ranks' median; `traced_rank` is the rank the trace alone would have named
+    # where the unprofiled utilization names another.
+    gpu_idle: float | None = None
+    others_gpu_idle: float | None = None
+    traced_rank: int | None = None
 
 
 @dataclass(frozen=True)
@@ -76,13 +94,19 @@ def rank_overview(analyses: Sequence[Analysis]) -> RankOverview:
     return rank_overview_of([rank_figures(a) for a in analyses])
 
 
-def rank_overview_of(figures: Sequence[RankFigures], step_us: float | None = None) -> RankOverview:
+def rank_overview_of(
+    figures: Sequence[RankFigures],
+    step_us: float | None = None,
+    gpu_util: Sequence[float | None] | None = None,
+) -> RankOverview:
     """The same from each rank's figures (what a worker that analyzed one rank sends back); with the
-    run's unprofiled step time, the slowest rank judged against it."""
+    run's unprofiled step time, the slowest rank judged against it, and with each rank's GPU utilization
+    in that unprofiled phase (0–1, in the order of `figures`), against that too."""
     ranks = tuple(figures)
     slowest = _slowest(ranks)
     if slowest is not None and step_us:
-        slowest = _unprofiled(slowest, ranks, step_us)
+        utils = dict(zip((r.rank for r in ranks), gpu_util, strict=True)) if gpu_util is not None else {}
+        slowest = _unprofiled(slowest, ranks, step_us, utils)
     return RankOverview(ranks, slowest)
 
 
@@ -143,7 +167,9 @@ def _slowest(ranks: tuple[RankFigures, ...]) -> Slowest | None:
 GPU_PACED = 0.9  # the heaviest GPU's work and the transfer make this share of the unprofiled step
 
 
-def _unprofiled(slow: Slowest, ranks: tuple[RankFigures, ...], step_us: float) -> Slowest:
+def _unprofiled(
+    slow: Slowest, ranks: tuple[RankFigures, ...], step_us: float, utils: dict[int, float | None]
+) -> Slowest:
     """The slowest rank judged against the unprofiled step: which rank paces the run, and the most
     the step can lose if it caught up."""
     timed = [r for r in ranks if r.gpu_work_us is not None and r.work_us]
@@ -165,6 +191,9 @@ def _unprofiled(slow: Slowest, ranks: tuple[RankFigures, ...], step_us: float) -
             catch_up, "gpu", step_us,
         )  # fmt: skip
     catch_up = max(step_us - floor, 0.0)
+    idle = {r.rank: 1.0 - min(max(u, 0.0), 1.0) for r in timed if (u := utils.get(r.rank)) is not None}
+    if len(idle) == len(timed):
+        return _host_paced_unprofiled(slow, timed, step_us, catch_up, idle)
     if slow.comm_wait_us is not None:
         catch_up = min(catch_up, slow.comm_wait_us)
     straggler = slow.straggler and catch_up >= STRAGGLER_SPREAD * step_us
@@ -173,7 +202,44 @@ def _unprofiled(slow: Slowest, ranks: tuple[RankFigures, ...], step_us: float) -
     )
 
 
+def _host_paced_unprofiled(
+    slow: Slowest, timed: list[RankFigures], step_us: float, catch_up: float, idle: dict[int, float]
+) -> Slowest:
+    """A host paces the run, and each rank's GPU idle share is known unprofiled: the rank whose GPU idles
+    most is the straggler when it idles HOST_IDLE_GAP of the step more than the others' median; it can
+    save at most that much of the step, and no more than the step less the GPU floor (`catch_up`)."""
+
+    def gap_of(rank: int) -> tuple[float, float]:
+        others_idle = statistics.median(idle[r.rank] for r in timed if r.rank != rank)
+        return idle[rank] - others_idle, others_idle
+
+    top = max(timed, key=lambda r: (idle[r.rank], r.rank == slow.rank))  # ties: the trace's choice
+    gap, others_idle = gap_of(top.rank)
+    straggler = gap >= HOST_IDLE_GAP and min(catch_up, gap * step_us) >= STRAGGLER_SPREAD * step_us
+    if not straggler:  # balanced unprofiled: the trace's slowest stays the one shown, with its own idle
+        top = next(r for r in timed if r.rank == slow.rank)
+        gap, others_idle = gap_of(top.rank)
+    catch_up = min(catch_up, max(gap, 0.0) * step_us)
+    if top.rank == slow.rank:
+        if slow.comm_wait_us is not None:
+            catch_up = min(catch_up, slow.comm_wait_us)
+        return replace(
+            slow, straggler=straggler, catch_up_us=catch_up, paced_by="host", unprofiled_step_us=step_us,
+            gpu_idle=idle[top.rank], others_gpu_idle=others_idle,
+        )  # fmt: skip
+    # the trace's slowest rank is not the unprofiled one: the profiler slowed its host more
+    others = [r for r in timed if r is not top]
+    typical = statistics.median(r.work_us or 0.0 for r in others)
+    waits = [r.communication_us for r in others if r.communication_us is not None]
+    wait = max(statistics.median(waits) - (top.communication_us or 0.0), 0.0) if waits else None
+    return Slowest(
+        top.rank, top.work_us or 0.0, typical, (top.work_us or 0.0) / typical - 1 if typical > 0 else 0.0,
+        wait, straggler, catch_up, "host", step_us, idle[top.rank], others_idle, slow.rank,
+    )  # fmt: skip
+
+
 __all__ = [
+    "HOST_IDLE_GAP",
     "STRAGGLER_SPREAD",
     "RankFigures",
     "RankOverview",

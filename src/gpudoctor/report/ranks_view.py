@@ -189,15 +189,31 @@ def slowest_sentence(overview: RankOverview) -> str | None:
     if s is None:
         return None
     spread = f"{s.spread * 100:+.1f}%"
-    if s.straggler:
-        head = f"Rank {s.rank} is the straggler"
-    else:
-        head = f"The ranks are balanced (within {STRAGGLER_SPREAD:.0%}); the slowest is rank {s.rank}"
     what = "of GPU work (compute and copies)" if s.paced_by == "gpu" else "outside communication"
-    text = (
-        f"{head}: {fmt_us(s.work_us)} per step {what}, {spread} against the other "
-        f"ranks' median ({fmt_us(s.others_work_us)})."
-    )
+    if s.gpu_idle is not None and s.others_gpu_idle is not None:  # judged by the unprofiled utilization
+        idle = (
+            f"unprofiled its GPU idled {s.gpu_idle:.0%} of the step waiting for its host, the other ranks' "
+            f"{s.others_gpu_idle:.0%} (NVML, the light phase)"
+        )
+        if s.straggler:
+            text = f"Rank {s.rank} is the straggler: {idle}."
+        else:
+            text = f"The ranks are balanced: in the trace the slowest is rank {s.rank}, but {idle}."
+        text += f" In the trace: {fmt_us(s.work_us)} per step {what}, {spread} against the others' median"
+        text += f" ({fmt_us(s.others_work_us)})" + (
+            f"; rank {s.traced_rank} looked the slowest there, the profiler's doing."
+            if s.traced_rank is not None
+            else "."
+        )
+    else:
+        if s.straggler:
+            head = f"Rank {s.rank} is the straggler"
+        else:
+            head = f"The ranks are balanced (within {STRAGGLER_SPREAD:.0%}); the slowest is rank {s.rank}"
+        text = (
+            f"{head}: {fmt_us(s.work_us)} per step {what}, {spread} against the other "
+            f"ranks' median ({fmt_us(s.others_work_us)})."
+        )
     if s.paced_by == "gpu":
         return text + (
             f" Unprofiled, the GPUs pace the {fmt_us(s.unprofiled_step_us)} step: the profiler's cost on the "
@@ -206,8 +222,12 @@ def slowest_sentence(overview: RankOverview) -> str | None:
     if s.catch_up_us is not None:
         text += (
             f" Unprofiled, at most {fmt_us(s.catch_up_us)} of the {fmt_us(s.unprofiled_step_us)} step would go "
-            "if it caught up (the step less the heaviest GPU's work and the transfer)."
+            "if it caught up (the step less the heaviest GPU's work and the transfer"
+            + (", and its GPU's idle beyond the others'" if s.gpu_idle is not None else "")
+            + ")."
         )
+    if s.traced_rank is not None:  # the trace's waits are of the rank the profiler slowed
+        return text
     if s.comm_wait_us is None:
         return text + " No rank has communication kernels in its trace."
     if s.straggler:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import RankSummary
 from gpudoctor.analysis.ranks import STRAGGLER_SPREAD
-from gpudoctor.rules.base import MIN_SAVING_PCT, us
+from gpudoctor.rules.base import MIN_SAVING_PCT, pct, us
 from gpudoctor.rules.collectives import comm_bandwidth_low
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding
 from gpudoctor.rules.imbalance import load_imbalance
@@ -49,8 +49,25 @@ def bound_line(x: AcrossRanks, ranks: int, first: Finding | None = None) -> str:
         spread = first.values["compute_us"] / first.values["median_compute_us"] - 1
         return f"Rank {first.values['rank']:.0f} holds the others back: uneven work, {100 * spread:+.0f}% compute."
     what = "more GPU work" if s.paced_by == "gpu" else "time outside communication"
+    if s.straggler and s.gpu_idle is not None and s.others_gpu_idle is not None:
+        return (
+            f"Rank {s.rank} holds the others back: unprofiled its GPU idles {pct(100 * s.gpu_idle)} of the step "
+            f"waiting for its host, the others' {pct(100 * s.others_gpu_idle)}."
+        )
     if s.straggler:
         return f"Rank {s.rank} holds the others back: {100 * s.spread:+.0f}% {what}."
+    if s.gpu_idle is not None and s.others_gpu_idle is not None and s.paced_by == "host":
+        traced = (
+            f"; in the trace rank {s.rank} spends {100 * s.spread:+.0f}% longer outside communication, the "
+            "profiler's doing"
+            if s.spread >= STRAGGLER_SPREAD
+            else ""
+        )
+        return (
+            f"The {ranks} ranks are balanced: unprofiled, no rank's GPU idles for its host much more than the "
+            f"others' (rank {s.rank}'s {pct(100 * s.gpu_idle)} of the step, the others' "
+            f"{pct(100 * s.others_gpu_idle)}){traced}."
+        )
     if s.catch_up_us is not None and s.paced_by == "host" and s.spread >= STRAGGLER_SPREAD:
         return (
             f"The {ranks} ranks are balanced once the profiler's cost is out: in the trace rank {s.rank} spends "

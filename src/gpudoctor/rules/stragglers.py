@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import RankSummary
-from gpudoctor.analysis.ranks import Slowest
+from gpudoctor.analysis.ranks import STRAGGLER_SPREAD, Slowest
 from gpudoctor.rules.base import finding, pct, size, us
 from gpudoctor.rules.finding import Finding, Fix
 from gpudoctor.rules.imbalance import FIX as FIX_UNEVEN
@@ -88,6 +88,13 @@ def straggler(x: AcrossRanks, summaries: Sequence[RankSummary], step_us: float) 
         if uneven:
             return None  # different shapes on different ranks: load_imbalance says it, with its kernels
         return _finding(s, slow, x, s.catch_up_us or 0.0, step_us, _slower_gpu(slow, others, s))
+    if s.traced_rank is not None:  # named by its GPU's idle time unprofiled, not by the trace
+        more_compute = (slow.compute_us or 0.0) > (1 + STRAGGLER_SPREAD) * statistics.median(
+            r.compute_us or 0.0 for r in others
+        )
+        if uneven and more_compute:
+            return None  # load_imbalance's
+        return _finding(s, slow, x, s.catch_up_us or 0.0, step_us, own_host_cause(slow))
     waits = [w for r, w in zip(summaries, x.wait_us, strict=True) if r.rank != s.rank and w is not None]
     wait_us = statistics.median(waits) if waits else s.comm_wait_us
     if wait_us is None or wait_us <= 0:
@@ -119,6 +126,16 @@ def _finding(
             f"unprofiled {us(step_us)} step: the GPUs pace the run, and the others wait for this one."
         )
         evidence = [head, cause.detail]
+    elif s.traced_rank is not None:
+        evidence = [
+            _idle_sentence(s),
+            f"In the trace rank {s.traced_rank} looked the slowest: the profiler slowed its host more than the "
+            "others' (the same ops took longer there), so the traced times per rank do not say which rank is "
+            "late; the unprofiled utilization does.",
+            cause.detail,
+            f"Catching up saves at most {us(s.catch_up_us or 0.0)} of the unprofiled {us(step_us)} step: its GPU's "
+            "idle time beyond the others', and no more than the step less the heaviest GPU's work and the transfer.",
+        ]
     else:
         evidence = [
             f"Rank {s.rank} spends {us(s.work_us)} per step outside communication, {100 * s.spread:+.0f}% "
@@ -127,10 +144,14 @@ def _finding(
             "of each call runs beyond the same call's shortest over the ranks (where no rank waits).",
             cause.detail,
         ]
+        if s.gpu_idle is not None:
+            evidence.append(_idle_sentence(s))
         if s.catch_up_us is not None and wait_us is not None and s.catch_up_us < wait_us:
             evidence.append(
                 f"Those are traced times, and the profiler slows every host: unprofiled, the {us(step_us)} step "
-                f"less the heaviest GPU's work and the transfer leaves at most {us(s.catch_up_us)} to gain."
+                f"less the heaviest GPU's work and the transfer"
+                + (", and its GPU's idle time beyond the others'," if s.gpu_idle is not None else "")
+                + f" leaves at most {us(s.catch_up_us)} to gain."
             )
     if x.collectives and x.link is not None:
         top = max(x.collectives, key=lambda c: c.bytes * c.calls)
@@ -152,6 +173,37 @@ def _finding(
         FIXES[cause.name],
         values,
         sources=(slow.host_top_frame,) if cause.name == "host work" and slow.host_top_frame else (),
+    )
+
+
+def _idle_sentence(s: Slowest) -> str:
+    return (
+        f"Unprofiled, rank {s.rank}'s GPU sat idle {pct(100 * (s.gpu_idle or 0.0))} of each step waiting for its "
+        f"host, the other ranks' {pct(100 * (s.others_gpu_idle or 0.0))} (NVML utilization over the light phase; "
+        "a GPU waiting in a collective's kernel counts as busy): the others wait for it in their collectives."
+    )
+
+
+def own_host_cause(slow: RankSummary) -> Cause:
+    """Where the straggler's own host time goes in the trace (DataLoader, synchronizations, the rest),
+    when the trace cannot set it against the others' (the profiler slowed their hosts more)."""
+    step = slow.figures.step_p50_us or 0.0
+    share = slow.figures.idle_share_by_cause
+    by = {
+        "data loading": slow.dataloader_us,
+        "synchronizations": share.get("sync", 0.0) * step,
+        "host work": share.get("host_wait", 0.0) * step,
+    }
+    name = max(by, key=lambda k: by[k])
+    if name == "data loading":
+        return Cause(name, f"In the trace its host spends {us(by[name])} per step in DataLoader __next__.")
+    if name == "synchronizations":
+        return Cause(name, f"In the trace its GPU idles {us(by[name])} per step in host synchronizations.")
+    where = f", mostly in {slow.host_top_frame}" if slow.host_top_frame else ""
+    return Cause(
+        name,
+        f"In the trace its GPU waits {us(by[name])} per step for its host between ops, neither in the DataLoader "
+        f"nor in synchronizations: its own host work (Python between the ops, logging, per-rank preprocessing{where}).",
     )
 
 
