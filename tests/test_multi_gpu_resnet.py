@@ -165,12 +165,26 @@ def test_the_straggler_is_the_rank_whose_gpu_waits_for_its_host_unprofiled_whate
     s = r.across.overview.slowest
     assert s.rank == 1 and s.traced_rank == 0
     assert any("In the trace rank 0 looked the slowest" in e for e in f.evidence)
-    # AND its saving is at most its GPU's idle beyond the other's, and the step less the GPU floor
+    # AND its saving is at most its GPU's idle beyond the other's and the step less the GPU floor, and
+    # no more than its own host time beyond the other's as traced (Python outside ops, which the profiler
+    # hardly slows): within ±25% of the planted 15 ms
     step = s.unprofiled_step_us
     assert f.est_saving_pct == pytest.approx(100 * s.catch_up_us / step, abs=0.05)
     assert s.catch_up_us <= (s.gpu_idle - s.others_gpu_idle) * step + 1e-6
-    # AND the planted 15 ms is within what it says catching up can save
-    assert s.catch_up_us >= 15e3
+    own = {x.rank: x.host_other_us + x.dataloader_us for x in r.summaries}
+    assert s.catch_up_us <= own[1] - own[0] + 1e-6
+    assert 0.75 * 15e3 <= s.catch_up_us <= 1.25 * 15e3
+
+
+def test_a_run_whose_hosts_are_all_slow_is_not_a_straggler_run() -> None:
+    # GIVEN FSDP2, host-bound on every rank: unprofiled rank 0's GPU idles 55% of the step and rank 1's
+    # 10% (its host runs ahead and its GPU waits in the all-gathers), with the same own host work as traced
+    r = run("fsdp")
+    s = r.across.overview.slowest
+    assert s.gpu_idle - s.others_gpu_idle >= HOST_IDLE_GAP
+    # THEN no straggler: one host always paces a host-bound run; the ranks are said to be alike
+    assert not s.straggler and not any(f.id == "straggler" for f in r.diagnosis.findings)
+    assert "every host is slow alike" in r.diagnosis.bound
 
 
 def test_the_balanced_run_on_the_noisy_host_is_quiet() -> None:

@@ -64,7 +64,10 @@ class AcrossRanks:
 
 def across_ranks(summaries: Sequence[RankSummary]) -> AcrossRanks:
     overview = rank_overview_of(
-        [s.figures for s in summaries], unprofiled_step_us(summaries), [_util(s) for s in summaries]
+        [s.figures for s in summaries],
+        unprofiled_step_us(summaries),
+        [_util(s) for s in summaries],
+        [s.host_other_us + s.dataloader_us for s in summaries],
     )
     deviation = _deviation(summaries)
     order = sorted(range(len(summaries)), key=lambda i: (-(deviation[i] or 0.0), summaries[i].rank))

@@ -21,6 +21,7 @@ step."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -31,9 +32,10 @@ from gpudoctor.analysis.timeline import IDLE_CAUSES
 # Below this spread the ranks are called balanced: step times of one rank vary by a few % anyway.
 STRAGGLER_SPREAD = 0.05
 # The unprofiled straggler's GPU idles this share of the step more than the other ranks' median (NVML
-# utilization over the light phase). Balanced DDP runs measured 1–6 points apart (2 × H100, 2 × H200),
-# host-work stragglers 48–55 points.
-HOST_IDLE_GAP = 0.15
+# utilization over the light phase). Balanced DDP ResNet-50 runs measured 1, 2, 6 and, on a host whose
+# plain runs were 10% apart, 15 points apart (2 × H100, 2 × H200); 15 ms host-work stragglers 48, 51 and
+# 56 points.
+HOST_IDLE_GAP = 0.25
 COPY_KINDS = ("memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "memcpy_other", "memset")
 
 
@@ -98,15 +100,19 @@ def rank_overview_of(
     figures: Sequence[RankFigures],
     step_us: float | None = None,
     gpu_util: Sequence[float | None] | None = None,
+    own_host_us: Sequence[float | None] | None = None,
 ) -> RankOverview:
     """The same from each rank's figures (what a worker that analyzed one rank sends back); with the
     run's unprofiled step time, the slowest rank judged against it, and with each rank's GPU utilization
-    in that unprofiled phase (0–1, in the order of `figures`), against that too."""
+    in that unprofiled phase (0–1, in the order of `figures`) and its own host time per step as traced
+    (the script's Python outside ops, and the DataLoader), against those too."""
     ranks = tuple(figures)
     slowest = _slowest(ranks)
     if slowest is not None and step_us:
-        utils = dict(zip((r.rank for r in ranks), gpu_util, strict=True)) if gpu_util is not None else {}
-        slowest = _unprofiled(slowest, ranks, step_us, utils)
+        numbers = [r.rank for r in ranks]
+        utils = dict(zip(numbers, gpu_util, strict=True)) if gpu_util is not None else {}
+        host = dict(zip(numbers, own_host_us, strict=True)) if own_host_us is not None else {}
+        slowest = _unprofiled(slowest, ranks, step_us, utils, host)
     return RankOverview(ranks, slowest)
 
 
@@ -168,7 +174,11 @@ GPU_PACED = 0.9  # the heaviest GPU's work and the transfer make this share of t
 
 
 def _unprofiled(
-    slow: Slowest, ranks: tuple[RankFigures, ...], step_us: float, utils: dict[int, float | None]
+    slow: Slowest,
+    ranks: tuple[RankFigures, ...],
+    step_us: float,
+    utils: dict[int, float | None],
+    host: dict[int, float | None],
 ) -> Slowest:
     """The slowest rank judged against the unprofiled step: which rank paces the run, and the most
     the step can lose if it caught up."""
@@ -193,7 +203,10 @@ def _unprofiled(
     catch_up = max(step_us - floor, 0.0)
     idle = {r.rank: 1.0 - min(max(u, 0.0), 1.0) for r in timed if (u := utils.get(r.rank)) is not None}
     if len(idle) == len(timed):
-        return _host_paced_unprofiled(slow, timed, step_us, catch_up, idle)
+        own = {r.rank: h for r in timed if (h := host.get(r.rank)) is not None}
+        return _host_paced_unprofiled(
+            slow, timed, step_us, catch_up, idle, own if len(own) == len(timed) else {}
+        )
     if slow.comm_wait_us is not None:
         catch_up = min(catch_up, slow.comm_wait_us)
     straggler = slow.straggler and catch_up >= STRAGGLER_SPREAD * step_us
@@ -203,23 +216,36 @@ def _unprofiled(
 
 
 def _host_paced_unprofiled(
-    slow: Slowest, timed: list[RankFigures], step_us: float, catch_up: float, idle: dict[int, float]
+    slow: Slowest,
+    timed: list[RankFigures],
+    step_us: float,
+    catch_up: float,
+    idle: dict[int, float],
+    host: dict[int, float],
 ) -> Slowest:
     """A host paces the run, and each rank's GPU idle share is known unprofiled: the rank whose GPU idles
-    most is the straggler when it idles HOST_IDLE_GAP of the step more than the others' median; it can
-    save at most that much of the step, and no more than the step less the GPU floor (`catch_up`)."""
+    most is the one whose host paces the run (a faster host runs ahead, and its GPU waits in the
+    collectives' kernels, busy). That says which rank, not by how much: in a run whose hosts pace it
+    one rank always idles most. So it is a straggler when it idles HOST_IDLE_GAP of the step more than
+    the others' median *and* its own host time as traced (`host`: Python outside ops and the DataLoader,
+    which the profiler hardly slows, unlike the ops) exceeds the others' median by STRAGGLER_SPREAD of
+    the step; it can save at most that excess, its idle beyond the others', and the step less the GPU
+    floor (`catch_up`)."""
 
-    def gap_of(rank: int) -> tuple[float, float]:
-        others_idle = statistics.median(idle[r.rank] for r in timed if r.rank != rank)
-        return idle[rank] - others_idle, others_idle
+    def gap_of(rank: int) -> tuple[float, float, float]:
+        others = [r.rank for r in timed if r.rank != rank]
+        others_idle = statistics.median(idle[o] for o in others)
+        excess = host[rank] - statistics.median(host[o] for o in others) if host else math.inf
+        return idle[rank] - others_idle, others_idle, excess
 
     top = max(timed, key=lambda r: (idle[r.rank], r.rank == slow.rank))  # ties: the trace's choice
-    gap, others_idle = gap_of(top.rank)
-    straggler = gap >= HOST_IDLE_GAP and min(catch_up, gap * step_us) >= STRAGGLER_SPREAD * step_us
+    gap, others_idle, excess = gap_of(top.rank)
+    bound = min(catch_up, gap * step_us, excess)
+    straggler = gap >= HOST_IDLE_GAP and bound >= STRAGGLER_SPREAD * step_us
     if not straggler:  # balanced unprofiled: the trace's slowest stays the one shown, with its own idle
         top = next(r for r in timed if r.rank == slow.rank)
-        gap, others_idle = gap_of(top.rank)
-    catch_up = min(catch_up, max(gap, 0.0) * step_us)
+        gap, others_idle, excess = gap_of(top.rank)
+    catch_up = max(min(catch_up, gap * step_us, excess), 0.0)
     if top.rank == slow.rank:
         if slow.comm_wait_us is not None:
             catch_up = min(catch_up, slow.comm_wait_us)

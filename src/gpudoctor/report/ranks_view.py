@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import TopFinding
-from gpudoctor.analysis.ranks import STRAGGLER_SPREAD, RankFigures, RankOverview
+from gpudoctor.analysis.ranks import HOST_IDLE_GAP, STRAGGLER_SPREAD, RankFigures, RankOverview
 from gpudoctor.analysis.timeline import IDLE_CAUSES
 from gpudoctor.report.style import IDLE_LABELS
 from gpudoctor.rules.finding import Diagnosis
@@ -198,7 +198,11 @@ def slowest_sentence(overview: RankOverview) -> str | None:
         if s.straggler:
             text = f"Rank {s.rank} is the straggler: {idle}."
         else:
-            text = f"The ranks are balanced: in the trace the slowest is rank {s.rank}, but {idle}."
+            text = f"The ranks are balanced: in the trace the slowest is rank {s.rank}; {idle}" + (
+                ", its host pacing the run by no more own host work than the others'."
+                if s.gpu_idle - s.others_gpu_idle >= HOST_IDLE_GAP
+                else "."
+            )
         text += f" In the trace: {fmt_us(s.work_us)} per step {what}, {spread} against the others' median"
         text += f" ({fmt_us(s.others_work_us)})" + (
             f"; rank {s.traced_rank} looked the slowest there, the profiler's doing."

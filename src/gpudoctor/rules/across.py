@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import RankSummary
-from gpudoctor.analysis.ranks import STRAGGLER_SPREAD
+from gpudoctor.analysis.ranks import HOST_IDLE_GAP, STRAGGLER_SPREAD
 from gpudoctor.rules.base import MIN_SAVING_PCT, pct, us
 from gpudoctor.rules.collectives import comm_bandwidth_low
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding
@@ -63,6 +63,13 @@ def bound_line(x: AcrossRanks, ranks: int, first: Finding | None = None) -> str:
             if s.spread >= STRAGGLER_SPREAD
             else ""
         )
+        if s.gpu_idle - s.others_gpu_idle >= HOST_IDLE_GAP:  # one host paces, by no more than the others'
+            return (
+                f"The {ranks} ranks are balanced: unprofiled rank {s.rank}'s host paces the run (its GPU idles "
+                f"{pct(100 * s.gpu_idle)} of the step, the others' {pct(100 * s.others_gpu_idle)}: theirs run ahead "
+                "and wait in the collectives), but its own host work is no more than theirs: every host is slow "
+                f"alike (each rank's findings say where){traced}."
+            )
         return (
             f"The {ranks} ranks are balanced: unprofiled, no rank's GPU idles for its host much more than the "
             f"others' (rank {s.rank}'s {pct(100 * s.gpu_idle)} of the step, the others' "

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 from gpudoctor.analysis.across_ranks import AcrossRanks
 from gpudoctor.analysis.rank_summary import RankSummary
-from gpudoctor.analysis.ranks import STRAGGLER_SPREAD, Slowest
+from gpudoctor.analysis.ranks import Slowest
 from gpudoctor.rules.base import finding, pct, size, us
 from gpudoctor.rules.finding import Finding, Fix
 from gpudoctor.rules.imbalance import FIX as FIX_UNEVEN
-from gpudoctor.rules.imbalance import uneven_kernels
+from gpudoctor.rules.imbalance import load_imbalance, uneven_kernels
 from gpudoctor.util.units import fmt_rate
 
 CLOCK_DROP = 0.05  # an SM clock this much under the others' while busy is a slower GPU
@@ -89,10 +89,8 @@ def straggler(x: AcrossRanks, summaries: Sequence[RankSummary], step_us: float) 
             return None  # different shapes on different ranks: load_imbalance says it, with its kernels
         return _finding(s, slow, x, s.catch_up_us or 0.0, step_us, _slower_gpu(slow, others, s))
     if s.traced_rank is not None:  # named by its GPU's idle time unprofiled, not by the trace
-        more_compute = (slow.compute_us or 0.0) > (1 + STRAGGLER_SPREAD) * statistics.median(
-            r.compute_us or 0.0 for r in others
-        )
-        if uneven and more_compute:
+        uneven_work = load_imbalance(x, summaries, step_us)
+        if uneven_work is not None and uneven_work.values["rank"] == s.rank:
             return None  # load_imbalance's
         return _finding(s, slow, x, s.catch_up_us or 0.0, step_us, own_host_cause(slow))
     waits = [w for r, w in zip(summaries, x.wait_us, strict=True) if r.rank != s.rank and w is not None]
