@@ -97,6 +97,7 @@ def row(rule: str, case: dict[str, Any], unmarked: dict[str, Any], scratch: Path
         "reason": REASONS.get(rule, ""),
         "slow_step_us": slow["unprofiled_step_us"]["median"],
         "fixed_step_us": case["fixed"]["unprofiled_step_us"]["median"],
+        "device": case.get("device"),
         "samples_per_step": case["samples_per_step"],
         "markers_stripped": diagnosed(
             stripped(ZOO / slow["file"], scratch), rule, unprofiled, case["measured_saving"]
@@ -110,6 +111,14 @@ def row(rule: str, case: dict[str, Any], unmarked: dict[str, Any], scratch: Path
             recorded["measured_saving"],
         ),
     }
+
+
+def _others(rows: list[dict[str, Any]], env: dict[str, Any] | None) -> str:
+    """The cases recorded on another GPU than the manifest's, named."""
+    main = (env or {}).get("device_name")
+    other = sorted({r["device"] for r in rows if r.get("device") and r["device"] != main})
+    named = [f"{', '.join(r['rule'] for r in rows if r.get('device') == d)} on {d}" for d in other]
+    return "; ".join(named) or "every case"
 
 
 def _unmarked(d: dict[str, Any] | None) -> str:
@@ -142,7 +151,8 @@ def main() -> int:
         )
     OUT.with_suffix(".md").write_text(
         "# Predicted vs real saving on the zoo\n\nMeasured on "
-        f"{(env or {}).get('device_name', 'the GPU')}: unprofiled step time, slow → fixed, per sample. "
+        f"{(env or {}).get('device_name', 'the GPU')} ({_others(rows, env)}): unprofiled step time, slow → fixed, "
+        "per sample. "
         "Without markers: the same slow trace with its ProfilerStep#N annotations stripped, steps inferred.\n\n"
         + "\n".join(lines)
         + "\n"

@@ -1,4 +1,4 @@
-"""`copy_overlap` on crafted traces (until tools/record_zoo.py records its zoo case on the GPU): pinned copies
+"""`copy_overlap` on crafted traces (its recorded zoo case, H100, is checked in test_zoo.py): pinned copies
 that run alone on the compute stream are named with their saving bounded by the compute they could hide
 behind; copies already beside compute, pageable copies (pageable_copy's) and tiny copies are not."""
 

@@ -191,17 +191,22 @@ def traced(step: Step, options: dict[str, bool], dest: Path | None, active: int)
             on_trace_ready=lambda p: p.export_chrome_trace(str(raw)),
             **options,
         ) as prof:
-            for _ in range(2 + active):
+            # Timed as the unprofiled steps are, by CUDA events between steps: a step's host span is not
+            # its time where the host runs ahead of the GPU (a CUDA graph's replay returns at once).
+            marks = [torch.cuda.Event(enable_timing=True) for _ in range(3 + active)]
+            marks[0].record()
+            for i in range(2 + active):
                 step()
+                marks[i + 1].record()
                 prof.step()
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        timed = [a.elapsed_time(b) * 1e3 for a, b in itertools.pairwise(marks[2 : 3 + active])]
         doc = json.loads(raw.read_text())
         if dest is not None:
             dest.parent.mkdir(parents=True, exist_ok=True)
             with raw.open("rb") as src, gzip.GzipFile(dest, "wb", compresslevel=6, mtime=0) as dst:
                 shutil.copyfileobj(src, dst, length=1 << 20)
-    return {**count_events(doc), "file": dest.name if dest else None}
+    return {**count_events(doc), "event_step_us": timed, "file": dest.name if dest else None}
 
 
 def count_events(doc: dict[str, Any]) -> dict[str, Any]:
@@ -239,8 +244,50 @@ def count_events(doc: dict[str, Any]) -> dict[str, Any]:
             counts["memory_event"] += 1
     return {
         "counts_per_step": {k: v / n for k, v in counts.items()},
-        "traced_step_us": [b - a for a, b in steps],
+        "traced_step_us": step_windows(events, steps),
+        "host_step_us": [b - a for a, b in steps],
     }
+
+
+def step_windows(events: list[dict[str, Any]], steps: list[tuple[float, float]]) -> list[float]:
+    """Each step's time as gpudoctor's trace.steps reads it: a step opens once the host started it and
+    the GPU finished the step before, and closes where the next opens (the last once host and GPU are
+    done). Where the host runs ahead of the GPU its ProfilerStep span is not the step time."""
+    launch_ts = {
+        e["args"]["correlation"]: float(e["ts"])
+        for e in events
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    gpu_start, gpu_end = [float("inf")] * len(steps), [-float("inf")] * len(steps)
+    for e in gpu:
+        ts = launch_ts.get(e.get("args", {}).get("correlation"))
+        for i, (a, b) in enumerate(steps):
+            if ts is not None and a <= ts < b:
+                gpu_start[i] = min(gpu_start[i], float(e["ts"]))
+                gpu_end[i] = max(gpu_end[i], float(e["ts"]) + float(e.get("dur", 0)))
+    # The GPU work queued before the first step (launched earlier, or with no launch recorded, that ran
+    # before the first step's own) delays the first step's start.
+    first_own = min(gpu_start, default=float("inf"))
+    done = max(
+        (
+            float(e["ts"]) + float(e.get("dur", 0))
+            for e in gpu
+            if (
+                (ts := launch_ts.get(e.get("args", {}).get("correlation"))) is not None
+                and steps
+                and ts < steps[0][0]
+            )
+            or (ts is None and float(e["ts"]) < first_own)
+        ),
+        default=-float("inf"),
+    )
+    opens = []
+    for (a, _), end in zip(steps, gpu_end, strict=True):
+        opens.append(max(a, done))
+        done = max(done, end)
+    closes = [*opens[1:], max(steps[-1][1], done)] if steps else []
+    return [b - a for a, b in zip(opens, closes, strict=True)]
 
 
 def measure(
@@ -319,32 +366,68 @@ def record(args: argparse.Namespace) -> int:
 
 
 def fit(folder: Path) -> dict[str, Any]:
-    """Per-event costs from the host-bound probes: each option set's extra traced time over the one
-    without it, divided by the events it adds per step (the probes are host-bound traced and unprofiled,
-    so the traced − unprofiled difference is the profiler's cost itself)."""
-    w = json.loads((folder / "manifest.json").read_text())["workloads"]
+    """Per-event costs from the host-bound probes (eager and compiled); but for `event` and
+    `compiled_launch`, each a least-squares fit over both (a cost per event of each kind, the same in both):
 
-    def diff(name: str, option_set: str) -> tuple[float, dict[str, float]]:
-        run = w[name]["runs"][option_set]
-        return statistics.median(run["traced_step_us"]) - w[name]["unprofiled_step_us"]["median"], run[
-            "counts_per_step"
-        ]
+    - `event` (every op, annotation and runtime call): the eager probe's default-options traced −
+      unprofiled step, over its events; `compiled_launch`: what that leaves per Inductor launch on the
+      compiled probe (reported raw, priced at no less than 0);
+    - each option alone: its traced step less the default-options one beside it in time (the baseline
+      drift of a shared host cancels), over the records it adds; `memory_event` from the all-options run
+      less the with_stack + record_shapes one;
+    - with_stack and record_shapes together cost more than each alone: their records are fitted together
+      from that option set's runs (two kinds, two probes), `with_stack_and_shapes`.
 
-    d0, c0 = diff("eager_probe", "default")
-    event = d0 / c0["event"]
-    dc, cc = diff("compiled_probe", "default")
-    compiled = (dc - event * cc["event"]) / max(cc["compiled_launch"], 1)
-    costs = {"event": event, "compiled_launch": compiled}
-    for option_set, kind in (
-        ("record_shapes", "shaped_op"),
-        ("profile_memory", "memory_event"),
-        ("with_stack", "python_frame"),
+    Step times are the medians of each run's steps."""
+    doc = json.loads((folder / "manifest.json").read_text())
+    w = {n: doc["workloads"][n] for n in PROBES}
+
+    def step(name: str, option_set: str) -> float:
+        return statistics.median(w[name]["runs"][option_set]["traced_step_us"])
+
+    def count(name: str, option_set: str, kind: str) -> float:
+        return float(w[name]["runs"][option_set]["counts_per_step"][kind])
+
+    def through_zero(xs: list[float], ys: list[float]) -> float:
+        return sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+
+    excess = {n: step(n, "default") - w[n]["unprofiled_step_us"]["median"] for n in PROBES}
+    event = excess["eager_probe"] / count("eager_probe", "default", "event")
+    c = "compiled_probe"
+    launch_raw = (excess[c] - event * count(c, "default", "event")) / max(
+        count(c, "default", "compiled_launch"), 1
+    )
+    alone = {"event": event, "compiled_launch": max(launch_raw, 0.0)}
+    for option_set, base, kind in (
+        ("record_shapes", "default", "shaped_op"),
+        ("with_stack", "default", "python_frame"),
+        ("all", "stack_shapes", "memory_event"),
     ):
-        d, c = diff("eager_probe", option_set)
-        costs[kind] = (d - d0 - event * (c["event"] - c0["event"])) / max(c[kind], 1)
+        alone[kind] = through_zero(
+            [count(n, option_set, kind) for n in PROBES],
+            [step(n, option_set) - step(n, base) for n in PROBES],
+        )
+    # Two kinds from two probes: solve [shaped, frames] x = added time.
+    (a1, b1), (a2, b2) = (
+        (count(n, "stack_shapes", "shaped_op"), count(n, "stack_shapes", "python_frame")) for n in PROBES
+    )
+    y1, y2 = (step(n, "stack_shapes") - step(n, "default") for n in PROBES)
+    det = a1 * b2 - a2 * b1
+    together = {"shaped_op": (y1 * b2 - y2 * b1) / det, "python_frame": (a1 * y2 - a2 * y1) / det}
     return {
-        "environment": json.loads((folder / "manifest.json").read_text())["environment"],
-        "costs_us": costs,
+        "environment": doc["environment"],
+        "costs_us": alone,
+        "with_stack_and_shapes_us": together,
+        "compiled_launch_raw_us": launch_raw,
+        "method": fit.__doc__,
+        "inputs": {
+            n: {
+                "unprofiled_step_us": w[n]["unprofiled_step_us"]["median"],
+                "traced_step_us": {o: step(n, o) for o in w[n]["runs"]},
+                "counts_per_step": {o: r["counts_per_step"] for o, r in w[n]["runs"].items()},
+            }
+            for n in PROBES
+        },
     }
 
 
@@ -359,6 +442,11 @@ def merge(source: Path, dest: Path) -> None:
     ours["workloads"] = {**ours.get("workloads", {}), **theirs["workloads"]}
     for trace in source.glob("*.json.gz"):
         shutil.copyfile(trace, dest / trace.name)
+    for entry in ours["workloads"].values():  # re-read kept traces as count_events reads them now
+        for run in entry.get("runs", {}).values():
+            if run.get("file") and (dest / run["file"]).exists():
+                with gzip.open(dest / run["file"], "rt") as fh:
+                    run.update(count_events(json.load(fh)))
     path.write_text(json.dumps(ours, indent=1) + "\n")
 
 
@@ -379,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fit is not None:
         result = fit(args.fit)
         RESULT.write_text(json.dumps(result, indent=1) + "\n")
-        print(json.dumps(result["costs_us"], indent=1))
+        print(json.dumps({k: result[k] for k in ("costs_us", "with_stack_and_shapes_us")}, indent=1))
         return 0
     if args.part is None:
         p.error("--part or --fit")
