@@ -9,6 +9,8 @@ baseline and fixes tried on top: test_fix_session_plan.py."""
 from __future__ import annotations
 
 import math
+import random
+import statistics
 from dataclasses import replace
 from pathlib import Path
 
@@ -447,3 +449,27 @@ def test_baseline_processes_close_together_leave_no_note() -> None:
     ).run()
     assert report.baseline_spread_pct is not None and report.baseline_spread_pct < 3
     assert not any("differ by up to" in n for n in report.notes)
+
+
+def test_the_harness_spread_is_set_beside_the_plain_one_at_equal_counts() -> None:
+    from gpudoctor.fixes.attempt import spread_pct, spread_ratio
+
+    # GIVEN 8 harness processes and 4 plain ones drawn from one distribution (seeded normal, 10% σ)
+    rng = random.Random(7)
+    ratios = []
+    for _ in range(300):
+        harness = [rng.gauss(100, 10) for _ in range(8)]
+        plain = [rng.gauss(100, 10) for _ in range(4)]
+        ratios.append(spread_ratio(harness, plain))
+    raw = []
+    for _ in range(300):
+        harness = [rng.gauss(100, 10) for _ in range(8)]
+        plain = [rng.gauss(100, 10) for _ in range(4)]
+        raw.append(spread_pct(harness) / spread_pct(plain))
+    # THEN at equal counts the harness is as far apart as the plain processes (median ratio near 1),
+    # where the raw ranges put it ~1.4× as far apart (E[range] 2.85 σ at 8 against 2.06 σ at 4)
+    assert 0.85 < statistics.median(ratios) < 1.15
+    assert statistics.median(raw) > 1.25
+    # AND equal counts are compared as they are
+    assert spread_ratio([1.0, 2.0], [1.0, 2.0]) == pytest.approx(1.0)
+    assert spread_ratio([1.0], [1.0, 2.0]) is None

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpudoctor.fixes.attempt import Attempt, spread_pct, verdict_of
+from gpudoctor.fixes.attempt import Attempt, spread_pct, spread_ratio, verdict_of
 from gpudoctor.fixes.result import FixVerdict
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, Launcher
@@ -64,7 +64,7 @@ class AAReport(Serialized):
     torch: str | None
     harness: ProcessSpread | None  # the session's own rounds (forked, or fresh interpreters with --no-fork)
     plain: ProcessSpread | None  # the script in fresh interpreters, one after another
-    spread_ratio: float | None  # harness spread over plain spread
+    spread_ratio: float | None  # harness spread over plain spread, at equal counts (`attempt.spread_ratio`)
     processes: FixVerdict | None  # the no-op patch in processes, A B, B A, …
     blocks: FixVerdict | None  # the no-op switched in blocks of one process
     false_positives: tuple[FalsePositives, ...]
@@ -141,7 +141,7 @@ def run_aa(
         rate, n = false_positive_rate(block_means, options.blocks, comparisons=COMPARISONS)
         found.append(FalsePositives("block pair", options.blocks, n, rate))
     h, p = spread_of(how, rounds), spread_of("fresh interpreters, one after another", fresh)
-    ratio = h.spread_pct / p.spread_pct if h and p and h.spread_pct is not None and p.spread_pct else None
+    ratio = spread_ratio(list(h.means_us), list(p.means_us)) if h and p else None
     ref = rounds[0] if rounds else None
     return AAReport(
         argv=argv,
