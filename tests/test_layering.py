@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,23 @@ def test_the_way_from_analyze_to_its_output_never_climbs_back(tmp_path: Path) ->
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "[]"
+
+
+# Where a process may be started: the runner's one protocol (runner.child), the fork server inside it,
+# the profiler's stderr filter (not the user's script), and `gpudoctor monitor -- CMD`, which samples NVML
+# while the command it started runs beside it.
+STARTS_PROCESSES = {"runner/child.py", "runner/proflog.py", "fixes/forkserver.py", "cli/monitor_run.py"}
+PROCESS_START = re.compile(
+    r"subprocess\.(?:Popen|run|call|check_call|check_output)\(|os\.(?:system|spawn\w*|exec\w*)\("
+)
+
+
+def test_every_process_for_the_users_script_starts_through_the_runner() -> None:
+    starting = {
+        str(p.relative_to(SRC))
+        for p in SRC.rglob("*.py")
+        if PROCESS_START.search(p.read_text(encoding="utf-8"))
+    }
+    assert starting <= STARTS_PROCESSES, (
+        f"processes started outside runner.child: {starting - STARTS_PROCESSES}"
+    )

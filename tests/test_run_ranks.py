@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from gpudoctor.doctor.combine import torchrun_argv
 from gpudoctor.monitor.topology import read_link
 from gpudoctor.runner.capture import LiveOptions
 from gpudoctor.runner.ranks import RankEnv, RankRun
+from gpudoctor.runner.torchrun import torchrun_argv
 from gpudoctor.trace import load_trace
 from gpudoctor.trace.steps import find_steps
 

@@ -1,14 +1,11 @@
-"""A `gpudoctor run` of several ranks, the doctor's side: the torchrun command that runs the ranks
-(`--nproc N`), and the ranks of one run directory combined — every rank analyzed (`doctor.ranks`),
+"""A `gpudoctor run` of several ranks, the doctor's side: the ranks run under torchrun (`--nproc N`,
+`runner.torchrun`), and the ranks of one run directory combined — every rank analyzed (`doctor.ranks`),
 `analysis.json` written (gpudoctor.ranks/1, with every rank's summary, the findings about the ranks
 together, and whether their traces cover the same steps) — as a `RunReport`; or, where no rank left a
 trace, why, and the options that would fit the steps the script ran."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -19,30 +16,8 @@ from gpudoctor.doctor.ranks import FULL_REPORTS_MAX, analyze_directory
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.runner import rundir
 from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.torchrun import run_ranks
 from gpudoctor.util.errors import GpudoctorError
-
-NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0"}  # never NVLink multicast from a tool's own launch
-
-
-def torchrun_argv(nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str]) -> list[str]:
-    """The torchrun command line that runs `gpudoctor run` with these options as `nproc` ranks."""
-    o = options
-    flags = [
-        "--out", str(out), "--warmup", str(o.warmup), "--light-steps", str(o.light_steps),
-        "--light-seconds", str(o.light_seconds), "--warmup-seconds", str(o.warmup_seconds), "--steps", str(o.steps),
-        "--nvml-interval", str(round(o.nvml_interval_s * 1000)), "--module-depth", str(o.module_depth),
-    ]  # fmt: skip
-    for name, on in (
-        ("--light", o.light_only),
-        ("--run-to-end", o.run_to_end),
-        ("--with-stack", o.with_stack),
-        ("--record-shapes", o.record_shapes),
-        ("--profile-memory", o.profile_memory),
-    ):
-        flags += [name] if on else []
-    flags.append("--nvml" if o.nvml else "--no-nvml")
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
-    return [*launcher, "-m", "gpudoctor", "run", *flags, *(["-m"] if module else []), *command]
 
 
 def launch_ranks(
@@ -55,9 +30,7 @@ def launch_ranks(
 ) -> tuple[int, RunReport | None]:
     """Run the ranks under torchrun and wait; combine them here if no rank did (one was killed). The
     exit status, and the combined report when it was made here."""
-    argv = torchrun_argv(nproc, out, options, module, command)
-    env = {**os.environ, **{k: v for k, v in NVLS_OFF_ENV.items() if k not in os.environ}}
-    code = subprocess.call(argv, env=env)
+    code = run_ranks(nproc, out, options, module, command)
     if (out / rundir.ANALYSIS_FILE).is_file() or not rundir.has_rank_traces(out):
         return code, None
     on_note("no rank combined the ranks (one ended early): combining them now")

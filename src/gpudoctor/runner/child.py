@@ -5,12 +5,16 @@ child has ended (DataLoader or compile workers the script left) is ended with it
 child wrote through the one writer (`util.outfile`) is read back. A child that times out, dies or writes
 nothing is a `ChildRun` saying so, never an exception. The fork server of `gpudoctor fix`
 (`fixes.forkserver`) is an optimization of the same protocol: it forks the child instead of starting an
-interpreter, with the same arguments and the same result file."""
+interpreter, with the same arguments and the same result file. `run_attached` is the same for a command
+in the foreground (torchrun and its ranks, `runner.torchrun`): its output on this terminal, its exit
+status back."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,3 +100,33 @@ def run_child(module: str, argv: Sequence[str], *, result: Path, log: Path, time
     if doc is None and code is not None:
         why = f"exit status {code}, {why}"
     return ChildRun(code, doc, why, log_tail(log), left, time.perf_counter() - t0)
+
+
+INTERRUPT_GRACE_S = 30.0  # after Ctrl-C, how long the group has to end itself before it is killed
+
+
+def run_attached(argv: Sequence[str], env: dict[str, str] | None = None) -> int:
+    """Run `argv` in the foreground, its output on this terminal, in a process group of its own; Ctrl-C
+    here is passed on to the group (torchrun stops its ranks, which leave what they captured), and
+    whatever the group still holds once its leader has ended is ended with it. Its exit status (negative:
+    the signal that ended it)."""
+    try:
+        proc = subprocess.Popen(
+            list(argv), env=env if env is not None else child_env(), start_new_session=True
+        )
+    except OSError as err:
+        raise GpudoctorError(f"cannot start {argv[0]}: {err}") from None
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=INTERRUPT_GRACE_S)
+        except subprocess.TimeoutExpired:
+            end_group(proc.pid)
+            proc.wait()
+        raise
+    finally:
+        end_group(proc.pid)
+    return code
