@@ -14,10 +14,11 @@ trace, and catching up can save at most the unprofiled step less that GPU floor.
 A host-paced run's slowest rank in the trace may be the profiler's doing alone: on a busy host it slowed
 one rank's ops twice as much as the other's (2 × H200, DDP ResNet-50, a balanced run and one whose
 straggler was the *other* rank). Where NVML measured each rank's GPU utilization in the unprofiled
-light phase, that decides: the rank whose GPU idles most, waiting for its own host, is the straggler (the
-others' GPUs are busy, if only in a collective's waiting kernel), and only when it idles at least
-HOST_IDLE_GAP of the step more than the others' median; what it can save is at most that much of the
-step."""
+light phase, that decides which rank: the one whose GPU idles most, waiting for its own host (the others'
+GPUs are busy, if only in a collective's waiting kernel), when it idles at least HOST_IDLE_GAP of the step
+more than the others' median. Whether it is a straggler, and by how much, its own host time as traced
+says (Python outside ops and the DataLoader, which the profiler hardly slows): beyond the others' by 5%
+of the step at least; its saving is at most that excess and its idle beyond the others'."""
 
 from __future__ import annotations
 

@@ -227,7 +227,11 @@ def slowest_sentence(overview: RankOverview) -> str | None:
         text += (
             f" Unprofiled, at most {fmt_us(s.catch_up_us)} of the {fmt_us(s.unprofiled_step_us)} step would go "
             "if it caught up (the step less the heaviest GPU's work and the transfer"
-            + (", and its GPU's idle beyond the others'" if s.gpu_idle is not None else "")
+            + (
+                ", its GPU's idle beyond the others', and its own host time beyond theirs"
+                if s.gpu_idle is not None
+                else ""
+            )
             + ")."
         )
     if s.traced_rank is not None:  # the trace's waits are of the rank the profiler slowed

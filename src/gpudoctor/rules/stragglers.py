@@ -131,8 +131,10 @@ def _finding(
             "others' (the same ops took longer there), so the traced times per rank do not say which rank is "
             "late; the unprofiled utilization does.",
             cause.detail,
-            f"Catching up saves at most {us(s.catch_up_us or 0.0)} of the unprofiled {us(step_us)} step: its GPU's "
-            "idle time beyond the others', and no more than the step less the heaviest GPU's work and the transfer.",
+            f"Catching up saves at most {us(s.catch_up_us or 0.0)} of the unprofiled {us(step_us)} step: its own host "
+            "time beyond the others' as traced (Python outside ops and the DataLoader, which the profiler hardly "
+            "slows), no more than its GPU's idle time beyond theirs, nor than the step less the heaviest GPU's work "
+            "and the transfer.",
         ]
     else:
         evidence = [
@@ -148,7 +150,12 @@ def _finding(
             evidence.append(
                 f"Those are traced times, and the profiler slows every host: unprofiled, the {us(step_us)} step "
                 f"less the heaviest GPU's work and the transfer"
-                + (", and its GPU's idle time beyond the others'," if s.gpu_idle is not None else "")
+                + (
+                    ", its GPU's idle time beyond the others' and its own host time beyond theirs (Python outside "
+                    "ops and the DataLoader),"
+                    if s.gpu_idle is not None
+                    else ""
+                )
                 + f" leaves at most {us(s.catch_up_us)} to gain."
             )
     if x.collectives and x.link is not None:
