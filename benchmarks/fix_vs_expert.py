@@ -292,6 +292,8 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
 
 def environment() -> dict[str, Any]:
     info: dict[str, Any] = {"python": platform.python_version()}
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):  # one queue of several on a machine (gpu_session.sh fvep)
+        info["cuda_visible_devices"] = os.environ["CUDA_VISIBLE_DEVICES"]
     try:
         import torch
 

@@ -13,6 +13,10 @@
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
 #   fve:NAME[:BUDGET[:MODE]]  benchmarks/fix_vs_expert.py --only NAME --budget BUDGET (default 5m);
 #                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
+#   fvep:NAMES[:BUDGET]  fix_vs_expert on several workloads at once, one queue per GPU the machine has
+#                    (CUDA_VISIBLE_DEVICES, round-robin over the comma-separated NAMES; each workload's
+#                    gpudoctor fix and its expert timed on the same GPU) -> $BG_OUT/fve_gpuK/; merge with
+#                    `benchmarks/fix_vs_expert.py --merge DIR` (each queue's environment names its CUDA_VISIBLE_DEVICES)
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
 #   aa:NAMES         benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
@@ -70,6 +74,23 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         [ "${arg3:-}" = shared ] && shared=(--shared-baseline)
         "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve" --only "$arg1" --budget "${arg2:-5m}" "${shared[@]}" \
             "${SMOKE[@]}"
+        ;;
+    fvep)
+        local names gpus k
+        IFS=, read -r -a names <<<"$arg1"
+        gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
+        [ "$gpus" -ge 1 ] || gpus=1
+        for ((k = 0; k < gpus; k++)); do
+            local mine=() i
+            for ((i = k; i < ${#names[@]}; i += gpus)); do mine+=("${names[$i]}"); done
+            [ ${#mine[@]} -gt 0 ] || continue
+            local list
+            list=$(IFS=,; echo "${mine[*]}")
+            CUDA_VISIBLE_DEVICES=$k "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$k" --only "$list" \
+                --budget "${arg2:-10m}" "${SMOKE[@]}" >"$OUT_DIR/fve_gpu$k.log" 2>&1 &
+        done
+        wait
+        tail -n 5 "$OUT_DIR"/fve_gpu*.log
         ;;
     aa)
         "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
