@@ -1,11 +1,16 @@
-"""What `gpudoctor run`'s light phase (no profiler) costs a data-parallel step, and which of its parts
-costs it: benchmarks/multi_gpu_train.py (DDP ResNet-50 bf16) under torchrun, plainly (its own timing:
-the mean step over a window synchronized at its ends after a 3 s warm-up, and the per-step median),
-then under `gpudoctor run --light` with its parts switched off one at a time (NVML sampling, the
-allocator's history), in rounds so that drift shows. On --nproc ranks (2: the multi-GPU case; 1: the
-same script as one rank). Results: OUT/multi_gpu_overhead.json and a table.
+"""What `gpudoctor run`'s light phase (no profiler) costs a data-parallel step, judged as `gpudoctor fix`
+judges a fix: benchmarks/multi_gpu_train.py (DDP ResNet-50 bf16, or FSDP2 with --parallel fsdp) under
+torchrun, plainly (its own timing: the mean step over a window synchronized at its ends after a 3 s
+warm-up) and under `gpudoctor run --light` (the light phase's mean step), in process pairs whose order
+goes A B, B A, … (`timing.paired.abba`: drift between processes cancels in the pairs), judged by the
+paired test on ln(gpudoctor / plain) (`timing.paired.paired_compare`): the ratio with its 95% interval,
+and "same" where that interval lies within ±5%. `--parts` adds the light phase with its parts switched off
+one at a time (NVML sampling, the allocator's history), each paired with plain the same way. On --nproc
+ranks (2: the multi-GPU case; 1: the same script as one rank). Results: OUT/multi_gpu_overhead_N.json and a
+table.
 
-    PYTHONPATH=src python3 benchmarks/multi_gpu_overhead.py --out $OUT [--nproc 2] [--rounds 2]
+    PYTHONPATH=src python3 benchmarks/multi_gpu_overhead.py --out $OUT [--nproc 2] [--pairs 4] [--parallel fsdp]
+    PYTHONPATH=src python3 benchmarks/multi_gpu_overhead.py --out /tmp/o --cpu --pairs 2   # the CPU path
 """
 
 from __future__ import annotations
@@ -53,48 +58,70 @@ def light(tmp: Path, env: dict[str, str], nproc: int, flags: list[str]) -> dict[
 
 
 def main() -> int:
+    from gpudoctor.timing.paired import Pair, abba, paired_compare
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--pairs", type=int, default=4, help="process pairs per variant (plain beside it)")
+    p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"])
+    p.add_argument(
+        "--parts", action="store_true", help="also the light phase with NVML, then the history, off"
+    )
     p.add_argument(
         "--cpu", action="store_true", help="gloo on the CPU with a tiny CNN: the path, not the figures"
     )
     args = p.parse_args()
-    env = run_env(args.cpu)
+    env = {**run_env(args.cpu), "PARALLEL": args.parallel}
     if args.cpu:
         LIGHT[LIGHT.index("--light-seconds") + 1] = "0.2"
+    variants = VARIANTS if args.parts else {"gpudoctor": VARIANTS["gpudoctor"]}
     rows: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as name:
         tmp = Path(name)
-        for _ in range(args.rounds):
-            rows.setdefault("plain", []).append(plain(tmp, env, args.nproc))
-            for variant, flags in VARIANTS.items():
-                rows.setdefault(variant, []).append(light(tmp, env, args.nproc, flags))
-            print({k: round(v[-1]["median_us"] / 1e3, 2) for k, v in rows.items()}, flush=True)
-    plain_median = statistics.median(r["median_us"] for r in rows["plain"])
-    plain_mean = statistics.median(r["mean_us"] for r in rows["plain"])
-    table = {
-        k: {
-            "median_us": (m := statistics.median(r["median_us"] for r in v)),
-            "mean_us": (a := statistics.median(r["mean_us"] for r in v)),
-            "vs_plain_median": m / plain_median,
-            "vs_plain_mean": a / plain_mean,
-            "rounds": v,
+        for variant, flags in variants.items():
+            for b_first in abba(args.pairs)[::2]:  # each pair by its first process: A B, B A, …
+                order = ("gd", "plain") if b_first else ("plain", "gd")
+                got = {
+                    side: light(tmp, env, args.nproc, flags) if side == "gd" else plain(tmp, env, args.nproc)
+                    for side in order
+                }
+                rows.setdefault(variant, []).append({"b_first": b_first, **got})
+                print(variant, {k: round(v["mean_us"] / 1e3, 2) for k, v in got.items()}, flush=True)
+    table = {}
+    for variant, pairs in rows.items():
+        cmp = paired_compare(
+            [Pair(r["plain"]["mean_us"], r["gd"]["mean_us"], r["b_first"]) for r in pairs],
+            unit="process pair",
+        )
+        table[variant] = {
+            "ratio": cmp.ratio,
+            "ci95": [cmp.ci_low, cmp.ci_high],
+            "p_value": cmp.p_value,
+            "verdict": cmp.verdict,
+            "test": cmp.test,
+            "within_5pct": cmp.ci_low >= 0.95 and cmp.ci_high <= 1.05,
+            "plain_spread_pct": 100
+            * (max(q := [r["plain"]["mean_us"] for r in pairs]) - min(q))
+            / statistics.median(q),
+            "pairs": pairs,
         }
-        for k, v in rows.items()
-    }
     result = {
-        "schema": "gpudoctor.bench.multi_gpu_overhead/1",
+        "schema": "gpudoctor.bench.multi_gpu_overhead/2",
         "environment": environment(not args.cpu),
         "nproc": args.nproc,
+        "parallel": args.parallel,
         "table": table,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"multi_gpu_overhead_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")
+    (args.out / f"multi_gpu_overhead_{args.nproc}_{args.parallel}.json").write_text(
+        json.dumps(result, indent=1) + "\n"
+    )
     for k, v in table.items():
+        lo, hi = v["ci95"]
         print(
-            f"{k:22s} median {v['median_us'] / 1e3:7.2f} ms ({v['vs_plain_median']:.3f}×)  mean {v['mean_us'] / 1e3:7.2f} ms ({v['vs_plain_mean']:.3f}×)"
+            f"{k:22s} gpudoctor/plain {v['ratio']:.3f}× (95% {lo:.3f}–{hi:.3f}, {v['verdict']}), "
+            f"plain processes {v['plain_spread_pct']:.1f}% apart"
         )
     return 0
 
