@@ -268,3 +268,17 @@ def test_without_every_ranks_utilization_the_trace_decides() -> None:
     # THEN the trace's slowest, bounded by the step less the GPU floor and the others' traced wait
     assert s is not None and s.rank == 0 and s.straggler and s.gpu_idle is None
     assert s.catch_up_us == pytest.approx(min(40_000.0 - 15_500.0, s.comm_wait_us))
+
+
+def test_a_rank_that_watched_every_gpu_gives_no_utilization_of_its_own() -> None:
+    from gpudoctor.analysis.rank_summary import Clocks
+
+    one = {"index": 1, "samples": 20, "gpu_util_mean_pct": 45.0, "sm_clock_busy_mean_mhz": 1980.0}
+    # GIVEN the NVML summary of a rank that watched only its own GPU, and of one that watched all of them
+    mine = Clocks.from_nvml_summary({"devices": [one]})
+    every = Clocks.from_nvml_summary({"devices": [{**one, "index": 0, "gpu_util_mean_pct": 99.0}, one]})
+    # THEN only the first says how busy the rank's GPU was; too few samples say nothing either
+    assert mine is not None and mine.util_mean_pct == 45.0
+    assert every is not None and every.util_mean_pct is None
+    few = Clocks.from_nvml_summary({"devices": [{**one, "samples": 2}]})
+    assert few is not None and few.util_mean_pct is None

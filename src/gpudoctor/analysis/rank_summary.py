@@ -61,13 +61,14 @@ class Clocks:
         d = max(devices, key=lambda d: d.get("samples") or 0)
         shares = d.get("slowdown_shares") or {}
         util = d.get("gpu_util_mean_pct")
+        # the utilization only where the rank's own GPU was the one watched: a rank that watched every
+        # GPU of its node (its own not found by UUID) cannot say which is its own
+        own = len(devices) == 1 and (d.get("samples") or 0) >= MIN_UTIL_SAMPLES
         return cls(
             d.get("sm_clock_busy_mean_mhz"),
             d.get("sm_max_mhz"),
             {str(k): float(v) for k, v in shares.items() if isinstance(v, (int, float))},
-            float(util)
-            if isinstance(util, (int, float)) and (d.get("samples") or 0) >= MIN_UTIL_SAMPLES
-            else None,
+            float(util) if own and isinstance(util, (int, float)) else None,
         )
 
 
