@@ -87,7 +87,14 @@ def straggler(x: AcrossRanks, summaries: Sequence[RankSummary], step_us: float) 
     if s.paced_by == "gpu":  # unprofiled, its GPU paces the run: more or slower GPU work
         if uneven:
             return None  # different shapes on different ranks: load_imbalance says it, with its kernels
-        return _finding(s, slow, x, s.catch_up_us or 0.0, step_us, _slower_gpu(slow, others, s))
+        return _finding(
+            s,
+            slow,
+            x,
+            s.catch_up_us or 0.0,
+            step_us,
+            _slower_gpu(slow, others, f"{us(s.work_us - s.others_work_us)} more"),
+        )
     if s.traced_rank is not None:  # named by its GPU's idle time unprofiled, not by the trace
         uneven_work = load_imbalance(x, summaries, step_us)
         if uneven_work is not None and uneven_work.values["rank"] == s.rank:
@@ -204,19 +211,15 @@ def own_host_cause(slow: RankSummary) -> Cause:
         return Cause(name, f"In the trace its host spends {us(by[name])} per step in DataLoader __next__.")
     if name == "synchronizations":
         return Cause(name, f"In the trace its GPU idles {us(by[name])} per step in host synchronizations.")
-    where = f", mostly in {slow.host_top_frame}" if slow.host_top_frame else ""
-    return Cause(
-        name,
-        f"In the trace its GPU waits {us(by[name])} per step for its host between ops, neither in the DataLoader "
-        f"nor in synchronizations: its own host work (Python between the ops, logging, per-rank preprocessing{where}).",
-    )
+    return _host_work(slow, f"In the trace its GPU waits {us(by[name])} per step for its host between ops")
 
 
-def _slower_gpu(slow: RankSummary, others: Sequence[RankSummary], s: Slowest) -> Cause:
+def _slower_gpu(slow: RankSummary, others: Sequence[RankSummary], extra: str) -> Cause:
+    """`extra`: how much more GPU work than the others' median, in words ("3 ms more")."""
     clocks = _clock_detail(slow, others)
     return Cause(
         "slower GPU",
-        f"Its extra time is GPU work: {us(s.work_us - s.others_work_us)} more per step than the others' median, "
+        f"Its extra time is GPU work: {extra} per step than the others' median, "
         "with the same kernels launched with the same shapes"
         + (f"; {clocks}" if clocks else " (no NVML record to tell whether its clocks were lower)")
         + ".",
@@ -245,14 +248,7 @@ def straggler_cause(slow: RankSummary, others: Sequence[RankSummary], uneven_sha
             "the ranks launch the same kernels with different grids: it gets larger tensors (load_imbalance).",
         )
     if d_compute > max(d_host, d_sync, 0.0):
-        clocks = _clock_detail(slow, others)
-        return Cause(
-            "slower GPU",
-            f"Its extra time is GPU work: {us(d_compute)} more compute per step than the others' median, "
-            "with the same kernels launched with the same shapes"
-            + (f"; {clocks}" if clocks else " (no NVML record to tell whether its clocks were lower)")
-            + ".",
-        )
+        return _slower_gpu(slow, others, f"{us(d_compute)} more compute")
     if d_sync > d_host:
         return Cause(
             "synchronizations",
@@ -261,6 +257,10 @@ def straggler_cause(slow: RankSummary, others: Sequence[RankSummary], uneven_sha
     head = f"Its GPU waits for its host {us(d_host)} more per step than the others' ({pct(100 * d_host / step) if step else 'n/a'} of its step)"
     if d_loader > 0.5 * max(d_host, 1e-9):
         return Cause("data loading", f"{head}: {us(d_loader)} more per step in DataLoader __next__.")
+    return _host_work(slow, head)
+
+
+def _host_work(slow: RankSummary, head: str) -> Cause:
     where = f", mostly in {slow.host_top_frame}" if slow.host_top_frame else ""
     return Cause(
         "host work",
