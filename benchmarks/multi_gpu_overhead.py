@@ -72,6 +72,8 @@ def main() -> int:
         "--cpu", action="store_true", help="gloo on the CPU with a tiny CNN: the path, not the figures"
     )
     args = p.parse_args()
+    if args.pairs < 2:
+        p.error("--pairs: a paired comparison needs two pairs or more")
     env = {**run_env(args.cpu), "PARALLEL": args.parallel}
     if args.cpu:
         LIGHT[LIGHT.index("--light-seconds") + 1] = "0.2"

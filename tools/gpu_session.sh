@@ -13,10 +13,15 @@
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
 #   fve:NAME[:BUDGET[:MODE]]  benchmarks/fix_vs_expert.py --only NAME --budget BUDGET (default 5m);
 #                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
-#   fvep:NAMES[:BUDGET]  fix_vs_expert on several workloads at once, one queue per GPU the machine has
-#                    (CUDA_VISIBLE_DEVICES, round-robin over the comma-separated NAMES; each workload's
-#                    gpudoctor fix and its expert timed on the same GPU) -> $BG_OUT/fve_gpuK/; merge with
+#   fvep:NAMES[:BUDGET[:GPUS]]  fix_vs_expert on several workloads at once, one queue per GPU (every GPU
+#                    the machine has, or GPUS: indices joined by '+', e.g. 2+3), CUDA_VISIBLE_DEVICES,
+#                    round-robin over the comma-separated NAMES; each workload's gpudoctor fix and its
+#                    expert timed on the same GPU -> $BG_OUT/fve_gpuK/; merge with
 #                    `benchmarks/fix_vs_expert.py --merge DIR` (each queue's environment names its CUDA_VISIBLE_DEVICES)
+#   mgo:PARALLEL[:PAIRS]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp) --pairs PAIRS
+#                    (default 4) on GPUs 0 and 1 -> $BG_OUT/mgo_PARALLEL/
+#   mg[:SCENARIOS]   benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with fixtures
+#                    -> $BG_OUT/mg/ (fixtures in $BG_OUT/mg/fx)
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
 #   aa:NAMES         benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
@@ -76,21 +81,39 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             "${SMOKE[@]}"
         ;;
     fvep)
-        local names gpus k
+        local names ids n k
         IFS=, read -r -a names <<<"$arg1"
-        gpus=$(nvidia-smi -L 2>/dev/null | wc -l)
-        [ "$gpus" -ge 1 ] || gpus=1
-        for ((k = 0; k < gpus; k++)); do
-            local mine=() i
-            for ((i = k; i < ${#names[@]}; i += gpus)); do mine+=("${names[$i]}"); done
+        if [ -n "${arg3:-}" ]; then
+            IFS=+ read -r -a ids <<<"$arg3"
+        else
+            n=$(nvidia-smi -L 2>/dev/null | wc -l)
+            [ "$n" -ge 1 ] || n=1
+            mapfile -t ids < <(seq 0 $((n - 1)))
+        fi
+        for ((k = 0; k < ${#ids[@]}; k++)); do
+            local mine=() i gpu=${ids[$k]}
+            for ((i = k; i < ${#names[@]}; i += ${#ids[@]})); do mine+=("${names[$i]}"); done
             [ ${#mine[@]} -gt 0 ] || continue
             local list
             list=$(IFS=,; echo "${mine[*]}")
-            CUDA_VISIBLE_DEVICES=$k "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$k" --only "$list" \
-                --budget "${arg2:-10m}" "${SMOKE[@]}" >"$OUT_DIR/fve_gpu$k.log" 2>&1 &
+            CUDA_VISIBLE_DEVICES=$gpu "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$gpu" --only "$list" \
+                --budget "${arg2:-10m}" "${SMOKE[@]}" >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
         done
         wait
         tail -n 5 "$OUT_DIR"/fve_gpu*.log
+        ;;
+    mgo)
+        local cpu=()
+        [ -n "${SMOKE:-}" ] && cpu=(--cpu)
+        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu_overhead.py --out "$OUT_DIR/mgo_$arg1" --parallel "$arg1" \
+            --pairs "${arg2:-4}" "${cpu[@]}"
+        ;;
+    mg)
+        local cpu=() only=()
+        [ -n "${SMOKE:-}" ] && cpu=(--cpu)
+        [ -n "${arg1:-}" ] && only=(--scenarios "$arg1")
+        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu.py --out "$OUT_DIR/mg" --fixtures "$OUT_DIR/mg/fx" \
+            "${only[@]}" "${cpu[@]}"
         ;;
     aa)
         "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
