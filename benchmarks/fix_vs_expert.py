@@ -19,7 +19,12 @@ Writes $OUT/fix_vs_expert_<name>.json per workload (with the fix directory under
 $OUT/fix_vs_expert.json with every workload found in $OUT. Into the committed results (smoke and CPU
 runs left out; a workload measured again replaces the earlier one):
 
-    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --merge DIR [--into benchmarks/results/fix_vs_expert.json]
+    PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT [--host-note TEXT]
+        [--into benchmarks/results/fix_vs_expert.json]
+
+Each merged workload records the commit of the tree that measured it (`measured_at`; the device's copy
+has no .git) and what shared its host; the status counts only workloads measured with gpudoctor fix's
+A/B of issue 26 (those with `measured_at`), the others are the earlier harness's.
 """
 
 from __future__ import annotations
@@ -177,10 +182,11 @@ def command_of(name: str, options: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def merge(runs: Path, into: Path) -> None:
+def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None) -> None:
     """Put every workload measured under `runs` (fix_vs_expert_<name>.json, at any depth) into the
-    results file `into`, replacing a workload measured before; its status says how many are measured
-    and how many reach the goal."""
+    results file `into`, replacing a workload measured before, with the commit that measured it and
+    what shared its host; its status says how many are measured with this harness and how many reach
+    the goal."""
     doc = json.loads(into.read_text()) if into.exists() else {}
     by_name = {w["workload"]: w for w in doc.get("workloads", [])}
     commands = dict(doc.get("commands", {}))
@@ -197,20 +203,21 @@ def merge(runs: Path, into: Path) -> None:
             continue
         if w["fix"].get("findings") is None:  # measured before the summary kept them
             w["fix"]["findings"] = findings_of(path.parent / "fix" / w["workload"])
+        w["measured_at"] = measured_at
+        if host_note:
+            w["host"] = host_note
         by_name[w["workload"]] = w
         if w.get("options"):
             commands[w["workload"]] = command_of(w["workload"], w["options"])
     ordered = [by_name[n] for n in WORKLOADS if n in by_name]
-    met = [w["workload"] for w in ordered if (w.get("timing") or {}).get("meets_goal")]
+    current = [w for w in ordered if w.get("measured_at")]  # the others: the harness before issue 26
+    met = [w["workload"] for w in current if (w.get("timing") or {}).get("meets_goal")]
+    missing = [n for n in WORKLOADS if n not in {w["workload"] for w in current}]
     doc.update(
         goal_share_of_expert=GOAL,
-        status=f"{len(ordered)} of the {len(WORKLOADS)} workloads measured; {len(met)} reach "
-        f"{100 * GOAL:.0f}% of the expert's speedup"
-        + (
-            f"; not yet measured: {', '.join(n for n in WORKLOADS if n not in by_name)}"
-            if len(ordered) < len(WORKLOADS)
-            else ""
-        ),
+        status=f"{len(current)} of the {len(WORKLOADS)} workloads measured with this harness; {len(met)} "
+        f"reach {100 * GOAL:.0f}% of the expert's speedup"
+        + (f"; not yet measured with it: {', '.join(missing)}" if missing else ""),
         commands={n: commands[n] for n in [*WORKLOADS, *commands] if n in commands},
         workloads=ordered,
     )
@@ -344,12 +351,16 @@ def main() -> int:
     p.add_argument("--merge", type=Path, help="only merge the workloads measured under this folder …")
     p.add_argument("--into", type=Path, default=ROOT / "benchmarks" / "results" / "fix_vs_expert.json",
                    help="… into this results file")  # fmt: skip
+    p.add_argument("--measured-at", help="--merge: the commit of the tree that measured them")
+    p.add_argument("--host-note", help="--merge: what else ran on the host meanwhile")
     a = p.parse_args()
     if a.rescore:
         rescore(a.rescore)
         return 0
     if a.merge:
-        merge(a.merge, a.into)
+        if not a.measured_at:
+            p.error("--merge needs --measured-at COMMIT (the tree the device ran)")
+        merge(a.merge, a.into, a.measured_at, a.host_note)
         return 0
     if a.out is None:
         p.error("--out is required")
