@@ -77,9 +77,18 @@ class FakeLauncher:
         self.edits: dict[str, tuple[Edit, ...]] = {}
         self.seen: dict[str, object] = {}  # what every round observes of the script (conv2d, cudnn_tf32)
         self.round_by: dict[str, float] = {}  # a configuration's round length where not round_s
+        self.fresh_step_us: dict[str, float] = {}  # a configuration's mean in fresh processes alone
 
     def mean(self, key: str) -> float:
-        return self.step_us.get(key, self.step_us["baseline"])
+        """The configured mean; a configuration of several fixes that is not configured, each fix's
+        effect in turn (independent: the product of their ratios to the baseline)."""
+        base = self.step_us["baseline"]
+        if key in self.step_us or "+" not in key:
+            return self.step_us.get(key, base)
+        ratio = 1.0
+        for fix in key.split("+"):
+            ratio *= self.step_us.get(fix, base) / base
+        return base * ratio
 
     def steps(self, key: str, n: int = 20) -> tuple[float, ...]:
         return tuple(self.mean(key) * (1 + self.noise * self.rng.standard_normal(n)))
@@ -96,7 +105,10 @@ class FakeLauncher:
                                    (f"{f} applied",), self.edits.get(f, ())) for f in fixes}  # fmt: skip
         obs = observations(batch=self.batch.get(key, 16), **self.seen)  # type: ignore[arg-type]
         outcome = "exception" if key in self.failures else "stopped"
-        r = RoundResult(fixes, outcome, 0, "cuda_events", self.steps(key), 25, "loss", self.losses.get(key, LOSSES),
+        times = self.steps(key)
+        if not switch and key in self.fresh_step_us:
+            times = tuple(self.fresh_step_us[key] * (1 + self.noise * self.rng.standard_normal(len(times))))
+        r = RoundResult(fixes, outcome, 0, "cuda_events", times, 25, "loss", self.losses.get(key, LOSSES),
                         compile_s=30.0 if "compile" in key else 0.0, patches=patches, observations=obs,
                         error=self.failures.get(key), device="NVIDIA H100 80GB HBM3")  # fmt: skip
         if not switch:

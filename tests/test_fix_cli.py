@@ -74,12 +74,14 @@ def test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest(starved: Pa
     # the script never calls zero_grad(set_to_none=False): not run at all
     assert not zero_grad.kept and zero_grad.reason.startswith("does not apply: zero_grad(set_to_none=False)")
     assert zero_grad.rounds == 0
-    # the fused SGD gains nothing alone on this loader-bound loop: it is tried on top of the workers, in
-    # processes that apply both patches, with the same losses (zero_grad, not applicable, never is); on
-    # a machine noisy enough to call it faster alone, the two are verified together instead
-    both = report.combination if fused.kept else next(iter(report.stacked), None)
-    assert both is not None and both.fix == "workers:2+fused_optimizer" and both.rounds == 2
-    assert both.numerics is not None and both.numerics.ok and len(report.stacked) == (not fused.kept)
+    # the fused SGD comes after the kept workers: it is tried on top of them, in processes that apply
+    # both patches against processes with the workers alone, with the same losses (zero_grad, not
+    # applicable, never is); kept there, the two are checked together against the script
+    assert (
+        fused.fix == "workers:2+fused_optimizer" and fused.on_top_of == ("workers:2",) and fused.rounds == 2
+    )
+    assert fused.numerics is not None and fused.numerics.ok and report.stacked == ()
+    assert (report.combination is not None) == fused.kept
     assert report.final in (("workers:2",), ("workers:2", "fused_optimizer")) and report.complete
     assert "+loader = DataLoader(Slow(), batch_size=4, shuffle=True, num_workers=2" in report.diff
     assert (out / "fix.diff").read_text() == report.diff

@@ -146,7 +146,8 @@ def test_a_switchable_fix_is_timed_in_blocks_of_one_process_the_others_in_proces
     report = session(launcher, clock, "tf32,fused_optimizer", stack=False).run()
     labels = [label for label, *_ in launcher.calls]
     # tf32 switches in a running process: one process, A B B A … blocks inside it; the fused optimizer
-    # is built once per process: fresh processes, the order turning each pair (A B, B A, A B, B A)
+    # is built once per process: fresh processes, the order turning each pair (A B, B A, A B, B A);
+    # with --no-stack each against the script alone
     assert labels == ["baseline-0", "01-tf32-blocks", "02-fused_optimizer-a1", "02-fused_optimizer-b1",
                       "02-fused_optimizer-b2", "02-fused_optimizer-a2", "02-fused_optimizer-a3",
                       "02-fused_optimizer-b3", "02-fused_optimizer-b4", "02-fused_optimizer-a4"]  # fmt: skip
@@ -159,6 +160,7 @@ def test_a_switchable_fix_is_timed_in_blocks_of_one_process_the_others_in_proces
         not fused.kept
         and fused.reason == "slower beyond noise"
         and (fused.unit, fused.pairs) == ("process pair", 4)
+        and not fused.on_top_of
     )
     assert report.final == ("tf32",) and report.combination is None and report.complete
 
@@ -194,26 +196,69 @@ def test_the_verdict_counts_stalls_the_median_hides() -> None:
     assert v.candidate_steps.max_us < 110
 
 
-def test_two_kept_fixes_are_combined_and_the_combination_verified_in_fresh_processes() -> None:
+def test_a_fix_after_a_kept_one_is_tried_on_top_and_the_two_checked_against_the_script() -> None:
     clock = FakeClock()
     launcher = FakeLauncher(
-        clock, {"baseline": 100.0, "fused_optimizer": 90.0, "tf32": 85.0, "tf32+fused_optimizer": 75.0}
+        clock, {"baseline": 100.0, "fused_optimizer": 90.0, "tf32": 85.0, "fused_optimizer+tf32": 75.0}
     )
     report = session(launcher, clock, "fused_optimizer,tf32").run()
+    fused, tf32 = report.verdicts
+    # THEN TF32 is timed against the fused optimizer (in blocks of one process that has it), not the
+    # script: 75 against 90
+    assert fused.kept and not fused.on_top_of
+    assert tf32.kept and tf32.on_top_of == ("fused_optimizer",) and tf32.unit == "block pair"
+    assert tf32.fix == "fused_optimizer+tf32" and tf32.measured_saving_pct == pytest.approx(16.7, abs=2)
+    assert tf32.reason.startswith("faster than fused optimizer beyond noise")
+    # AND the two against the script in fresh processes: two pairs when that is decisive
     assert report.combination is not None and report.combination.kept
-    assert (report.combination.unit, report.combination.pairs) == ("process pair", 4)
-    assert report.final == ("tf32", "fused_optimizer")  # best first
+    assert (report.combination.unit, report.combination.pairs) == ("process pair", 2)
+    assert report.final == ("fused_optimizer", "tf32")
     assert report.final_saving_pct == pytest.approx(25, abs=2)
+    # AND TF32's finding is calibrated as a share of the script's step: 15 of 100 µs saved
+    (entry,) = [e for e in report.calibration if e.fix == "fused_optimizer+tf32"] or [None]
+    assert entry is None or entry.measured_pct == pytest.approx(15, abs=2)
 
 
-def test_a_combination_slower_than_its_best_member_is_not_recommended() -> None:
+def test_kept_fixes_slower_together_than_the_first_alone_are_not_recommended() -> None:
+    # GIVEN TF32 faster on top of the fused optimizer in one process, but the two together in fresh
+    # processes saving less than the fused optimizer alone
     clock = FakeClock()
-    launcher = FakeLauncher(
-        clock, {"baseline": 100.0, "fused_optimizer": 90.0, "tf32": 80.0, "tf32+fused_optimizer": 86.0}
-    )
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0})
+    launcher.fresh_step_us["fused_optimizer+tf32"] = 86.0
     report = session(launcher, clock, "fused_optimizer,tf32").run()
     assert report.combination is not None and report.combination.kept
-    assert report.final == ("tf32",) and any("slower than" in n for n in report.notes)
+    assert report.final == ("fused_optimizer",) and any("slower than" in n for n in report.notes)
+    assert report.final_saving_pct == pytest.approx(20, abs=2)
+
+
+def test_kept_fixes_not_faster_together_than_the_script_leave_the_first_alone() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0})
+    launcher.fresh_step_us["fused_optimizer+tf32"] = 100.0
+    report = session(launcher, clock, "fused_optimizer,tf32").run()
+    assert report.combination is not None and not report.combination.kept
+    assert report.final == ("fused_optimizer",)
+    assert any(n.endswith("fused optimizer alone is recommended") for n in report.notes)
+
+
+def test_kept_fixes_whose_check_is_undecided_stay_recommended() -> None:
+    # GIVEN fresh processes too noisy to tell in the two pairs the budget leaves: each fix was faster
+    # on top of the one before it, so the two stay, with a note
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0}, noise=0.1)
+    launcher.fresh_step_us["fused_optimizer+tf32"] = 78.0
+    report = session(launcher, clock, "fused_optimizer,tf32", budget_s=155.0).run()
+    combo = report.combination
+    assert [v.kept for v in report.verdicts] == [True, True]
+    assert combo is not None and combo.verdict == "ambiguous" and combo.pairs == 2 and clock.now == 150.0
+    assert report.final == ("fused_optimizer", "tf32")
+    assert any("not decisive" in n and "together they are recommended" in n for n in report.notes)
+    # AND where the check finds them saving less than the first fix alone, beyond noise, the first stays
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0}, noise=0.2)
+    launcher.fresh_step_us["fused_optimizer+tf32"] = 95.0
+    report = session(launcher, clock, "fused_optimizer,tf32", blocks=16).run()
+    assert report.combination is not None and not report.combination.kept
+    assert report.final == ("fused_optimizer",) and any("slower than" in n for n in report.notes)
 
 
 def test_a_fix_that_changes_the_losses_is_reverted_after_its_one_process() -> None:
@@ -337,10 +382,13 @@ def test_a_fix_beside_a_loader_fix_keeps_its_guard_against_the_loader_fix_alone(
     assert combo is not None and combo.kept and combo.numerics is not None and combo.numerics.ok
     assert combo.numerics.max_rel_diff == pytest.approx(0.002, rel=0.01) and combo.numerics.tolerance == 1e-2
     assert "against workers:4 alone (the same batches)" in combo.numerics.note
-    # AND a TF32 that moved them 3% beside the workers would be caught
+    # AND a TF32 that moved them 3% beside the workers is caught where it is tried, on top of them
     launcher.losses["workers:4+tf32"] = tuple((v[0] * 1.048 * 1.03,) for v in LOSSES)
-    combo = session(launcher, clock, "workers:4,tf32").run().combination
-    assert combo is not None and not combo.kept and combo.reason.startswith("changes results")
+    report = session(launcher, clock, "workers:4,tf32").run()
+    tf32 = report.verdicts[1]
+    assert tf32.on_top_of == ("workers:4",) and not tf32.kept
+    assert tf32.reason.startswith("on top of DataLoader workers (4): changes results")
+    assert report.final == ("workers:4",) and report.combination is None
 
 
 def test_an_a_a_no_op_gets_no_verdict() -> None:

@@ -244,18 +244,31 @@ def stackable(t: Tried, final: tuple[str, ...]) -> bool:
     )
 
 
-def calibration(tried: list[Tried], diagnosis: Diagnosis | None) -> tuple[CalibrationEntry, ...]:
+def calibration(
+    tried: list[Tried], diagnosis: Diagnosis | None, script_us: float | None = None
+) -> tuple[CalibrationEntry, ...]:
     """Each rule's own estimate against what each fix answering it measured (a fix answering several
-    findings is predicted the largest of their savings; each finding is judged by its own)."""
+    findings is predicted the largest of their savings; each finding is judged by its own). A fix
+    timed on top of kept ones saved a share of their step: as a share of the script's step
+    (`script_us`, the baseline's mean), as the rules predict, it is that times their step over it."""
     own = {f.id: f.est_saving_pct for f in diagnosis.findings} if diagnosis else {}
+
+    def scaled(t: Tried, pct: float | None) -> float | None:
+        v = t.verdict
+        if pct is None or not v.on_top_of:
+            return pct
+        if not (script_us and v.baseline_us):
+            return None
+        return pct * v.baseline_us / script_us
+
     return tuple(
         CalibrationEntry(
             rule,
             t.verdict.fix,
             own.get(rule, t.verdict.predicted_saving_pct or 0.0),
-            t.verdict.measured_saving_pct,
-            t.verdict.ci_low_pct,
-            t.verdict.ci_high_pct,
+            scaled(t, t.verdict.measured_saving_pct),
+            scaled(t, t.verdict.ci_low_pct),
+            scaled(t, t.verdict.ci_high_pct),
             t.verdict.kept,
         )
         for t in tried

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 RAN_OUT = "the time budget ran out"  # a fix's failure when the budget cut its rounds short
 RESERVED = " (the rest is kept to verify the faster fixes together)"
+FINAL_MIN_PAIRS = 2  # the final check's pairs before it may stop on a decisive verdict
 
 
 class Budget:
@@ -53,13 +54,14 @@ class Budget:
         return self.typical_s(()) + (2 * self.options.blocks + 1) * self.options.block_s * 1.5
 
     def reserve_s(self, fixes: Sequence[tuple[str, ...]]) -> float:
-        """The time to verify `fixes` together, where they span two groups or more (else nothing is
-        combined): `rounds` baseline rounds and as many of the combination, each as long as its
-        slowest member's rounds (a compiled configuration's are long)."""
-        if self.options.budget_s is None or len({spec_of(f[0]).group for f in fixes}) < 2:
+        """The time to check `fixes` together against the script as written, where they span two
+        groups or more (else nothing is combined): FINAL_MIN_PAIRS baseline rounds and as many of the
+        combination (the check stops there when it is decisive, and goes on while the budget lasts),
+        each as long as its slowest member's rounds (a compiled configuration's are long)."""
+        if self.options.budget_s is None or len({spec_of(f).group for c in fixes for f in c}) < 2:
             return 0.0
         slowest = max(self.typical_s(f) for f in fixes)
-        return self.options.rounds * (self.typical_s(()) + slowest)
+        return min(FINAL_MIN_PAIRS, self.options.rounds) * (self.typical_s(()) + slowest)
 
     def ran_out(self, k: int, reserved: bool) -> str:
         why = f"{RAN_OUT} after {k - 1} of {self.options.rounds} rounds"

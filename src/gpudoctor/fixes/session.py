@@ -1,9 +1,14 @@
 """`gpudoctor fix`'s A/B: a baseline round that also observes the script, the candidate fixes chosen from
 the findings and what it saw (a fix with nothing to change "does not apply" and is not run), then per
-fix an A/B where drift cancels — in blocks of one process (each pair A B or B A at random) where its fixes
-can be switched in a running process, else fresh processes side by side (A B, B A, …) from a `Launcher`
-— the verdict from the paired test, the kept fixes combined and verified in fresh processes, fixes
-without gain alone tried on top, and the permanent change. Within a time budget; a Ctrl-C ends it with the results so far.
+fix, most promising first, an A/B where drift cancels — in blocks of one process (each pair A B or B A at
+random) where its fixes can be switched in a running process, else fresh processes side by side (A B,
+B A, …) from a `Launcher` — the verdict from the paired test. Once a fix is kept, each fix after it is
+tried on top of what is kept so far (its A side), as one removes bottlenecks one at a time: a loop starved
+by its loader shows no gain from bfloat16 until the loader keeps up, and every later A/B runs at the
+faster step. The kept configuration is checked against the script as written in fresh processes (two
+pairs at least, more while the budget lasts and the verdict is not yet decisive), fixes without gain
+alone tried on top, and the permanent change. Within a time budget; a Ctrl-C ends it with the results
+so far.
 Progress and the report so far go to callbacks after every round (the CLI draws bars and writes files)."""
 
 from __future__ import annotations
@@ -26,9 +31,10 @@ from gpudoctor.fixes.attempt import (
     saving,
     spread_pct,
     stackable,
+    timing_of,
     verdict_of,
 )
-from gpudoctor.fixes.budget import RAN_OUT, RESERVED, Budget
+from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
 from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
 from gpudoctor.fixes.catalog import can_switch, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
@@ -69,6 +75,7 @@ class FixSession:
         self.combination: Tried | None = None
         self.stacked: list[Tried] = []  # fixes not faster alone, tried on top of the recommendation
         self.final: tuple[str, ...] = ()
+        self.chain: list[Tried] = []  # the kept A/Bs in order: the first against the script, each next on top
         self.notes: list[str] = []
         self.complete = self.interrupted = False
         self.budget = Budget(options, clock, self.start)
@@ -85,12 +92,12 @@ class FixSession:
             for at in self._open:
                 at.failure = at.failure or f"interrupted (Ctrl-C) after {len(at.runs)} rounds"
                 tried = self._tried(at)
-                if at.on_top is not None:
-                    self.stacked.append(tried)
-                elif at.cand is None:
-                    self.combination = tried
-                else:
+                if at.cand is not None:
                     self.tried.append(tried)
+                elif at.on_top is not None:
+                    self.stacked.append(tried)
+                else:
+                    self.combination = tried
             self._open = []
         report = self.report()
         self._update(report)
@@ -119,7 +126,7 @@ class FixSession:
                 together.append((i, cand))  # in fresh processes, beside one baseline per round
                 continue
             else:
-                self.tried.append(self._try((cand.fix,), cand, i, len(self.candidates)))
+                self.tried.append(self._try_candidate(cand, i, len(self.candidates)))
             self._update(self.report())
         if len(together) > 1:
             self._try_together(together)
@@ -128,6 +135,31 @@ class FixSession:
         self._combine()
         self._stack()
         self._budget_note()
+
+    def _try_candidate(self, cand: Candidate, index: int, count: int) -> Tried:
+        """A candidate alone against the script while nothing is kept; after that, on top of what is
+        kept so far (an alternative of a kept fix's group in its place: workers:16 for workers:32), which
+        it joins when faster than it beyond noise. With --no-stack, each against the script alone."""
+        base = self.final if self.options.stack else ()
+        if base:
+            group = spec_of(cand.fix).group
+            fixes = (*(f for f in base if spec_of(f).group != group), cand.fix)
+            tried = self._try(fixes, cand, index, count, on_top=base)
+            v = tried.verdict
+            on = " + ".join(title_of(f) for f in base)
+            if v.kept and v.measured_saving_pct is not None:
+                reason = f"faster than {on} beyond noise ({v.measured_saving_pct:.1f}% more saved)"
+            elif tried.failure is not None and tried.failure.startswith(RAN_OUT):
+                reason = v.reason
+            else:
+                reason = f"on top of {on}: {v.reason}"
+            tried.verdict = replace(v, reason=reason)
+        else:
+            tried = self._try((cand.fix,), cand, index, count)
+        if tried.verdict.kept and self.options.stack:
+            self.final = tried.fixes
+            self.chain.append(tried)
+        return tried
 
     def _in_blocks(self, fixes: tuple[str, ...], constant: tuple[str, ...] = ()) -> bool:
         return self.options.blocks >= 2 and can_switch(fixes, constant)
@@ -203,9 +235,12 @@ class FixSession:
         index: int,
         count: int,
         on_top: tuple[str, ...] | None = None,
+        final_check: bool = False,
     ) -> Tried:
         """A B, B A, A B, … in fresh processes (the order turns each pair, so drift cancels over two);
-        stops early on a failure or results out of tolerance."""
+        stops early on a failure or results out of tolerance. `final_check`: the kept configuration
+        against the script — FINAL_MIN_PAIRS pairs, then more only while the verdict is not decisive
+        and the budget has room for another pair."""
         label = "+".join(fixes)
         stage = "stack" if on_top is not None else "fix" if cand is not None else "combination"
         obs = self.reference.observations if self.reference else None
@@ -213,20 +248,26 @@ class FixSession:
         self._open = [at]
         exact = random_differs(fixes, obs)
         base_fixes = on_top or ()
+        least = min(FINAL_MIN_PAIRS, self.options.rounds) if final_check else self.options.rounds
         for k in range(1, self.options.rounds + 1):
             if not going(at):
                 break
-            # its rounds left (a baseline and a candidate each), then the time kept back
-            left = 2 * (self.options.rounds - k + 1)
-            reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
-            if not self.budget.has(left, reserve):
-                at.failure = self.budget.ran_out(k, reserved=self.budget.has(left))
-                break
+            if k > least:  # the final check, past its least pairs: on while undecided and the time lasts
+                timing = timing_of(at, self.options.same_within)
+                if (timing is not None and timing.verdict != "ambiguous") or not self.budget.has(2):
+                    break
+            else:
+                # its rounds left (a baseline and a candidate each), then the time kept back
+                left = 2 * (least - k + 1)
+                reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
+                if not self.budget.has(left, reserve):
+                    at.failure = self.budget.ran_out(k, reserved=self.budget.has(left))
+                    break
             b_first = k % 2 == 0
             for side in ("candidate", "baseline") if b_first else ("baseline", "candidate"):
                 self._progress(stage, label, index, count, side, k)
                 if side == "baseline":
-                    a = self._round(f"{index:02d}-{label}-a{k}", base_fixes)
+                    a = self._round(f"{index:02d}-{label}-a{k}", base_fixes, random_differs(base_fixes, obs))
                     if a.failure:
                         at.failure = f"the baseline failed: {a.failure}"
                         break
@@ -308,44 +349,58 @@ class FixSession:
         return 0
 
     def _kept_with(self, fixes: tuple[str, ...], cand: Candidate | None) -> list[tuple[str, ...]]:
-        """A fix tried alone keeps back the time to verify it with those kept before it."""
-        return [*(t.fixes for t in self.tried if t.verdict.kept), fixes] if cand is not None else []
+        """A candidate keeps back the time to check it, with those kept before it, against the script."""
+        return [*(t.fixes for t in self.chain), fixes] if cand is not None else []
 
     def _tried(self, at: Attempt) -> Tried:
         return Tried(at.fixes, at.base, at.runs, verdict_of(at, self.options.same_within), at.failure)
 
     def _combine(self) -> None:
-        """The best kept fix of each group, together, in fresh processes (the final check): recommended
-        unless not kept, or its whole interval saves less than its best member's estimate alone."""
-        kept = [t for t in self.tried if t.verdict.kept]
-        best_per_group: dict[str, Tried] = {}
-        for t in kept:
+        """The recommendation: the configuration kept fix by fix (each faster on top of those before
+        it), with the best kept fix of each other group among those tried against the script beside a
+        shared baseline; where it holds two fixes or more, checked against the script in fresh
+        processes. Not faster there (slower, the same, failed, or changed results), or saving less
+        than the first kept fix alone beyond noise, and the first alone is recommended; not decisive
+        within the budget, the fixes kept one on top of another stay (each was faster than what it
+        joined), those only tried alone do not."""
+        groups = {spec_of(f).group for f in self.final}
+        extra: dict[str, Tried] = {}
+        for t in self.tried:
+            if not t.verdict.kept or t.verdict.on_top_of or any(t is c for c in self.chain):
+                continue
             group = spec_of(t.fixes[0]).group
-            if group not in best_per_group or saving(t) > saving(best_per_group[group]):
-                best_per_group[group] = t
-        members = sorted(best_per_group.values(), key=lambda t: -saving(t))
-        if not members:
+            if group not in groups and (group not in extra or saving(t) > saving(extra[group])):
+                extra[group] = t
+        members = sorted(extra.values(), key=lambda t: -saving(t))
+        if not self.chain and members:
+            first = members.pop(0)
+            self.final, self.chain = first.fixes, [first]
+        if members:
+            self.final = (*self.final, *(f for t in members for f in t.fixes))
+        if len(self.final) < 2:
             return
-        best = members[0]
-        self.final = best.fixes
-        if len(members) < 2:
-            return
-        fixes = tuple(f for t in members for f in t.fixes)
+        fixes, first = self.final, self.chain[0]
         n = len(self.candidates) + 1
-        self.combination = self._try_processes(fixes, None, n, n)
+        self.combination = self._try_processes(fixes, None, n, n, final_check=True)
         combo = self.combination.verdict
-        if not combo.kept:
+        alone = f"{first.verdict.title} alone is recommended"
+        if combo.ci_high_pct is not None and combo.ci_high_pct < saving(first):
+            self.notes.append(f"the combination is slower than {first.verdict.title} alone: {alone}")
+            self.final, self.chain = first.fixes, [first]
+            return
+        if combo.kept:
+            return
+        cut = self.combination.failure is not None and self.combination.failure.startswith(RAN_OUT)
+        undecided = cut or (combo.verdict == "ambiguous" and self.combination.failure is None)
+        if undecided and not members and (combo.numerics is None or combo.numerics.ok):
             self.notes.append(
-                f"the combination {'+'.join(fixes)} was not kept ({combo.reason}); "
-                f"the best single fix is recommended"
+                f"the check of {'+'.join(fixes)} against the script in fresh processes was not decisive "
+                f"({combo.reason}); each of them was faster on top of the fixes kept before it, so "
+                "together they are recommended"
             )
             return
-        if combo.ci_high_pct is not None and combo.ci_high_pct < saving(best):
-            self.notes.append(
-                f"the combination is slower than {best.verdict.title} alone: it is recommended alone"
-            )
-            return
-        self.final = fixes
+        self.notes.append(f"the combination {'+'.join(fixes)} was not kept ({combo.reason}); {alone}")
+        self.final, self.chain = first.fixes, [first]
 
     def _stack(self) -> None:
         """Each fix that was measured alone without gain (nothing failed, the same results) tried on
@@ -360,7 +415,7 @@ class FixSession:
         for t in list(self.tried):
             current = self._final_tried()
             group = spec_of(t.fixes[0]).group
-            if current is None or group in seen or not stackable(t, self.final):
+            if current is None or group in seen or t.verdict.on_top_of or not stackable(t, self.final):
                 continue
             seen.add(group)
             fixes = (*self.final, *t.fixes)
@@ -389,6 +444,7 @@ class FixSession:
             self.stacked.append(tried)
             if v.kept:
                 self.final = fixes
+                self.chain.append(tried)
             self._update(self.report())
         if left:
             self.notes.append(
@@ -401,19 +457,29 @@ class FixSession:
         return next((t for t in attempts if t.fixes == self.final), None) if self.final else None
 
     def _final_saving(self) -> float | None:
-        """The recommendation's saving against the script as written: what the combination (or the
-        best fix alone) saved, and each fix kept on top of it its share of what was left."""
+        """The recommendation's saving against the script as written: what its check against the
+        script measured where that kept it, each fix kept on top after it its share of what was left;
+        else the chain's, each kept A/B its share of what the one before left."""
         if not self.final:
             return None
-        first = next((t for t in [*([self.combination] if self.combination else []), *self.tried]
-                      if t.verdict.kept and t.fixes == self.final[: len(t.fixes)]), None)  # fmt: skip
-        if first is None or first.verdict.measured_saving_pct is None:
-            return None
-        left = 1 - first.verdict.measured_saving_pct / 100
-        for t in self.stacked:
-            if t.verdict.kept and t.verdict.measured_saving_pct is not None:
-                left *= 1 - t.verdict.measured_saving_pct / 100
-        return 100 * (1 - left)
+        combo = self.combination
+        if (
+            combo is not None
+            and combo.verdict.kept
+            and combo.verdict.measured_saving_pct is not None
+            and set(combo.fixes) <= set(self.final)
+        ):
+            left = 1 - combo.verdict.measured_saving_pct / 100
+            for t in self.stacked:
+                if t.verdict.kept and t.verdict.measured_saving_pct is not None:
+                    left *= 1 - t.verdict.measured_saving_pct / 100
+            return 100 * (1 - left)
+        left = 1.0
+        for t in self.chain:
+            if t.verdict.measured_saving_pct is None:
+                return None
+            left *= 1 - t.verdict.measured_saving_pct / 100
+        return 100 * (1 - left) if self.chain else None
 
     # -- one round ---------------------------------------------------------------------------------------
     def _round(
@@ -509,7 +575,7 @@ class FixSession:
             snippets=tuple(dict.fromkeys(snippets)),
             unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
             manual=tuple(self.manual),
-            calibration=calibration(tried, self.diagnosis),
+            calibration=calibration(tried, self.diagnosis, statistics.fmean(means) if means else None),
             notes=tuple(notes),
             complete=self.complete,
             interrupted=self.interrupted,
