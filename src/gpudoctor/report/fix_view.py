@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from html import escape
 
+from rich.cells import cell_len
 from rich.console import Console
 from rich.syntax import Syntax
 from rich.table import Table
@@ -19,6 +20,7 @@ from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.report.html_style import CSS
 from gpudoctor.report.markdown import md_text
 from gpudoctor.report.style import dim_line, section
+from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_us
 
 HEAD = ("fix", "predicted saving", "measured saving (95% CI)", "numerics", "", "why")
@@ -79,17 +81,99 @@ def compile_lines(report: FixReport) -> list[str]:
 
 
 # -- terminal ------------------------------------------------------------------------------------------
+# The table of fixes fits the console's width: the fix's name and the reason wrap at words, the figures
+# never do. Where the reason would get fewer than WHY_MIN columns beside them, it goes on its own line
+# under its row; where not even the name fits beside the figures, each fix is a block of lines.
+FIX_MIN = 16
+WHY_MIN = 30
+GAP = 2  # padding (0, 1) without the outer edges: two spaces between columns
+# the headers on two lines, where one line each leaves the name and the reason too little room
+NARROW_HEAD = ("fix", "predicted\nsaving", "measured saving\n(95% CI)", "numerics", "", "why")
+
+
+def _natural(head: tuple[str, ...], cells: list[list[str]]) -> list[int]:
+    """Each column's width with nothing wrapped: its widest header line or cell."""
+    return [
+        max(cell_len(part) for text in (head[i], *(row[i] for row in cells)) for part in text.split("\n"))
+        for i in range(len(head))
+    ]
+
+
+def fix_table_layout(cells: list[list[str]], width: int) -> tuple[str, tuple[str, ...], list[int]]:
+    """How the rows' cells are laid out in `width` columns: ("table", headers, widths) where the reason
+    gets WHY_MIN columns (or all it needs) beside the rest; ("reason below", headers, widths) for the
+    table without the reason, which goes on a line under its row; ("blocks", (), []) where not even the
+    fix's name fits beside the figures."""
+    cells = [[printable(c) for c in row] for row in cells]
+    natural = _natural(HEAD, cells)
+    if sum(natural) + GAP * 5 <= width:
+        return "table", HEAD, natural
+    natural = _natural(NARROW_HEAD, cells)
+    figures = sum(natural[1:5])
+    room = width - figures - GAP * 5  # for the name and the reason
+    fix_w = min(natural[0], max(FIX_MIN, room * 9 // 20))
+    why_w = min(natural[5], room - fix_w)
+    if why_w >= min(WHY_MIN, natural[5]):
+        return "table", NARROW_HEAD, [fix_w, *natural[1:5], why_w]
+    fix_w = min(natural[0], width - figures - GAP * 4)
+    if fix_w >= min(FIX_MIN, natural[0]):
+        return "reason below", NARROW_HEAD[:5], [fix_w, *natural[1:5]]
+    return "blocks", (), []
+
+
+def _fix_table(head: tuple[str, ...], widths: list[int], show_header: bool = True) -> Table:
+    t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", show_edge=False)
+    t.show_header = show_header
+    for i, (h, w) in enumerate(zip(head, widths, strict=True)):
+        figure = i in (1, 2, 3)
+        # the name and the reason wrap at words (a word wider than its column is folded); figures never
+        t.add_column(
+            h, justify="right" if figure else "left", width=w, no_wrap=figure or i == 4, overflow="fold"
+        )
+    return t
+
+
+def _status(v: FixVerdict) -> Text:
+    return Text(status_cell(v), style="green" if v.kept else "dim")
+
+
+def _hanging(label: str, text: str) -> Table:
+    """`    label text`, the text wrapped at words under its own first word."""
+    grid = Table.grid()
+    grid.add_column(width=4 + cell_len(label), no_wrap=True)
+    grid.add_column(overflow="fold")
+    grid.add_row(Text(f"    {label}"), Text(printable(text)))
+    return grid
+
+
+def _fix_rows(report: FixReport, console: Console) -> None:
+    verdict_rows = rows(report)
+    layout, head, widths = fix_table_layout([cells for _, cells in verdict_rows], console.width)
+    if layout == "table":
+        t = _fix_table(head, widths)
+        for v, cells in verdict_rows:
+            t.add_row(*(Text(printable(c)) for c in cells[:4]), _status(v), Text(printable(cells[5])))
+        console.print(t)
+    elif layout == "reason below":
+        # one table per row, all with the same column widths: the figures line up under the headers
+        console.print(_fix_table(head, widths))
+        for v, cells in verdict_rows:
+            t = _fix_table(head, widths, show_header=False)
+            t.add_row(*(Text(printable(c)) for c in cells[:4]), _status(v))
+            console.print(t)
+            console.print(_hanging("why: ", cells[5]))
+    else:
+        for v, cells in verdict_rows:
+            console.print(Text.assemble((printable(cells[0]), "bold"), " · ", _status(v)))
+            figures = f"predicted {cells[1]} · measured {cells[2]} · numerics {cells[3]}"
+            console.print(_hanging("", figures))
+            console.print(_hanging("why: ", cells[5]))
+
+
 def render_fix_terminal(report: FixReport, console: Console) -> None:
     section(console, f"gpudoctor fix: {' '.join(report.argv)}")
     console.print(Text(f"  {report.device} · torch {report.torch} · {headline(report)}"))
-    t = Table(box=None, padding=(0, 1), pad_edge=False, header_style="bold", show_edge=False)
-    for i, h in enumerate(HEAD):
-        t.add_column(h, justify="right" if i in (1, 2, 3) else "left", no_wrap=i != 5, overflow="fold")
-    for v, cells in rows(report):
-        t.add_row(
-            *[Text(c, style=("green" if v.kept else "dim") if i == 4 else "") for i, c in enumerate(cells)]
-        )
-    console.print(t)
+    _fix_rows(report, console)
     for note in [*compile_lines(report), *report.notes]:
         dim_line(console, note)
     if report.diff:

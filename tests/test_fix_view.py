@@ -1,0 +1,117 @@
+"""`gpudoctor fix`'s table in the terminal reads well at any width: piped to a log (120 columns) the
+reason column was squeezed to one character, every reason printed a letter per line. Now the fix's name
+and the reason wrap at words, the figures are never cut, and where the reason has too little room beside
+them it goes on its own line under its row (narrower still: one block of lines per fix)."""
+
+from __future__ import annotations
+
+import re
+from io import StringIO
+
+import pytest
+from rich.console import Console
+
+from gpudoctor.fixes.result import FixReport, FixVerdict
+from gpudoctor.fixes.verify import NumericsCheck
+from gpudoctor.report.console import SafeConsole
+from gpudoctor.report.fix_view import fix_table_layout, render_fix_terminal, rows, saving_cell
+
+
+def numerics(diff: float, tolerance: float | None, ok: bool) -> NumericsCheck:
+    return NumericsCheck("loss", 5, diff, tolerance, 1e-7, ok, "")
+
+
+def verdict(fix: str, title: str, predicted: float | None, measured: tuple[float, float, float] | None,
+            check: NumericsCheck | None, kept: bool, reason: str) -> FixVerdict:  # fmt: skip
+    saving, low, high = measured or (None, None, None)
+    return FixVerdict(
+        fix=fix, title=title, rules=("rule",), predicted_saving_pct=predicted, measured_saving_pct=saving,
+        ci_low_pct=low, ci_high_pct=high, p_value=0.01, verdict="faster" if kept else "same",
+        baseline_us=12_000.0, candidate_us=2_300.0, per_sample=False, numerics=check, compile_s=None,
+        payback_steps=None, kept=kept, reason=reason, changes=(), rounds=4,
+    )  # fmt: skip
+
+
+REPORT = FixReport(
+    argv=("train.py", "--epochs", "1"), started_at="2026-01-01T00:00:00Z", device="NVIDIA H100 80GB HBM3",
+    torch="2.5.1", options={}, baseline_us=12_345.0, baseline_rounds=4, observations=None,
+    verdicts=(
+        verdict("workers:32", "DataLoader workers (32)", 79.5, (81.5, 81.2, 81.7), numerics(1.3e-6, 1e-5, True),
+                True, "faster beyond noise"),
+        verdict("workers:16", "DataLoader workers (16)", 79.5, (80.9, 80.1, 81.4), numerics(1.3e-6, None, False),
+                False, "changes results: loss differs by 0.00013% from the baseline, beyond the noise floor"),
+        verdict("autocast", "bfloat16 autocast", 30.0, (1.2, -3.4, 5.1), numerics(0.02, 0.05, True), False,
+                "no significant difference (too noisy to tell: 95% CI of the saving -3.4% to +5.1%)"),
+        verdict("pin_memory", "pin_memory=True", 5.0, None, None, False, "not timed"),
+    ),
+    combination=verdict("workers:16+autocast", "DataLoader workers (16) + bfloat16 autocast", 85.0,
+                        (82.0, 81.0, 83.0), numerics(0.01, 0.05, True), False, "slower beyond noise"),
+    final=("workers:32",), final_saving_pct=81.5, diff="", snippets=(), unplaced=(), manual=(), calibration=(),
+    notes=(), complete=True, interrupted=False, elapsed_s=60.0,
+)  # fmt: skip
+VERDICTS = [v for v, _ in rows(REPORT)]
+
+
+def rendered(width: int, console: type[Console]) -> str:
+    out = StringIO()
+    # as `gpudoctor fix ... > log` prints it (SafeConsole, soft-wrapped) and as rich does by default
+    options = {"soft_wrap": True} if console is SafeConsole else {}
+    render_fix_terminal(
+        REPORT, console(file=out, width=width, force_terminal=False, color_system=None, **options)
+    )
+    return out.getvalue()
+
+
+def reasons_column(text: str) -> str:
+    """The reasons as printed, each line's part from the column they start in, joined."""
+    lines = [line.rstrip() for line in text.splitlines()]
+    head = next((i for i, line in enumerate(lines) if re.fullmatch(r"fix .* why", line)), None)
+    if head is not None:  # a column of the table
+        x = lines[head].rindex("why")
+        return " ".join(line[x:] for line in lines[head + 1 :])
+    # a line under each fix, `    why: ` and its wrapped lines under the first word
+    return " ".join(line[9:] for line in lines if line.startswith("    why: ") or line.startswith(" " * 9))
+
+
+def words(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("console", [SafeConsole, Console])
+@pytest.mark.parametrize("width", [80, 100, 120, 160, 60])
+def test_every_reason_reads_in_whole_words_at_any_width(width: int, console: type[Console]) -> None:
+    # GIVEN a report of five fixes, the combination's name and some reasons long WHEN printed in `width`
+    # columns
+    text = rendered(width, console)
+    lines = text.splitlines()
+    # THEN no line is a lone character (a reason squeezed into a column one character wide)
+    assert not [line for line in lines if len(line.strip()) == 1], text
+    # AND every reason reads whole, in its column or on its own line
+    column = words(reasons_column(text))
+    for v in VERDICTS:
+        assert words(v.reason) in column, (v.reason, text)
+    # AND every figure is printed whole, none cut
+    for v in VERDICTS:
+        assert saving_cell(v) in text, text
+    assert "0.00013% (too far)" in text and "0.00013% ≤ 0.001%" in text
+    # AND the table stays short: a few lines per fix, not one per letter
+    assert len(lines) < 10 * len(VERDICTS), text
+    # AND no line is wider than the console (but the headline, one line where the console soft-wraps)
+    assert max(len(line.rstrip()) for line in lines if not line.startswith("  NVIDIA")) <= width, text
+
+
+def test_the_reason_is_a_column_where_it_fits_and_a_line_under_its_row_where_not() -> None:
+    cells = [c for _, c in rows(REPORT)]
+    assert fix_table_layout(cells, 240)[0] == "table"
+    assert fix_table_layout(cells, 120)[0] == "table"  # `gpudoctor fix ... > log`: PIPE_WIDTH
+    assert fix_table_layout(cells, 80)[0] == "reason below"
+    assert fix_table_layout(cells, 60)[0] == "blocks"
+    # wide enough, each fix is one line under the headers
+    lines = rendered(240, SafeConsole).splitlines()
+    assert len(lines) == 4 + len(VERDICTS)
+    assert words(lines[3]) == "fix predicted saving measured saving (95% CI) numerics why"
+    # at 80 columns, the reason is on the line under the figures
+    lines = rendered(80, SafeConsole).splitlines()
+    row = next(i for i, line in enumerate(lines) if line.startswith("bfloat16 autocast "))
+    assert lines[row].split()[-1] == "reverted"
+    assert lines[row + 1].startswith("    why: no significant difference")
