@@ -115,3 +115,12 @@ def test_the_reason_is_a_column_where_it_fits_and_a_line_under_its_row_where_not
     row = next(i for i, line in enumerate(lines) if line.startswith("bfloat16 autocast "))
     assert lines[row].split()[-1] == "reverted"
     assert lines[row + 1].startswith("    why: no significant difference")
+
+
+def test_a_loader_fix_held_only_to_stay_finite_is_not_called_too_far() -> None:
+    from gpudoctor.report.fix_view import numerics_cell
+
+    # judged on speed (no tolerance), finite: its difference is shown, not held against it
+    assert numerics_cell(numerics(1.3e-6, None, True)) == "0.00013% (finite)"
+    assert numerics_cell(numerics(1.3e-6, None, False)) == "0.00013% (too far)"
+    assert numerics_cell(numerics(0.002, 0.01, True)) == "0.2% ≤ 1%"
