@@ -283,6 +283,7 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
                     "payback_steps",
                     "unit",
                     "pairs",
+                    "on_top_of",
                 )
             }
             | {"numerics_max_rel_diff": (v.get("numerics") or {}).get("max_rel_diff")}

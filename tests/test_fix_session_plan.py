@@ -304,3 +304,20 @@ def test_a_starved_loop_tries_the_gpu_fixes_on_top_of_the_loader_fix_within_the_
     (entry,) = calibration([Tried(("workers:32", "autocast"), [], [], v)], None, report.baseline_us)
     assert entry.measured_pct == pytest.approx(100 * 66 / 600, abs=1)
     assert entry.ci_low_pct is not None and entry.ci_low_pct < entry.measured_pct
+
+
+def test_an_alternative_in_a_kept_fixs_place_is_timed_against_what_is_kept() -> None:
+    # GIVEN CUDA graphs kept, then plain torch.compile, the same group: it would take their place
+    clock = FakeClock()
+    step = {"baseline": 100.0, "compile:reduce-overhead": 60.0, "compile": 70.0}
+    launcher = FakeLauncher(clock, step)
+    report = session(launcher, clock, "compile:reduce-overhead,compile").run()
+    graphs, plain = report.verdicts
+    assert graphs.kept and graphs.unit == "block pair"
+    # THEN it is timed in fresh processes against the kept CUDA graphs (switched off in one process it
+    # would be timed against eager), slower, not kept
+    assert plain.fix == "compile" and plain.on_top_of == ("compile:reduce-overhead",)
+    assert plain.unit == "process pair" and not plain.kept and plain.reason.endswith("slower beyond noise")
+    sides = {fixes for label, fixes, *_ in launcher.calls if label.startswith("02-")}
+    assert sides == {("compile:reduce-overhead",), ("compile",)}
+    assert report.final == ("compile:reduce-overhead",)

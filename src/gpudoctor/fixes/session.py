@@ -175,7 +175,10 @@ class FixSession:
         """The A/B of one configuration: in blocks of one process where its fixes switch (those not
         in `on_top`, the configuration it is tried on top of), else in fresh processes."""
         moving = tuple(f for f in fixes if f not in (on_top or ()))
-        if self._in_blocks(moving, on_top or ()):
+        # in blocks only where it adds to what it is tried on (switched off, the process is its A side);
+        # an alternative in a kept fix's place (compile for compile:reduce-overhead) runs in processes
+        adds = set(on_top or ()) <= set(fixes)
+        if adds and self._in_blocks(moving, on_top or ()):
             tried = self._try_blocks(fixes, moving, cand, index, count, on_top)
             if tried is not None:
                 return tried
