@@ -20,7 +20,7 @@ $OUT/fix_vs_expert.json with every workload found in $OUT. Into the committed re
 runs left out; a workload measured again replaces the earlier one):
 
     PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT [--host-note TEXT]
-        [--into benchmarks/results/fix_vs_expert.json]
+        [--into benchmarks/results/fix_vs_expert.json]   # --budget 5m runs: into fix_vs_expert_5m.json
 
 Each merged workload records the commit of the tree that measured it (`measured_at`; the device's copy
 has no .git) and what shared its host; the status counts only workloads measured with gpudoctor fix's
@@ -184,12 +184,11 @@ def command_of(name: str, options: dict[str, Any]) -> str:
 
 def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None) -> None:
     """Put every workload measured under `runs` (fix_vs_expert_<name>.json, at any depth) into the
-    results file `into`, replacing a workload measured before, with the commit that measured it and
-    what shared its host; its status says how many are measured with this harness and how many reach
-    the goal."""
-    doc = json.loads(into.read_text()) if into.exists() else {}
-    by_name = {w["workload"]: w for w in doc.get("workloads", [])}
-    commands = dict(doc.get("commands", {}))
+    results file `into` — a run with `--budget 5m` into its `_5m` sibling (the acceptance asks for the
+    share at 10 minutes and verdicts at 5) — replacing a workload measured before, with the commit
+    that measured it and what shared its host; each file's status says how many are measured with this
+    harness, how many reach the goal and how many got a verdict on their first four candidates."""
+    found: dict[Path, list[dict[str, Any]]] = {}
     for path in sorted(runs.rglob("fix_vs_expert_*.json")):
         w = json.loads(path.read_text())
         if w.get("error") or not w.get("fix"):
@@ -206,6 +205,17 @@ def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None
         w["measured_at"] = measured_at
         if host_note:
             w["host"] = host_note
+        short = (w.get("options") or {}).get("budget") == "5m"
+        found.setdefault(into.with_name(f"{into.stem}_5m.json") if short else into, []).append(w)
+    for target, workloads in found.items():
+        _merge_into(target, workloads)
+
+
+def _merge_into(into: Path, workloads: list[dict[str, Any]]) -> None:
+    doc = json.loads(into.read_text()) if into.exists() else {}
+    by_name = {w["workload"]: w for w in doc.get("workloads", [])}
+    commands = dict(doc.get("commands", {}))
+    for w in workloads:
         by_name[w["workload"]] = w
         if w.get("options"):
             commands[w["workload"]] = command_of(w["workload"], w["options"])
@@ -213,15 +223,23 @@ def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None
     current = [w for w in ordered if w.get("measured_at")]  # the others: the harness before issue 26
     met = [w["workload"] for w in current if (w.get("timing") or {}).get("meets_goal")]
     missing = [n for n in WORKLOADS if n not in {w["workload"] for w in current}]
+
+    def all_first(w: dict[str, Any]) -> bool:  # a verdict on each of its first four (or all it had)
+        fix = w["fix"]
+        n = fix.get("candidates")
+        return n is not None and fix.get("verdicts_on_first_4") == min(4, n)
+
+    verdicts = [w for w in current if all_first(w)]
     doc.update(
         goal_share_of_expert=GOAL,
         status=f"{len(current)} of the {len(WORKLOADS)} workloads measured with this harness; {len(met)} "
-        f"reach {100 * GOAL:.0f}% of the expert's speedup"
-        + (f"; not yet measured with it: {', '.join(missing)}" if missing else ""),
+        f"reach {100 * GOAL:.0f}% of the expert's speedup; {len(verdicts)} got a verdict on each of their "
+        "first four candidates" + (f"; not yet measured with it: {', '.join(missing)}" if missing else ""),
         commands={n: commands[n] for n in [*WORKLOADS, *commands] if n in commands},
         workloads=ordered,
     )
     into.write_text(json.dumps(doc, indent=1) + "\n")
+    print(f"{into}:")
     for w in ordered:
         print(_line(w))
     print(doc["status"])
@@ -261,6 +279,7 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
         "verdicts_on_first_4": sum(
             1 for v in first4 if v.get("verdict") or v["reason"].startswith("does not apply")
         ),
+        "candidates": len(report["verdicts"]),
         "final": report["final"],
         "final_saving_pct": report["final_saving_pct"],
         "baseline_step_ms": report["baseline_us"] / 1e3 if report.get("baseline_us") else None,

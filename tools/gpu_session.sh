@@ -13,11 +13,14 @@
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
 #   fve:NAME[:BUDGET[:MODE]]  benchmarks/fix_vs_expert.py --only NAME --budget BUDGET (default 5m);
 #                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
-#   fvep:NAMES[:BUDGET[:GPUS]]  fix_vs_expert on several workloads at once, one queue per GPU (every GPU
-#                    the machine has, or GPUS: indices joined by '+', e.g. 2+3), CUDA_VISIBLE_DEVICES,
-#                    round-robin over the comma-separated NAMES; each workload's gpudoctor fix and its
-#                    expert timed on the same GPU -> $BG_OUT/fve_gpuK/; merge with
-#                    `benchmarks/fix_vs_expert.py --merge DIR` (each queue's environment names its CUDA_VISIBLE_DEVICES)
+#   fvep:NAMES[:BUDGET[:GPUS[:PHASE]]]  fix_vs_expert on several workloads at once, one queue per GPU
+#                    (every GPU the machine has, or GPUS: indices joined by '+', e.g. 2+3; empty: all),
+#                    CUDA_VISIBLE_DEVICES, round-robin over the comma-separated NAMES; each workload's
+#                    gpudoctor fix and its expert timed on the same GPU; PHASE "fix": gpudoctor fix alone,
+#                    no timing (the 5-minute verdicts) -> $BG_OUT/fve_gpuK/; merge with
+#                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
+#                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
+#                    that is being timed: the queues' loaders and compile workers perturb it.
 #   mgo:PARALLEL[:PAIRS]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp) --pairs PAIRS
 #                    (default 4) on GPUs 0 and 1 -> $BG_OUT/mgo_PARALLEL/
 #   mg[:SCENARIOS]   benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with fixtures
@@ -44,8 +47,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 step() {
-    local spec=$1 kind arg1 arg2 arg3
-    IFS=: read -r kind arg1 arg2 arg3 <<<"$spec"
+    local spec=$1 kind arg1 arg2 arg3 arg4
+    IFS=: read -r kind arg1 arg2 arg3 arg4 <<<"$spec"
     case "$kind" in
     tests)
         # the files that hold `gpu` tests (collecting every file would need every test dependency);
@@ -97,7 +100,7 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             local list
             list=$(IFS=,; echo "${mine[*]}")
             CUDA_VISIBLE_DEVICES=$gpu "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$gpu" --only "$list" \
-                --budget "${arg2:-10m}" "${SMOKE[@]}" >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
+                --budget "${arg2:-10m}" --phase "${arg4:-all}" "${SMOKE[@]}" >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
         done
         wait
         tail -n 5 "$OUT_DIR"/fve_gpu*.log
