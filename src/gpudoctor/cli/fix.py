@@ -79,7 +79,7 @@ def fix_command(
     diagnose: Annotated[bool, typer.Option("--diagnose/--no-diagnose", help="Profile the script first (gpudoctor run).")] = True,
     child_timeout: Annotated[int, typer.Option("--child-timeout", min=10, help="Seconds one process may run.")] = 600,
     shared_baseline: Annotated[bool, typer.Option("--shared-baseline", help="One baseline process per round for all fixes (A B C, A C B, …), not one per fix: fewer processes.")] = False,
-    stack: Annotated[bool, typer.Option("--stack/--no-stack", help="Try the fixes not faster alone on top of the recommended ones (some pay only beside another).")] = True,
+    stack: Annotated[bool, typer.Option("--stack/--no-stack", help="Try each fix after a kept one on top of what is kept (one bottleneck at a time), and those not faster alone on top of the recommendation; --no-stack: every fix against the script alone.")] = True,
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
     aa: Annotated[bool, typer.Option("--aa", help="A/A: time the script against itself and a patch that changes nothing (in processes and in blocks), beside plain processes: the noise floor, and the test's false-positive rate here.")] = False,
     debug: DebugOption = False,
