@@ -1,7 +1,7 @@
 """What `gpudoctor run`'s light phase (no profiler) costs a data-parallel step, judged as `gpudoctor fix`
 judges a fix: benchmarks/multi_gpu_train.py (DDP ResNet-50 bf16, or FSDP2 with --parallel fsdp) under
 torchrun, plainly (its own timing: the mean step over a window synchronized at its ends after a 3 s
-warm-up) and under `gpudoctor run --light` (the light phase's mean step), in process pairs whose order
+warm-up) and under `gpudoctor run --light` (the light phase's mean step, after the same warm-up), in process pairs whose order
 goes A B, B A, … (`timing.paired.abba`: drift between processes cancels in the pairs), judged by the
 paired test on ln(gpudoctor / plain) (`timing.paired.paired_compare`): the ratio with its 95% interval,
 and "same" where that interval lies within ±5%. `--parts` adds the light phase with its parts switched off
@@ -27,7 +27,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from multi_gpu import TRAIN, checked, environment, run_env, torchrun
 
-LIGHT = ["-m", "gpudoctor", "run", "--light", "--warmup", "5", "--light-steps", "100", "--light-seconds", "3"]
+# a 3 s warm-up, as the plain timing has (multi_gpu_train.py's WARMUP_S; multi_gpu.py's runs alike): these
+# DDP steps take seconds to settle, and the two must time the same stretch of the run to isolate
+# gpudoctor's cost (`gpudoctor run`'s default is 1 s)
+LIGHT = ["-m", "gpudoctor", "run", "--light", "--warmup", "5", "--warmup-seconds", "3", "--light-steps", "100",
+         "--light-seconds", "3"]  # fmt: skip
 VARIANTS: dict[str, list[str]] = {
     "gpudoctor": [],
     "no_nvml": ["--no-nvml"],
@@ -77,6 +81,7 @@ def main() -> int:
     env = {**run_env(args.cpu), "PARALLEL": args.parallel}
     if args.cpu:
         LIGHT[LIGHT.index("--light-seconds") + 1] = "0.2"
+        LIGHT[LIGHT.index("--warmup-seconds") + 1] = env["WARMUP_S"]  # as the plain timing's
     variants = VARIANTS if args.parts else {"gpudoctor": VARIANTS["gpudoctor"]}
     rows: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory() as name:
