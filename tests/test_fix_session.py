@@ -209,6 +209,7 @@ def test_a_fix_after_a_kept_one_is_tried_on_top_and_the_two_checked_against_the_
     assert tf32.kept and tf32.on_top_of == ("fused_optimizer",) and tf32.unit == "block pair"
     assert tf32.fix == "fused_optimizer+tf32" and tf32.measured_saving_pct == pytest.approx(16.7, abs=2)
     assert tf32.reason.startswith("faster than fused optimizer beyond noise")
+    assert tf32.title == "TF32 for float32 matmuls"  # its row names the candidate, the reason its A side
     # AND the two against the script in fresh processes: two pairs when that is decisive
     assert report.combination is not None and report.combination.kept
     assert (report.combination.unit, report.combination.pairs) == ("process pair", 2)

@@ -153,7 +153,8 @@ class FixSession:
                 reason = v.reason
             else:
                 reason = f"on top of {on}: {v.reason}"
-            tried.verdict = replace(v, reason=reason)
+            # its row names the candidate; the reason, what it was timed against
+            tried.verdict = replace(v, reason=reason, title=title_of(cand.fix))
         else:
             tried = self._try((cand.fix,), cand, index, count)
         if tried.verdict.kept and self.options.stack:
