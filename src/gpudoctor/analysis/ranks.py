@@ -84,6 +84,11 @@ class Slowest:
     gpu_idle: float | None = None
     others_gpu_idle: float | None = None
     traced_rank: int | None = None
+    # what the unprofiled figures alone allow it to save (the step less the GPU floor, no more than its
+    # GPU's idle beyond the others'), before its own host time as traced bounds it: where that is far
+    # below, the trace's host times may not describe the unprofiled run (a busy host, the profiler
+    # slowing one rank's host more than another's)
+    unprofiled_bound_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -246,13 +251,14 @@ def _host_paced_unprofiled(
     if not straggler:  # balanced unprofiled: the trace's slowest stays the one shown, with its own idle
         top = next(r for r in timed if r.rank == slow.rank)
         gap, others_idle, excess = gap_of(top.rank)
+    unprofiled_bound = max(min(catch_up, gap * step_us), 0.0)
     catch_up = max(min(catch_up, gap * step_us, excess), 0.0)
     if top.rank == slow.rank:
         if slow.comm_wait_us is not None:
             catch_up = min(catch_up, slow.comm_wait_us)
         return replace(
             slow, straggler=straggler, catch_up_us=catch_up, paced_by="host", unprofiled_step_us=step_us,
-            gpu_idle=idle[top.rank], others_gpu_idle=others_idle,
+            gpu_idle=idle[top.rank], others_gpu_idle=others_idle, unprofiled_bound_us=unprofiled_bound,
         )  # fmt: skip
     # the trace's slowest rank is not the unprofiled one: the profiler slowed its host more
     others = [r for r in timed if r is not top]
@@ -261,7 +267,7 @@ def _host_paced_unprofiled(
     wait = max(statistics.median(waits) - (top.communication_us or 0.0), 0.0) if waits else None
     return Slowest(
         top.rank, top.work_us or 0.0, typical, (top.work_us or 0.0) / typical - 1 if typical > 0 else 0.0,
-        wait, straggler, catch_up, "host", step_us, idle[top.rank], others_idle, slow.rank,
+        wait, straggler, catch_up, "host", step_us, idle[top.rank], others_idle, slow.rank, unprofiled_bound,
     )  # fmt: skip
 
 

@@ -25,6 +25,10 @@ from gpudoctor.util.units import fmt_rate
 
 CLOCK_DROP = 0.05  # an SM clock this much under the others' while busy is a slower GPU
 THROTTLE_SHARE = 0.1  # a slowdown reason active in this share of samples
+# the unprofiled idle gap this many times the traced own-host excess: the evidence says both figures
+# (2 GPUs of a 4 × H200 host beside other work: 18.4 ms idle beyond the others' against 3.9 ms traced,
+# about 41% of the step measured)
+UNEVEN_TRACE_FACTOR = 2.0
 REASON_WORDS = {
     "sw_thermal": "thermal (software slowdown)",
     "hw_thermal": "thermal (hardware slowdown)",
@@ -165,6 +169,19 @@ def _finding(
                 )
                 + f" leaves at most {us(s.catch_up_us)} to gain."
             )
+    bound = s.unprofiled_bound_us
+    if (
+        bound is not None
+        and s.catch_up_us is not None
+        and bound > UNEVEN_TRACE_FACTOR * max(s.catch_up_us, 1.0)
+    ):
+        evidence.append(
+            f"Unprofiled, its GPU idled {us(bound)} per step beyond the others' (within the "
+            f"step less the GPU floor); its own host time beyond theirs as traced is only {us(s.catch_up_us)}. "
+            "A busy machine or the profiler can stretch one rank's host more than another's in the trace: "
+            f"removing its extra work may save up to {us(bound)} "
+            f"({pct(100 * bound / step_us)} of the step); the estimate keeps the smaller figure."
+        )
     if x.collectives and x.link is not None:
         top = max(x.collectives, key=lambda c: c.bytes * c.calls)
         evidence.append(
@@ -177,6 +194,8 @@ def _finding(
         values["others_wait_us"] = wait_us
     if s.catch_up_us is not None:
         values["catch_up_us"] = s.catch_up_us
+    if s.unprofiled_bound_us is not None:
+        values["unprofiled_bound_us"] = s.unprofiled_bound_us
     return finding(
         "straggler",
         f"Rank {s.rank} is a straggler: {cause.name}",
