@@ -326,3 +326,33 @@ def test_an_alternative_in_a_kept_fixs_place_is_timed_against_what_is_kept() -> 
     sides = {fixes for label, fixes, *_ in launcher.calls if label.startswith("02-")}
     assert sides == {("compile:reduce-overhead",), ("compile",)}
     assert report.final == ("compile:reduce-overhead",)
+
+
+def test_fixes_answering_only_what_a_kept_fix_answered_wait_behind_the_others() -> None:
+    # GIVEN the starved loop's findings as the doctor gave them (input_pipeline 79.5%, tensor cores
+    # 7.1%): pinned memory ranks with the workers, before autocast and TF32
+    from gpudoctor.fixes.options import FixOptions
+    from gpudoctor.fixes.session import FixSession
+    from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
+
+    def finding(rule: str, saving: float) -> Finding:
+        return Finding(rule, Severity.of_saving(saving), rule, saving, (), Fix("fix it", ""), {}, ())
+
+    diag = Diagnosis(SCHEMA, (finding("input_pipeline", 79.5), finding("tensor_cores_unused", 7.1)), "", {})
+    clock = FakeClock()
+    step = {"baseline": 600.0, "workers:32": 106.0, "workers:32+autocast": 40.0, "workers:32+tf32": 100.0}
+    launcher = FakeLauncher(clock, step, round_s=16.0)
+    launcher.round_by = {"workers:32": 47.0, "workers:32+pin_memory": 47.0}
+    options = FixOptions(only=("workers:32", "pin_memory", "autocast", "tf32"), budget_s=600.0)
+    report = FixSession(launcher, options, diag, argv=("train.py",), started_at="now", clock=clock).run()
+    assert [v.rules for v in report.verdicts][:2] == [("input_pipeline",), ("tensor_cores_unused",)]
+    # THEN once the workers saved more than half of what the loader's finding promised, pinned memory
+    # (that finding's alone) waits behind autocast and TF32, which are timed on top of the workers first
+    order = [v.fix for v in report.verdicts]
+    assert order == [
+        "workers:32",
+        "workers:32+autocast",
+        "workers:32+autocast+tf32",
+        "workers:32+autocast+pin_memory",
+    ]
+    assert report.verdicts[1].kept and report.verdicts[2].verdict is not None

@@ -244,6 +244,23 @@ def stackable(t: Tried, final: tuple[str, ...]) -> bool:
     )
 
 
+def answered(chain: list[Tried], script_us: float | None) -> set[str]:
+    """The findings the kept fixes answered: each rule of a kept fix that saved at least half what the
+    fix was predicted to (its share of the script's step, for one kept on top of others)."""
+    out: set[str] = set()
+    for t in chain:
+        v = t.verdict
+        pct = v.measured_saving_pct
+        if pct is not None and v.on_top_of:
+            pct = pct * v.baseline_us / script_us if script_us and v.baseline_us else None
+        if pct is not None and v.predicted_saving_pct and pct >= ANSWERED * v.predicted_saving_pct:
+            out.update(v.rules)
+    return out
+
+
+ANSWERED = 0.5  # a kept fix that saved this share of its prediction answered its findings
+
+
 def calibration(
     tried: list[Tried], diagnosis: Diagnosis | None, script_us: float | None = None
 ) -> tuple[CalibrationEntry, ...]:

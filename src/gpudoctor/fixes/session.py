@@ -22,6 +22,7 @@ from gpudoctor.fixes.applies import why_not
 from gpudoctor.fixes.attempt import (
     Attempt,
     Tried,
+    answered,
     calibration,
     going,
     looks_faster,
@@ -35,7 +36,7 @@ from gpudoctor.fixes.attempt import (
     verdict_of,
 )
 from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
-from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
+from gpudoctor.fixes.candidates import Candidate, ManualFix, choose, defer_answered
 from gpudoctor.fixes.catalog import can_switch, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.frameworks import in_framework_terms
@@ -118,7 +119,9 @@ class FixSession:
             only=o.only, skip=o.skip, steps=ref.steps_seen, step_s=step_s,
         )  # fmt: skip
         together: list[tuple[int, Candidate]] = []
-        for i, cand in enumerate(self.candidates, 1):
+        queue = list(enumerate(self.candidates, 1))
+        while queue:
+            i, cand = queue.pop(0)
             why = why_not(cand.fix, ref.observations, ref.steps_seen)
             if why is not None:
                 self.tried.append(not_run(cand, why))
@@ -126,7 +129,10 @@ class FixSession:
                 together.append((i, cand))  # in fresh processes, beside one baseline per round
                 continue
             else:
-                self.tried.append(self._try_candidate(cand, i, len(self.candidates)))
+                tried = self._try_candidate(cand, i, len(self.candidates))
+                self.tried.append(tried)
+                if tried.verdict.kept and o.stack:
+                    queue = defer_answered(queue, answered(self.chain, ref.mean_step_us))
             self._update(self.report())
         if len(together) > 1:
             self._try_together(together)
