@@ -1,0 +1,59 @@
+"""benchmarks/fix_vs_expert.py --merge: a device run's workloads into the committed results — 10-minute
+runs into fix_vs_expert.json, 5-minute runs into its _5m sibling (the acceptance asks for the share at
+10 minutes and verdicts at 5) — each with the commit that measured it and what shared its host, smoke and
+CPU runs left out, and a status counting only the workloads measured with this harness."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+FIX = {"verdicts_on_first_4": 4, "candidates": 6, "final": ["autocast"], "findings": {},
+       "kept_all_faster": True, "kept_all_numerics_ok": True}  # fmt: skip
+
+
+def workload(name: str, budget: str, *, device: str = "NVIDIA H200", meets: bool = True) -> dict[str, Any]:
+    return {
+        "workload": name,
+        "expert": "x",
+        "fix_run": {"exit_code": 0},
+        "fix": FIX,
+        "timing": {"meets_goal": meets, "share_of_expert": 0.9 if meets else 0.5},
+        "environment": {"device": device},
+        "options": {"budget": budget, "smoke": False},
+    }
+
+
+def test_merge_routes_by_budget_and_records_where_it_was_measured(tmp_path: Path) -> None:
+    runs = tmp_path / "runs" / "fve_gpu0"
+    runs.mkdir(parents=True)
+    for w in (workload("gpt2_train", "10m"), workload("vit_train", "10m", meets=False),
+              workload("item_logging", "5m"), workload("convnet_nchw", "10m", device="cpu")):  # fmt: skip
+        (runs / f"fix_vs_expert_{w['workload']}.json").write_text(json.dumps(w))
+    into = tmp_path / "fix_vs_expert.json"
+    into.write_text(json.dumps({"workloads": [{"workload": "lightning_fit", "fix": FIX, "timing": {}}]}))
+    cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(tmp_path / "runs"),
+           "--measured-at", "abc1234", "--host-note", "alone", "--into", str(into)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    ten = json.loads(into.read_text())
+    five = json.loads((tmp_path / "fix_vs_expert_5m.json").read_text())
+    assert [w["workload"] for w in ten["workloads"]] == ["gpt2_train", "vit_train", "lightning_fit"]
+    assert [w["workload"] for w in five["workloads"]] == ["item_logging"]
+    assert all(w["measured_at"] == "abc1234" and w["host"] == "alone" for w in five["workloads"])
+    # the earlier harness's entry is kept but not counted; the CPU run is left out
+    assert ten["status"].startswith("2 of the 13 workloads measured with this harness; 1 reach 80%")
+    assert "2 got a verdict on each of their first four candidates" in ten["status"]
+    assert "convnet_nchw" in ten["status"] and "a smoke or CPU run, left out" in done.stdout
+
+
+def test_merge_needs_the_commit_that_measured(tmp_path: Path) -> None:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--measured-at" in done.stderr
