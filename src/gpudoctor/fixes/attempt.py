@@ -244,15 +244,22 @@ def stackable(t: Tried, final: tuple[str, ...]) -> bool:
     )
 
 
+def script_share(v: FixVerdict, pct: float | None, script_us: float | None) -> float | None:
+    """A saving of `v` (a % of its A side's step) as a % of the script's step (`script_us`, the
+    baseline's mean), as the rules predict: for a fix timed on top of kept ones, times their step over
+    the script's; None where either step is unknown."""
+    if pct is None or not v.on_top_of:
+        return pct
+    return pct * v.baseline_us / script_us if script_us and v.baseline_us else None
+
+
 def answered(chain: list[Tried], script_us: float | None) -> set[str]:
     """The findings the kept fixes answered: each rule of a kept fix that saved at least half what the
-    fix was predicted to (its share of the script's step, for one kept on top of others)."""
+    fix was predicted to (as a share of the script's step)."""
     out: set[str] = set()
     for t in chain:
         v = t.verdict
-        pct = v.measured_saving_pct
-        if pct is not None and v.on_top_of:
-            pct = pct * v.baseline_us / script_us if script_us and v.baseline_us else None
+        pct = script_share(v, v.measured_saving_pct, script_us)
         if pct is not None and v.predicted_saving_pct and pct >= ANSWERED * v.predicted_saving_pct:
             out.update(v.rules)
     return out
@@ -269,23 +276,14 @@ def calibration(
     timed on top of kept ones saved a share of their step: as a share of the script's step
     (`script_us`, the baseline's mean), as the rules predict, it is that times their step over it."""
     own = {f.id: f.est_saving_pct for f in diagnosis.findings} if diagnosis else {}
-
-    def scaled(t: Tried, pct: float | None) -> float | None:
-        v = t.verdict
-        if pct is None or not v.on_top_of:
-            return pct
-        if not (script_us and v.baseline_us):
-            return None
-        return pct * v.baseline_us / script_us
-
     return tuple(
         CalibrationEntry(
             rule,
             t.verdict.fix,
             own.get(rule, t.verdict.predicted_saving_pct or 0.0),
-            scaled(t, t.verdict.measured_saving_pct),
-            scaled(t, t.verdict.ci_low_pct),
-            scaled(t, t.verdict.ci_high_pct),
+            script_share(t.verdict, t.verdict.measured_saving_pct, script_us),
+            script_share(t.verdict, t.verdict.ci_low_pct, script_us),
+            script_share(t.verdict, t.verdict.ci_high_pct, script_us),
             t.verdict.kept,
         )
         for t in tried
