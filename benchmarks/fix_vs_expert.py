@@ -50,7 +50,7 @@ CONTROLS = ("tuned_control",)  # nothing to gain: the goal is to keep nothing
 # fix + timing, with the --budget of the committed result; GPT-2, ViT, ResNet-50 and Lightning with every
 # round forked from the fork server (2026-11-25), the others before it forked on torch 2.11 (a fresh
 # interpreter per round))
-# (new in issue 26, not yet measured on the GPU: None)
+# (new in issue 26: on an H200 with issue 26's harness, 2026-11-26, beside other queues; 5m where marked)
 WORKLOADS: dict[str, tuple[list[str], str, float | None]] = {
     "gpt2_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 11.9),  # --budget 6m
     "vit_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 11.1),  # 7m
@@ -60,15 +60,15 @@ WORKLOADS: dict[str, tuple[list[str], str, float | None]] = {
     "lightning_fit": ([], 'precision="bf16-mixed", TF32, fused AdamW, torch.compile', 9.5),  # 4m
     "per_param_optimizer": ([], "Adam(fused=True)", 3.6),  # 2m
     "fp32_matmul_loop": ([], "bf16 autocast, TF32", 5.8),  # 4m
-    "hf_trainer_bert": ([], "TrainingArguments(torch_compile=True)", None),
+    "hf_trainer_bert": ([], "TrainingArguments(torch_compile=True)", 10.5),  # 10m
     "timm_convnext_fp32": (
         [],
         "bf16 autocast, channels_last, fused AdamW, 8 workers + pinned, compile",
-        None,
+        15.1,  # 10m
     ),
-    "torchvision_augment": ([], "8 workers, pinned memory, channels_last, bf16 autocast", None),
-    "item_logging": ([], "loss read every 100 steps, bf16 autocast, fused AdamW", None),
-    "tuned_control": ([], "nothing (already tuned)", None),
+    "torchvision_augment": ([], "8 workers, pinned memory, channels_last, bf16 autocast", 6.9),  # 5m
+    "item_logging": ([], "loss read every 100 steps, bf16 autocast, fused AdamW", 5.8),  # 5m
+    "tuned_control": ([], "nothing (already tuned)", 2.1),  # 10m: nothing offered
 }
 
 
