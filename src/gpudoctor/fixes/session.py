@@ -23,6 +23,7 @@ from gpudoctor.fixes.attempt import (
     Attempt,
     Tried,
     answered,
+    beyond_early_effect,
     calibration,
     going,
     looks_faster,
@@ -262,10 +263,12 @@ class FixSession:
         for k in range(1, self.options.rounds + 1):
             if not going(at):
                 break
+            timing = timing_of(at, self.options.same_within) if k > FINAL_MIN_PAIRS else None
             if k > least:  # the final check, past its least pairs: on while undecided and the time lasts
-                timing = timing_of(at, self.options.same_within)
                 if (timing is not None and timing.verdict != "ambiguous") or not self.budget.has(2):
                     break
+            elif timing is not None and beyond_early_effect(timing):
+                break  # two pairs settle a change this large: the rest would only narrow its interval
             else:
                 # its rounds left (a baseline and a candidate each), then the time kept back
                 left = 2 * (least - k + 1)
