@@ -51,22 +51,41 @@ STEP_US = {"baseline": 100.0, "tf32": 78.0, "fused_optimizer": 80.0, "no_empty_c
            "tf32+fused_optimizer": 65.0}  # fmt: skip
 
 
-def test_the_budget_keeps_back_the_time_to_verify_the_kept_fixes_together() -> None:
+def test_the_first_four_candidates_are_judged_before_time_is_kept_back() -> None:
     # GIVEN three fixes of other groups, each tried on top of those kept before it (6 rounds of 10 s
-    # each after the reference), and a budget that holds all three or two and the check of the two
-    # together against the script (2 pairs: 4 rounds), not all four
+    # each after the reference), and a budget that holds the three but not then the check of the kept
+    # ones against the script (2 pairs: 4 rounds)
     clock = FakeClock()
     launcher = FakeLauncher(clock, STEP_US)
     launcher.seen = {"empty_cache": 25}
     report = session(launcher, clock, "tf32,fused_optimizer,no_empty_cache", budget_s=200.0, **FRESH).run()
     tf32, fused, no_empty = report.verdicts
-    # THEN the least promising gives way to the check of the two kept before it, decided in 2 pairs
+    # THEN all three get their verdicts (the most promising first), the check is cut, and the fixes
+    # kept one on top of another stay, with a note
     assert tf32.kept and fused.kept and fused.fix == "tf32+fused_optimizer"
-    assert no_empty.reason == (
+    assert no_empty.verdict is not None and no_empty.on_top_of == ("tf32", "fused_optimizer")
+    assert report.combination is not None and report.combination.rounds == 0
+    assert report.final[:2] == ("tf32", "fused_optimizer") and clock.now == 190.0
+    assert any("not decisive" in n and "time budget ran out" in n for n in report.notes)
+
+
+def test_from_the_fifth_candidate_the_budget_keeps_back_the_time_to_check_the_kept_ones() -> None:
+    # GIVEN five fixes, each faster on top of the ones before (6 rounds of 10 s each), and a budget that
+    # holds four and the check of the kept ones (4 rounds), not five and the check
+    clock = FakeClock()
+    step = {"baseline": 100.0, "tf32": 90.0, "fused_optimizer": 90.0, "no_empty_cache": 90.0,
+            "cudnn_benchmark": 90.0, "pin_memory": 90.0}  # fmt: skip
+    launcher = FakeLauncher(clock, step)
+    launcher.seen = {"empty_cache": 25, "conv2d": True}
+    only = "tf32,fused_optimizer,no_empty_cache,cudnn_benchmark,pin_memory"
+    report = session(launcher, clock, only, budget_s=320.0, **FRESH).run()
+    *first, fifth = report.verdicts
+    # THEN the fifth gives way to the check, which runs and keeps the four
+    assert all(v.kept for v in first) and fifth.reason == (
         "the time budget ran out after 0 of 3 rounds (the rest is kept to verify the faster fixes together)"
     )
     assert report.combination is not None and report.combination.kept and report.combination.rounds == 2
-    assert report.final == ("tf32", "fused_optimizer") and clock.now == 170.0
+    assert len(report.final) == 4 and clock.now == 290.0
 
 
 # -- one baseline per round for all fixes (--shared-baseline) -------------------------------------------
@@ -304,6 +323,13 @@ def test_a_starved_loop_tries_the_gpu_fixes_on_top_of_the_loader_fix_within_the_
     assert report.combination is not None and report.combination.kept and report.combination.pairs == 2
     assert report.final_saving_pct == pytest.approx(100 * (1 - 34 / 600), abs=1)
     assert clock.now <= 600.0
+    # AND with five minutes the four get their verdicts too (the loader fix settled in two pairs)
+    clock5 = FakeClock()
+    launcher5 = FakeLauncher(clock5, step, round_s=16.0)
+    launcher5.seen, launcher5.round_by = launcher.seen, launcher.round_by
+    short = session(launcher5, clock5, "workers:32,autocast,tf32,channels_last", budget_s=300.0).run()
+    assert [v.verdict is not None for v in short.verdicts] == [True] * 4 and short.verdicts[0].pairs == 2
+    assert short.final == report.final and clock5.now <= 300.0
     # AND a rule's calibration holds autocast's saving as a share of the script's step (66 of 600 ms)
     v = replace(autocast, rules=("tensor_cores_unused",), predicted_saving_pct=7.1)
     (entry,) = calibration([Tried(("workers:32", "autocast"), [], [], v)], None, report.baseline_us)

@@ -48,6 +48,7 @@ from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.rules.finding import Diagnosis
 
+FIRST_VERDICTS = 4  # candidates judged before time is kept back for the check against the script
 NOISY_SPREAD_PCT = 10.0  # the baseline's processes further apart than this: the report says so
 LEFTOVER = "rounds left processes running after they ended"
 
@@ -362,8 +363,12 @@ class FixSession:
         return 0
 
     def _kept_with(self, fixes: tuple[str, ...], cand: Candidate | None) -> list[tuple[str, ...]]:
-        """A candidate keeps back the time to check it, with those kept before it, against the script."""
-        return [*(t.fixes for t in self.chain), fixes] if cand is not None else []
+        """A candidate keeps back the time to check it, with those kept before it, against the script —
+        from the fifth on: the most promising get their verdicts first (each kept one was faster than
+        what it joined; a check the budget then leaves out is said in a note)."""
+        if cand is None or len(self.tried) < FIRST_VERDICTS:
+            return []
+        return [*(t.fixes for t in self.chain), fixes]
 
     def _tried(self, at: Attempt) -> Tried:
         return Tried(at.fixes, at.base, at.runs, verdict_of(at, self.options.same_within), at.failure)
