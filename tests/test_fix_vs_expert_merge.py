@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -57,3 +59,17 @@ def test_merge_needs_the_commit_that_measured(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(tmp_path)]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "--measured-at" in done.stderr
+
+
+def test_the_goal_is_a_share_of_the_experts_gain_and_no_slower_where_it_has_none() -> None:
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from fix_vs_expert import judged
+
+    assert judged("gpt2_train", ["autocast"], 1.90, 1.89) == (pytest.approx(0.989, abs=1e-3), True)
+    assert judged("timm_convnext_fp32", ["workers:16"], 22.87, 15.99)[1] is False  # 69%
+    # the expert's recipe gains nothing (Lightning's small model, host-bound): no share; met unless slower
+    assert judged("lightning_fit", ["compile"], 1.01, 1.34) == (None, True)
+    assert judged("lightning_fit", ["compile"], 1.01, 0.95) == (None, False)
+    # the control meets its goal by keeping nothing
+    assert judged("tuned_control", [], 1.0, 1.0) == (None, True)
+    assert judged("tuned_control", ["tf32"], 1.0, 1.05) == (None, False)
