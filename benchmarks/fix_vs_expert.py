@@ -287,8 +287,11 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
     kept = [v for v in verdicts if v["kept"]]
     first4 = report["verdicts"][:4]  # the most promising candidates, in the order they were tried
     return {
-        "verdicts_on_first_4": sum(
-            1 for v in first4 if v.get("verdict") or v["reason"].startswith("does not apply")
+        "verdicts_on_first_4": sum(  # timed to the end (not cut by the budget), or not applicable
+            1
+            for v in first4
+            if (v.get("verdict") and not v["reason"].startswith("the time budget ran out"))
+            or v["reason"].startswith("does not apply")
         ),
         "candidates": len(report["verdicts"]),
         "final": report["final"],
