@@ -6,6 +6,7 @@ of one process against the recommendation itself where they switch."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import pytest
@@ -402,11 +403,11 @@ def test_stopping_at_two_pairs_past_40_percent_is_rare_under_a_a() -> None:
     from pathlib import Path
 
     from gpudoctor.fixes.attempt import beyond_early_effect
-    from gpudoctor.timing.paired import false_positive_rate, paired_compare
+    from gpudoctor.timing.paired import Pair, false_positive_rate, paired_compare
 
     doc = json.loads((Path(__file__).parent.parent / "benchmarks/results/aa_noise.json").read_text())
 
-    def early(pairs: list) -> str:  # type: ignore[type-arg]
+    def early(pairs: Sequence[Pair]) -> str:
         c = paired_compare(pairs, unit="process pair")
         return c.verdict if beyond_early_effect(c) else "ambiguous"
 
