@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gzip
 import json
 import re
+import shutil
 import statistics
 from pathlib import Path
 
 import pytest
 
+from conftest import write_json
 from gpudoctor.analysis.ranks import HOST_IDLE_GAP
 from gpudoctor.doctor.ranks import RanksRun, analyze_directory
 from gpudoctor.rules.stragglers import straggler
@@ -103,6 +106,43 @@ def test_a_traced_host_excess_far_below_the_unprofiled_idle_gap_is_said_beside_t
     # AND the recording as it was, its two figures close (19.0 against 19.2 ms), says nothing more
     plain = straggler(r.across, r.summaries, step)
     assert plain is not None and not any(e.startswith("Unprofiled, its GPU idled") for e in plain.evidence)
+
+
+def test_the_straggler_is_named_where_the_waiting_ranks_blocked_launches_lie_outside_its_ops(
+    tmp_path: Path,
+) -> None:
+    # GIVEN the straggler run with rank 0's waits moved out of its ops: in the recording rank 0 blocks
+    # ~30 ms per traced step in five launches (its launch queue full behind an all-reduce that waits for
+    # rank 1) inside ops; here the ops around them are gone, as where the launch comes from no op (on a
+    # quiet 2 × H100 host rank 0's own host time as traced came to 22.5 ms against rank 1's 24.1)
+    folder = shutil.copytree(FIXTURES / "straggler", tmp_path / "straggler")
+    trace = folder / "rank-0" / "trace.json.gz"
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    events = doc["traceEvents"]
+    blocked = [
+        e
+        for e in events
+        if e.get("cat") == "cuda_runtime" and e["name"].startswith("cudaLaunch") and e["dur"] > 1000
+    ]
+    assert len(blocked) >= 10
+
+    def around_a_block(e: dict) -> bool:
+        return e.get("cat") == "cpu_op" and any(
+            b["tid"] == e["tid"] and e["ts"] <= b["ts"] and b["ts"] + b["dur"] <= e["ts"] + e["dur"]
+            for b in blocked
+        )
+
+    doc["traceEvents"] = [e for e in events if not around_a_block(e)]
+    write_json(trace, doc)
+    r = analyze_directory(folder, all_reports=True)
+    # THEN rank 0's blocked time is not taken for its own host work: the gaps in which its GPU had more
+    # work queued than the gap lasted are the host running ahead
+    own = {x.rank: x.host_other_us for x in r.summaries}
+    assert own[1] - own[0] >= 15e3
+    # AND the straggler is named first, its saving as in the recording
+    f = r.diagnosis.findings[0]
+    assert f.id == "straggler" and f.title == "Rank 1 is a straggler: host work"
+    assert f.est_saving_pct == pytest.approx(run("straggler").diagnosis.findings[0].est_saving_pct, abs=0.5)
 
 
 def test_the_rank_that_waits_for_the_straggler_is_judged_at_its_own_pace() -> None:

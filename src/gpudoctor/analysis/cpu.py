@@ -20,6 +20,13 @@ OPTIMIZER_STEP = re.compile(r"^Optimizer\.step#|^Optimizer\.step$|optimizer\.ste
 # backward inside the optimizer's range: gpudoctor run labels it; Lightning's profiler names its hooks.
 CLOSURE = re.compile(r"^gpudoctor\.closure$|training_step|\bbackward\b|closure|gradient_clipping", re.I)
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
+# A host gap (in no op, DataLoader or synchronization, on any thread) this long, opened with at least
+# AHEAD_QUEUED GPU activities launched and not yet started: the host is that far ahead of its GPU, blocked
+# where the trace shows no op (a full launch queue behind a collective that waits for another rank: 640–700
+# queued on 2 × H100) or working where it does not pace the GPU. A straggler's own host work leaves its
+# GPU what it launched since its last collective (0–136 queued in DDP ResNet-50 recordings).
+AHEAD_GAP_US = 1000.0
+AHEAD_QUEUED = 256
 ZERO_GRAD = re.compile(r"^Optimizer\.zero_grad#")
 
 
@@ -39,6 +46,10 @@ class CpuStep:
     allocator_us: float
     optimizer_launches: int  # launch calls made inside Optimizer.step
     optimizer_kernel_us: float  # GPU time of what they launched
+    # host gaps of AHEAD_GAP_US or more (in no op, DataLoader or synchronization) through which the GPU
+    # stayed busy: the host ran ahead of its GPU there (a DDP rank that waits for a straggler blocks on a
+    # full launch queue, in the trace as often outside the ops as inside them)
+    ahead_us: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,7 @@ def cpu_steps(
     launches = np.setdiff1d(launches, sync_rows)  # a copy that blocked counts as a sync, not a launch
     launch_union = Disjoint.of(*_spans(trace, launches))
     sync_union = Disjoint.of(*_spans(trace, sync_rows))
+    ahead = _ahead_gaps(trace, (op_union, loader, sync_union), starts, ends, launches)
     edges = _edges(starts, ends)
     launch_counts = _per_step(trace.ts[launches], edges)
     allocs = classify.rows_matching(trace, trace.rows(*LAUNCH_KINDS), classify.ALLOCATOR_CALLS)
@@ -102,6 +114,7 @@ def cpu_steps(
                 allocator_us=float(alloc_union.covered(a, b)[0]),
                 optimizer_launches=int(optimizer_launches[i]),
                 optimizer_kernel_us=float(optimizer_kernel_us[i]),
+                ahead_us=float(ahead.covered(a, b)[0]),
             )
         )
     return tuple(out)
@@ -125,6 +138,26 @@ def optimizer_time(trace: Trace) -> Disjoint:
     np.maximum.at(closure_end, step[inside], np.minimum(ends[inside], steps.end[step[inside]]))
     has = np.isfinite(closure_end)
     return difference(steps, Disjoint.of(steps.start[has], closure_end[has]))
+
+
+def _ahead_gaps(
+    trace: Trace, host: tuple[Disjoint, ...], starts: np.ndarray, ends: np.ndarray, launches: np.ndarray
+) -> Disjoint:
+    """The host gaps inside the steps (in none of `host`) of AHEAD_GAP_US or more that open with
+    AHEAD_QUEUED GPU activities or more launched and not yet started."""
+    busy_host = Disjoint.of(np.concatenate([d.start for d in host]), np.concatenate([d.end for d in host]))
+    gaps = difference(Disjoint.of(starts, ends), busy_host)
+    long = (gaps.end - gaps.start) >= AHEAD_GAP_US
+    if not long.any():
+        return Disjoint.of(np.zeros(0), np.zeros(0))
+    gpu = gpu_rows_of_launch(trace, launches)
+    ok = gpu >= 0
+    launched, started = np.sort(trace.ts[launches[ok]]), np.sort(trace.ts[gpu[ok]])
+    s, e = gaps.start[long], gaps.end[long]
+    # queued at t: launched before t less started by t (an activity starts after its launch)
+    queued = np.searchsorted(launched, s, side="left") - np.searchsorted(started, s, side="right")
+    ahead = queued >= AHEAD_QUEUED
+    return Disjoint.of(s[ahead], e[ahead])
 
 
 def _spans(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -84,7 +84,8 @@ class RankSummary(Serialized):
     figures: RankFigures
     unprofiled_step_us: float | None  # the light phase's median (gpudoctor run), when known
     # Host per step (means over the profiled steps, as traced): in the DataLoader, and in neither a
-    # PyTorch op, the DataLoader nor a call that waits for the GPU (the script's own Python).
+    # PyTorch op, the DataLoader nor a call that waits for the GPU (the script's own Python), less the
+    # long gaps through which its GPU stayed busy (the host ahead of it, blocked: `CpuStep.ahead_us`).
     dataloader_us: float
     host_other_us: float
     host_top_frame: str | None  # the user frame holding most of that time (with_stack traces)
@@ -111,7 +112,9 @@ def summarize_rank(
     steps = a.steps
     n = len(steps) or 1
     cpu = [s.cpu for s in steps]
-    host_other = [max(c.duration_us - c.cpu_ops_us - c.dataloader_us - c.sync_us, 0.0) for c in cpu]
+    host_other = [
+        max(c.duration_us - c.cpu_ops_us - c.dataloader_us - c.sync_us - c.ahead_us, 0.0) for c in cpu
+    ]
     figures = rank_figures(a)
     compute = None
     if figures.compute_share is not None:

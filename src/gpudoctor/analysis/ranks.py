@@ -17,8 +17,10 @@ straggler was the *other* rank). Where NVML measured each rank's GPU utilization
 light phase, that decides which rank: the one whose GPU idles most, waiting for its own host (the others'
 GPUs are busy, if only in a collective's waiting kernel), when it idles at least HOST_IDLE_GAP of the step
 more than the others' median. Whether it is a straggler, and by how much, its own host time as traced
-says (Python outside ops and the DataLoader, which the profiler hardly slows): beyond the others' by 5%
-of the step at least; its saving is at most that excess and its idle beyond the others'."""
+says (Python outside ops and the DataLoader, which the profiler hardly slows, less the long gaps in which
+its GPU had hundreds of launches queued: the host ahead of its GPU, as a rank that waits for a straggler
+is, blocked on its full launch queue, in the trace as often outside an op as inside one): beyond the
+others' by 5% of the step at least; its saving is at most that excess and its idle beyond the others'."""
 
 from __future__ import annotations
 
