@@ -25,7 +25,9 @@ NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"
 
 def test_nproc_runs_a_ddp_script_on_two_gpus_and_combines_its_ranks(tmp_path: Path) -> None:
     out = tmp_path / "run"
-    env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": str(REPO / "src"), "STEPS": "400", "WARMUP_S": "1"}
+    # the source first, what the environment had after it (wheels installed beside it: msgspec)
+    path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, **NO_MULTICAST, "PYTHONPATH": path, "STEPS": "400", "WARMUP_S": "1"}
     cmd = [sys.executable, "-m", "gpudoctor", "run", "--nproc", "2", "--out", str(out), "--warmup", "5",
            "--light-steps", "20", "--steps", "3", str(REPO / "benchmarks" / "multi_gpu_train.py")]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=420)

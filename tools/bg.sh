@@ -9,8 +9,9 @@
 #                                      # /tmp/bg/NAME/rc; it writes results under $BG_OUT
 #                                      # (/tmp/bg/NAME/out)
 #   tools/bg.sh wait NAME SECONDS      # until it ends or SECONDS pass; prints the log's tail; packs
-#                                      # /tmp/bg/NAME but its tree (profiler traces and files over 8 MiB left
-#                                      # out) into $OUT/NAME.tgz; exits 0 when it ended, 3 while it runs
+#                                      # /tmp/bg/NAME but its tree (profiler traces, but those of fixtures
+#                                      # under a folder fx/, and files over 8 MiB left out) into
+#                                      # $OUT/NAME.tgz; exits 0 when it ended, 3 while it runs
 #
 # Example, in one device call and then in as many as it needs:
 #   tools/bg.sh start gpu 'bash tools/gpu_session.sh tests memory' && tools/bg.sh wait gpu 560
@@ -65,8 +66,9 @@ wait)
     elapsed=$(($(date -u +%s) - $(cat "$dir/started")))
     tail -n 40 "$dir/log" 2>/dev/null
     if [ -n "${OUT:-}" ]; then
-        (cd "$dir" && find . -path ./tree -prune -o -type f -size -8M ! -name 'trace.json.gz' ! -name '*.pt.trace.json*' \
-            ! -name '*.pickle' -print0 | tar czf "$OUT/$name.tgz" --null -T -)
+        # traces left out but those of recorded fixtures (a folder named fx): small, and the reason for the run
+        (cd "$dir" && find . -path ./tree -prune -o -type f -size -8M \( -path '*/fx/*' -o \( ! -name 'trace.json.gz' \
+            ! -name '*.pt.trace.json*' ! -name '*.pickle' \) \) -print0 | tar czf "$OUT/$name.tgz" --null -T -)
     fi
     if [ -f "$dir/rc" ]; then
         echo "bg: $name ended with exit status $(cat "$dir/rc") after ${elapsed} s"
