@@ -16,7 +16,8 @@
 #   fvep:NAMES[:BUDGET[:GPUS[:PHASE]]]  fix_vs_expert on several workloads at once, one queue per GPU
 #                    (every GPU the machine has, or GPUS: indices joined by '+', e.g. 2+3; empty: all),
 #                    CUDA_VISIBLE_DEVICES, round-robin over the comma-separated NAMES; each workload's
-#                    gpudoctor fix and its expert timed on the same GPU; PHASE "fix": gpudoctor fix alone,
+#                    gpudoctor fix and its expert timed on the same GPU, each queue on its share of its
+#                    GPU's NUMA-local cores (tools/gpu_cores.py, taskset); PHASE "fix": gpudoctor fix alone,
 #                    no timing (the 5-minute verdicts) -> $BG_OUT/fve_gpuK/; merge with
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
 #                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
@@ -93,14 +94,23 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             [ "$n" -ge 1 ] || n=1
             mapfile -t ids < <(seq 0 $((n - 1)))
         fi
+        # each queue on its share of its GPU's NUMA-local cores: side by side, no queue's compile
+        # workers or loader workers run on another's cores (tools/gpu_cores.py; unpinned where unknown)
+        local -A cores=()
+        local gpu_id list_of
+        if [ -z "${SMOKE:-}" ] && command -v taskset >/dev/null; then
+            while read -r gpu_id list_of; do cores[$gpu_id]=$list_of; done < <("$PY" tools/gpu_cores.py "${ids[@]}")
+        fi
         for ((k = 0; k < ${#ids[@]}; k++)); do
-            local mine=() i gpu=${ids[$k]}
+            local mine=() i gpu=${ids[$k]} pin=()
+            [ -n "${cores[$gpu]:-}" ] && pin=(taskset -c "${cores[$gpu]}")
             for ((i = k; i < ${#names[@]}; i += ${#ids[@]})); do mine+=("${names[$i]}"); done
             [ ${#mine[@]} -gt 0 ] || continue
             local list
             list=$(IFS=,; echo "${mine[*]}")
-            CUDA_VISIBLE_DEVICES=$gpu "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$gpu" --only "$list" \
-                --budget "${arg2:-10m}" --phase "${arg4:-all}" "${SMOKE[@]}" >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
+            echo "GPU $gpu: $list on cores ${cores[$gpu]:-any}" >>"$OUT_DIR/fve_gpu$gpu.log"
+            CUDA_VISIBLE_DEVICES=$gpu "${pin[@]}" "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$gpu" \
+                --only "$list" --budget "${arg2:-10m}" --phase "${arg4:-all}" "${SMOKE[@]}" >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
         done
         wait
         tail -n 5 "$OUT_DIR"/fve_gpu*.log
