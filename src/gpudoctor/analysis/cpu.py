@@ -46,9 +46,9 @@ class CpuStep:
     allocator_us: float
     optimizer_launches: int  # launch calls made inside Optimizer.step
     optimizer_kernel_us: float  # GPU time of what they launched
-    # host gaps of AHEAD_GAP_US or more (in no op, DataLoader or synchronization) through which the GPU
-    # stayed busy: the host ran ahead of its GPU there (a DDP rank that waits for a straggler blocks on a
-    # full launch queue, in the trace as often outside the ops as inside them)
+    # host gaps of AHEAD_GAP_US or more (in no op, DataLoader or synchronization) that open with
+    # AHEAD_QUEUED launches or more queued on the GPU: the host ran ahead of its GPU there (a DDP rank that
+    # waits for a straggler blocks on a full launch queue, in the trace outside the ops as well as inside)
     ahead_us: float = 0.0
 
 
