@@ -1,6 +1,7 @@
 """What the session tests share: observations of a script, a fake clock, and a launcher whose rounds'
 step times are drawn around a configured mean per configuration — fresh processes, or one process
-whose blocks alternate A B B A … where the round switches fixes."""
+whose blocks alternate A B B A … where the round switches fixes (A: without those of them it applies,
+with those it does not: what they replace)."""
 
 from __future__ import annotations
 
@@ -77,14 +78,17 @@ class FakeLauncher:
         self.edits: dict[str, tuple[Edit, ...]] = {}
         self.seen: dict[str, object] = {}  # what every round observes of the script (conv2d, cudnn_tf32)
         self.round_by: dict[str, float] = {}  # a configuration's round length where not round_s
+        self.block_round_by: dict[str, float] = {}  # … and of its A/B in one process
         self.fresh_step_us: dict[str, float] = {}  # a configuration's mean in fresh processes alone
 
     def mean(self, key: str) -> float:
-        """The configured mean; a configuration of several fixes that is not configured, each fix's
-        effect in turn (independent: the product of their ratios to the baseline)."""
+        """The configured mean (in whatever order its fixes were named); a configuration of several
+        fixes that is not configured, each fix's effect in turn (independent: the product of their
+        ratios to the baseline)."""
         base = self.step_us["baseline"]
-        if key in self.step_us or "+" not in key:
-            return self.step_us.get(key, base)
+        same = next((k for k in self.step_us if set(k.split("+")) == set(key.split("+"))), None)
+        if same is not None or "+" not in key:
+            return self.step_us.get(same or key, base)
         ratio = 1.0
         for fix in key.split("+"):
             ratio *= self.step_us.get(fix, base) / base
@@ -100,7 +104,10 @@ class FakeLauncher:
         if self.interrupt_at is not None and len(self.calls) >= self.interrupt_at:
             raise KeyboardInterrupt
         key = "+".join(fixes) or "baseline"
-        self.clock.now += self.round_by.get(key, self.block_round_s if switch else self.round_s)
+        if switch and key in self.block_round_by:
+            self.clock.now += self.block_round_by[key]
+        else:
+            self.clock.now += self.round_by.get(key, self.block_round_s if switch else self.round_s)
         patches = {f: PatchOutcome(f not in self.not_applicable, None if f not in self.not_applicable else "no optimizer",
                                    (f"{f} applied",), self.edits.get(f, ())) for f in fixes}  # fmt: skip
         obs = observations(batch=self.batch.get(key, 16), **self.seen)  # type: ignore[arg-type]
@@ -115,7 +122,9 @@ class FakeLauncher:
             return r
         if set(switch) & self.cannot_switch:
             return replace(r, switch=switch, switch_error="NotSwitchable: cannot be switched")
-        off = "+".join(f for f in fixes if f not in switch) or "baseline"
+        # the A side: without the switched fixes among `fixes`, with those that are not (replaced)
+        a_side = [f for f in fixes if f not in switch] + [f for f in switch if f not in fixes]
+        off = "+".join(a_side) or "baseline"
         blocks = []
         for cand in abba(self.pairs):
             times = self.steps(key if cand else off, 10)

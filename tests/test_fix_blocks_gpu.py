@@ -1,8 +1,10 @@
 """On a real GPU: the in-process A/B of `gpudoctor fix` — fixes switched off and on in blocks of one
 process, A B B A … — for the fixes whose switching touches CUDA state: channels_last (weights, gradients
 and Adam's state converted back and forth), bfloat16 autocast, TF32, and torch.compile with CUDA graphs
-(the graphs' memory pool beside eager steps). Each round must time every block on CUDA events, leave the
-loss finite, and find what it should. Marked `gpu`; skipped where torch sees no CUDA device (CI)."""
+(the graphs' memory pool beside eager steps); and two compiled forwards held in one process, each with
+CUDA graphs of its own — autocast beneath a compile that stays, plain compile in CUDA graphs' place. Each
+round must time every block on CUDA events, leave the loss finite, and find what it should. Marked `gpu`;
+skipped where torch sees no CUDA device (CI)."""
 
 from __future__ import annotations
 
@@ -70,3 +72,35 @@ def test_tf32_switched_in_blocks_finds_the_tensor_cores(tmp_path: Path) -> None:
     c = paired_compare(block_pairs(r.blocks))
     # float32 matmuls at 2048: TF32's tensor cores are several times faster (H100: 51 vs 416 TFLOP/s)
     assert c.verdict == "faster" and c.saving > 0.3, c
+
+
+@pytest.mark.parametrize("body", [CONVNET, MATMULS], ids=["train", "infer"])
+@pytest.mark.parametrize(
+    ("fixes", "switch"),
+    [
+        ("compile:reduce-overhead,autocast", "autocast"),  # autocast beneath CUDA graphs that stay
+        ("autocast,compile", "compile,compile:reduce-overhead"),  # plain compile in CUDA graphs' place
+    ],
+    ids=["autocast-beneath-graphs", "compile-for-graphs"],
+)
+def test_two_compiled_forwards_with_cuda_graphs_switch_in_blocks(
+    tmp_path: Path, body: str, fixes: str, switch: str
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(body)
+    r = run_round(parse(["--out", str(tmp_path / "r.json"), "--fixes", fixes, "--switch", switch, "--warmup", "5",
+                         "--pairs", "6", "--block-s", "0.2", "--", str(script)]))  # fmt: skip
+    assert r.failure is None and r.switch_error is None, r.failure
+    assert len(r.blocks) == 12 and all(b.clock == "cuda_events" and b.steps >= 2 for b in r.blocks)
+    assert all(math.isfinite(v) for step in r.outputs for v in step)
+    # each side compiled before the blocks (B's in the warm-up, A's in the prewarm), none inside one
+    assert r.compile_s > 0 and r.compile_timed_s == 0.0, r.compile_timed_s
+    c = paired_compare(block_pairs(r.blocks))
+    print(
+        fixes,
+        switch,
+        c.verdict,
+        f"{100 * c.saving:.1f}%",
+        c.test,
+        f"compile {r.compile_s:.1f} s, {r.wall_s:.1f} s",
+    )

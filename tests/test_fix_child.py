@@ -7,6 +7,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,9 +16,11 @@ from torch.nn.modules import module as nn_module
 from torch.utils.data import DataLoader
 
 from gpudoctor.fixes.child import parse, run_round
+from gpudoctor.fixes.guard import numerics_of
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner import capture as live
-from gpudoctor.timing.paired import random_orders, sides
+from gpudoctor.timing.blocks import block_pairs
+from gpudoctor.timing.paired import paired_compare, random_orders, sides
 
 TRAIN = """\
 import torch
@@ -180,6 +183,113 @@ def test_a_fix_that_cannot_switch_is_a_failed_round_saying_so(tmp_path: Path) ->
     assert r.failure is not None and r.failure.startswith("could not be switched in the running process")
 
 
-def test_switch_names_only_fixes_the_round_applies(tmp_path: Path) -> None:
+def test_switch_names_fixes_the_round_applies_or_forward_wrappers_of_its_baseline_alone() -> None:
     with pytest.raises(SystemExit):
-        parse(["--out", "r.json", "--fixes", "tf32", "--switch", "compile", "--", "train.py"])
+        parse(["--out", "r.json", "--fixes", "tf32", "--switch", "workers:4", "--", "train.py"])
+    # plain compile in CUDA graphs' place: the baseline's side alone compiles with reduce-overhead
+    args = parse(
+        ["--out", "r.json", "--fixes", "compile", "--switch", "compile,compile:reduce-overhead", "--", "t.py"]
+    )
+    assert args.switch == "compile,compile:reduce-overhead"
+
+
+# -- two compiled forwards held at once ----------------------------------------------------------------------
+SERVE = """\
+import torch
+
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+x = torch.randn(2, 8)
+with torch.no_grad():
+    for step in range(100_000):
+        print(model(x).dtype)
+"""
+
+
+@pytest.fixture
+def graphs(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What Dynamo compiles through the backend "counted" (eager, as the graph was traced): each
+    graph's compile mode, whether it runs under autocast, and how often it was called."""
+    from torch._dynamo.backends import registry
+
+    seen: list[dict[str, Any]] = []
+
+    def counted(gm: Any, example_inputs: Any, **kwargs: Any) -> Any:
+        graph = {"mode": kwargs.get("mode", "default"), "autocast": "autocast" in gm.code, "calls": 0}
+        seen.append(graph)
+
+        def run(*args: Any) -> Any:
+            graph["calls"] += 1
+            return gm.forward(*args)
+
+        return run
+
+    monkeypatch.setitem(registry._BACKENDS, "counted", None)
+    monkeypatch.setitem(registry._COMPILER_FNS, "counted", counted)
+    return seen
+
+
+def runs_of(values: list[Any]) -> list[Any]:
+    return [v for i, v in enumerate(values) if i == 0 or v != values[i - 1]]
+
+
+def test_autocast_leaves_from_beneath_a_compile_that_stays_as_two_compiled_forwards(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], graphs: list[dict[str, Any]]
+) -> None:
+    # GIVEN autocast tried on top of a kept torch.compile: compile(autocast(forward)) against compile(forward)
+    ref = child(tmp_path, SERVE)
+    capsys.readouterr()
+    r = child(tmp_path, SERVE, "--fixes", "compile:reduce-overhead,autocast", "--switch", "autocast",
+              "--compile-backend", "counted", *BLOCKS)  # fmt: skip
+    assert r.failure is None and r.switch_error is None and r.switch == ("autocast",)
+    # THEN the blocks alternate in the order the seed drew, each side's forward compiled once: B's
+    # (under autocast) in the warm-up, A's in the untimed prewarm, neither in a timed block
+    assert r.block_layout is not None and [b.candidate for b in r.blocks] == sides(r.block_layout.b_first)
+    a, b = [g for g in graphs if not g["autocast"]], [g for g in graphs if g["autocast"]]
+    assert len(a) == 1 and {g["mode"] for g in (*a, *b)} == {"reduce-overhead"}
+    assert a[0]["calls"] >= sum(blk.steps for blk in r.blocks if not blk.candidate)
+    assert b[-1]["calls"] >= sum(blk.steps for blk in r.blocks if blk.candidate)
+    assert r.compile_s > 0 and r.compile_timed_s == 0.0
+    # AND each step ran its side's forward: bfloat16 from the warm-up (the root's first call is the
+    # script's own), float32 for the prewarm and calibration, then each block's
+    printed = [line == "torch.bfloat16" for line in capsys.readouterr().out.splitlines()]
+    assert runs_of(printed) == runs_of([False, True, False, *sides(r.block_layout.b_first)])
+    # AND the A/B is judged on the block pairs, B's first outputs against the script's as a fix's are
+    assert paired_compare(block_pairs(r.blocks)).pairs == 2
+    check = numerics_of(("compile:reduce-overhead", "autocast"), r, ref, [ref], [])
+    assert check.ok and check.tolerance == 0.05 and check.max_rel_diff is not None and check.max_rel_diff > 0
+
+
+def test_plain_compile_takes_cuda_graphs_place_as_a_second_compiled_forward(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], graphs: list[dict[str, Any]]
+) -> None:
+    # GIVEN plain compile tried in the place of a kept compile:reduce-overhead, autocast staying
+    r = child(tmp_path, SERVE, "--fixes", "autocast,compile", "--switch", "compile,compile:reduce-overhead",
+              "--compile-backend", "counted", *BLOCKS)  # fmt: skip
+    assert r.failure is None and r.switch_error is None and r.fixes == ("autocast", "compile")
+    # THEN both forwards run under autocast (but the root's first call, the script's own), each
+    # compiled in its own mode once, none in a timed block
+    assert runs_of(capsys.readouterr().out.split()) == ["torch.float32", "torch.bfloat16"]
+    assert all(g["autocast"] for g in graphs)
+    graphs_of = {mode: [g for g in graphs if g["mode"] == mode] for mode in ("default", "reduce-overhead")}
+    assert len(graphs_of["reduce-overhead"]) == 1 and graphs_of["default"]
+    assert graphs_of["reduce-overhead"][0]["calls"] >= sum(b.steps for b in r.blocks if not b.candidate)
+    assert graphs_of["default"][-1]["calls"] >= sum(b.steps for b in r.blocks if b.candidate)
+    assert r.compile_timed_s == 0.0 and len(r.blocks) == 4
+    # AND the replaced fix is reported as what the A side ran
+    assert r.patches["compile:reduce-overhead"].applied and r.patches["compile"].applied
+
+
+def test_float16_autocast_records_the_loss_before_it_is_scaled(tmp_path: Path) -> None:
+    ref = child(tmp_path, TRAIN.format(extra="pass"))
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "autocast:float16")
+    assert r.failure is None and r.patches["autocast:float16"].changes[0].endswith("with loss scaling")
+    # scaled, the losses recorded would be 65,536 times the script's
+    check = numerics_of(("autocast:float16",), r, ref, [ref], [])
+    assert check.ok and check.max_rel_diff is not None and check.max_rel_diff < 0.05
+
+
+def test_float16_autocast_with_loss_scaling_cannot_leave_from_beneath_compile(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "compile,autocast:float16", "--switch",
+              "autocast:float16", "--compile-backend", "eager", *BLOCKS)  # fmt: skip
+    assert r.switch_error is not None and "loss scaling" in r.switch_error
+    assert r.failure is not None and r.failure.startswith("could not be switched in the running process")

@@ -546,6 +546,12 @@ def test_fixes_that_switch_and_those_that_cannot() -> None:
 
     assert can_switch(("tf32",)) and can_switch(("compile:reduce-overhead",)) and can_switch(("noop",))
     assert not can_switch(("workers:4",)) and not can_switch(("fused_optimizer",)) and not can_switch(())
-    assert can_switch(("channels_last",), ("autocast",)) and can_switch(("compile",), ("autocast",))
-    # torch.compile compiled what autocast wrapped: autocast cannot leave from under it
-    assert not can_switch(("autocast",), ("compile",))
+    # autocast beneath a torch.compile that stays, and one compile mode in another's place: each side's
+    # forward built from its own wrappers (fixes.patches.forward.ForwardVariants)
+    assert can_switch(("autocast",)) and can_switch(("compile",), ("compile:reduce-overhead",))
+    assert can_switch(("autocast:float16",), ("autocast",))
+    # what is replaced must wrap the root's forward (the A side alone holds it)
+    assert not can_switch(("workers:16",), ("workers:32",)) and not can_switch(
+        ("tf32",), ("cudnn_benchmark",)
+    )
+    assert not can_switch((), ("compile",))

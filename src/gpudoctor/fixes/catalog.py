@@ -2,7 +2,8 @@
 `compile:reduce-overhead`), what it is called, the findings it answers, the numerics tolerance it is held
 to (none for a loader fix: it changes where batches are made, not the model's arithmetic), the group of
 alternatives it belongs to (one of a group is kept), whether it can be switched in a running process
-(its A/B then runs in blocks of one process), and the patch that applies it."""
+(its A/B then runs in blocks of one process, also in a kept fix's place where both wrap the root's
+forward), and the patch that applies it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from gpudoctor.fixes.patches.autocast import Autocast
 from gpudoctor.fixes.patches.backend import TF32, CudnnBenchmark
 from gpudoctor.fixes.patches.base import FixPatch, PatchContext
 from gpudoctor.fixes.patches.compile import MODES, Compile
+from gpudoctor.fixes.patches.forward import ForwardWrapper
 from gpudoctor.fixes.patches.layout import ChannelsLast
 from gpudoctor.fixes.patches.loader import LargerBatch, PinMemory, Workers
 from gpudoctor.fixes.patches.memory import NoEmptyCache
@@ -200,20 +202,24 @@ PATCH_CLASSES: dict[str, type[FixPatch]] = {
     "compile": Compile,
     "autocast": Autocast,
 }
-FORWARD_WRAPPERS = ("autocast", "compile")  # replace the root's forward, in their patches' order
 
 
-def can_switch(switched: tuple[str, ...], constant: tuple[str, ...] = ()) -> bool:
-    """Can `switched` be turned off and on in a process where `constant` stay applied? Each must be
-    switchable, and none may wrap the root's forward beneath a constant fix that wraps it too (torch.compile
-    compiled what autocast had wrapped: autocast cannot leave from under it)."""
-    kinds = [f.split(":", 1)[0] for f in switched]
-    if not kinds or not all(k in PATCH_CLASSES and PATCH_CLASSES[k].switchable for k in kinds):
+def can_switch(switched: tuple[str, ...], replaced: tuple[str, ...] = ()) -> bool:
+    """Can a running process turn `switched` on and `replaced` off (its B side), and back (its A side),
+    the rest of its fixes staying on? Each must be switchable, and what is replaced must wrap the root's
+    forward: where wrappers differ, each side's forward is built from its own (`ForwardVariants`), so
+    autocast can leave from beneath a torch.compile that stays (compile(forward) beside
+    compile(autocast(forward))) and one compile mode take another's place."""
+    kinds = [f.split(":", 1)[0] for f in (*switched, *replaced)]
+    if not switched or not all(k in PATCH_CLASSES and PATCH_CLASSES[k].switchable for k in kinds):
         return False
-    order = {k: PATCH_CLASSES[k].order for k in FORWARD_WRAPPERS}
-    fixed = [order[f.split(":", 1)[0]] for f in constant if f.split(":", 1)[0] in order]
-    moving = [order[k] for k in kinds if k in order]
-    return not (fixed and moving and min(moving) < max(fixed))
+    return all(wraps_forward(f) for f in replaced)
+
+
+def wraps_forward(fix_id: str) -> bool:
+    """Does the fix wrap the root module's forward (autocast, torch.compile)?"""
+    cls = PATCH_CLASSES.get(fix_id.split(":", 1)[0])
+    return cls is not None and issubclass(cls, ForwardWrapper)
 
 
 def build_patch(

@@ -12,7 +12,11 @@ warm-up (with every fix on, as the first losses were recorded) `f` and `g` are s
 step boundaries in `--pairs` pairs of blocks, each pair A B or B A at random (`timing.blocks`): after
 `--warmup` untimed steps of the baseline, its steps are timed for the loop's pace and period (a
 loader's cycle), and every block is then the same whole number of periods, at least `--block-steps`
-steps and `--block-s` seconds at that pace, after `--settle` untimed steps.
+steps and `--block-s` seconds at that pace, after `--settle` untimed steps. A switched fix not among
+`--fixes` is the baseline's alone, replaced by those switched on (`--fixes autocast,compile --switch
+compile,compile:reduce-overhead`: plain compile in CUDA graphs' place); it must wrap the root's forward.
+Where wrappers of the root's forward switch, each side's forward is built from its own wrappers and
+both are held at once (`ForwardVariants`: compile(forward) beside compile(autocast(forward))).
 """
 
 from __future__ import annotations
@@ -21,13 +25,15 @@ import argparse
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
-from gpudoctor.fixes.catalog import build_patch
+from gpudoctor.fixes.catalog import build_patch, wraps_forward
 from gpudoctor.fixes.observe import Observer
 from gpudoctor.fixes.patches.base import FixPatch, PatchContext
+from gpudoctor.fixes.patches.forward import ForwardVariants, ForwardWrapper
 from gpudoctor.fixes.patches.loader import PREFETCH, Workers
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
@@ -67,9 +73,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.command:
         parser.error("give the script (or module) and its arguments after --")
     fixes = [f for f in args.fixes.split(",") if f]
-    stray = [f for f in args.switch.split(",") if f and f not in fixes]
+    stray = [f for f in args.switch.split(",") if f and f not in fixes and not wraps_forward(f)]
     if stray:
-        parser.error(f"--switch names fixes not in --fixes: {', '.join(stray)}")
+        parser.error(f"--switch names fixes not in --fixes that do not wrap the forward: {', '.join(stray)}")
     return args
 
 
@@ -99,26 +105,48 @@ class CompileClock:
             self.timed_s += spent
 
 
+class Switched(Protocol):
+    order: int
+
+    def switch(self, on: bool) -> None: ...
+
+
 class Switcher:
     """Turns the switched fixes off (in reverse order) and on again (in order) at a block boundary; the
     first fix that cannot be switched is remembered (and stops the blocks)."""
 
-    def __init__(self, patches: list[FixPatch]) -> None:
-        self.patches = patches
+    def __init__(self, switched: Sequence[Switched]) -> None:
+        self.switched = sorted(switched, key=lambda s: s.order)
         self.error: str | None = None
 
     def __call__(self, on: bool) -> None:
         try:
-            for patch in self.patches if on else reversed(self.patches):
-                patch.switch(on)
+            for s in self.switched if on else reversed(self.switched):
+                s.switch(on)
         except Exception as err:
             self.error = self.error or f"{type(err).__name__}: {err}"
             raise
 
 
+def forward_variants(
+    finder: RootFinder, patches: Sequence[FixPatch], switch: tuple[str, ...], replaced: tuple[str, ...]
+) -> ForwardVariants | None:
+    """Where a wrapper of the root's forward switches, the forward of each side built from its own
+    wrappers (those that stay, and those of its side alone)."""
+    wrappers = [p for p in patches if isinstance(p, ForwardWrapper)]
+    if not any(p.name in switch for p in wrappers):
+        return None
+    stay = [p for p in wrappers if p.name not in switch]
+    join = [p for p in wrappers if p.name in switch and p.name not in replaced]
+    leave = [p for p in wrappers if p.name in replaced]
+    return ForwardVariants(finder, stay, join, leave)
+
+
 def run_round(args: argparse.Namespace) -> RoundResult:
     target, script_args = args.command[0], args.command[1:]
     fixes = tuple(f for f in args.fixes.split(",") if f)
+    switch = tuple(f for f in args.switch.split(",") if f)
+    replaced = tuple(f for f in switch if f not in fixes)  # the baseline's alone
     started = time.perf_counter()
     seed_everything(args.seed)
     finder = RootFinder()
@@ -126,14 +154,15 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     patches = sorted(
         (
             build_patch(f, ctx, compile_backend=args.compile_backend, exact_random=args.exact_random)
-            for f in fixes
+            for f in (*fixes, *replaced)
         ),
         key=lambda p: p.order,
     )
     observer = Observer(finder, all_devices=args.count_cpu_items)
     recorder = OutputRecorder(finder, args.record)
-    switch = tuple(f for f in args.switch.split(",") if f)
-    switcher = Switcher([p for p in patches if p.name in switch])
+    variants = forward_variants(finder, patches, switch, replaced)
+    flags = [p for p in patches if p.name in switch and not isinstance(p, ForwardWrapper)]
+    switcher = Switcher([*flags, *([variants] if variants else [])])
     plan = None
     if switch:
         plan = BlockPlan(pairs=args.pairs, min_steps=args.block_steps, min_seconds=args.block_s,
@@ -152,14 +181,18 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         settle=False,  # a round is its --steps and --steps-s: what A and B share cancels in their pairs
     )
     capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher)
-    compiling = any(f.startswith("compile") for f in fixes)
-    clock = CompileClock(lambda: capture.phase == "light") if compiling else None
+    compiling = any(f.startswith("compile") for f in (*fixes, *replaced))
+    # counted where steps are timed: a variant compiled in the blocks' prewarm is not a recompilation
+    clock = CompileClock(lambda: capture.timing) if compiling else None
     end: ScriptEnd | None = None
     failed: str | None = None
     kind, values, observations = "none", [], None
     finder.install()
     try:
-        with patched([*patches, observer, recorder, *([clock] if clock else [])]):
+        # the variants after the wrappers: their forwards are built once the wrappers saw the root
+        with patched(
+            [*patches, *([variants] if variants else []), observer, recorder, *([clock] if clock else [])]
+        ):
             capture.install()
             try:
                 end = run_script(target, script_args, module=args.module)

@@ -50,7 +50,9 @@ class Progress:
 
 class Launcher(Protocol):
     """Runs one round in a process of its own: the script with `fixes` applied (none: the baseline);
-    `switch`, some of them, turned off and on in blocks (an A/B inside that process)."""
+    with `switch`, an A/B inside that process, in blocks: `switch` is what its two sides differ by,
+    those among `fixes` on B's side alone, the others (wrappers of the root's forward that B's
+    replace: compile:reduce-overhead for compile) on A's alone."""
 
     def __call__(
         self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()

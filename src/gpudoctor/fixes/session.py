@@ -170,8 +170,8 @@ class FixSession:
             self.chain.append(tried)
         return tried
 
-    def _in_blocks(self, fixes: tuple[str, ...], constant: tuple[str, ...] = ()) -> bool:
-        return self.options.blocks >= 2 and can_switch(fixes, constant)
+    def _in_blocks(self, fixes: tuple[str, ...], replaced: tuple[str, ...] = ()) -> bool:
+        return self.options.blocks >= 2 and can_switch(fixes, replaced)
 
     def _try(
         self,
@@ -182,13 +182,12 @@ class FixSession:
         on_top: tuple[str, ...] | None = None,
     ) -> Tried:
         """The A/B of one configuration: in blocks of one process where its fixes switch (those not
-        in `on_top`, the configuration it is tried on top of), else in fresh processes."""
+        in `on_top`, the configuration it is tried on top of, switched on; those of `on_top` it
+        replaces, an alternative in a kept fix's place, switched off), else in fresh processes."""
         moving = tuple(f for f in fixes if f not in (on_top or ()))
-        # in blocks only where it adds to what it is tried on (switched off, the process is its A side);
-        # an alternative in a kept fix's place (compile for compile:reduce-overhead) runs in processes
-        adds = set(on_top or ()) <= set(fixes)
-        if adds and self._in_blocks(moving, on_top or ()):
-            tried = self._try_blocks(fixes, moving, cand, index, count, on_top)
+        replaced = tuple(f for f in on_top or () if f not in fixes)  # compile:reduce-overhead for compile
+        if self._in_blocks(moving, replaced):
+            tried = self._try_blocks(fixes, moving, replaced, cand, index, count, on_top)
             if tried is not None:
                 return tried
         return self._try_processes(fixes, cand, index, count, on_top)
@@ -197,14 +196,16 @@ class FixSession:
         self,
         fixes: tuple[str, ...],
         moving: tuple[str, ...],
+        replaced: tuple[str, ...],
         cand: Candidate | None,
         index: int,
         count: int,
         on_top: tuple[str, ...] | None,
     ) -> Tried | None:
         """One process: every fix on from the start (its first losses recorded so), then `moving`
-        switched off and on in blocks (each pair in a random order). None when a fix could not be switched there (the
-        caller then tries it in fresh processes)."""
+        switched off and on in blocks (each pair in a random order), `replaced` on where they are off
+        (the A side is `on_top`: each side's forward built from its own wrappers, both held at once).
+        None when a fix could not be switched there (the caller then tries it in fresh processes)."""
         label = "+".join(moving)
         at = Attempt(fixes, cand, on_top=on_top, in_blocks=True)
         self._open = [at]
@@ -220,7 +221,8 @@ class FixSession:
         self._progress(stage, label, index, count, "blocks", 1, rounds=1)
         obs = self.reference.observations if self.reference else None
         t0 = self.clock()
-        r = self._round(f"{index:02d}-{label}-blocks", fixes, random_differs(fixes, obs), switch=moving)
+        exact = random_differs((*fixes, *replaced), obs)
+        r = self._round(f"{index:02d}-{label}-blocks", fixes, exact, switch=(*moving, *replaced))
         self.budget.block_s.append(self.clock() - t0)
         self._open = []
         if r.switch_error is not None:
@@ -437,7 +439,7 @@ class FixSession:
                 continue
             seen.add(group)
             fixes = (*self.final, *t.fixes)
-            blocks = self._in_blocks(t.fixes, self.final)
+            blocks = self._in_blocks(t.fixes)
             fits = (
                 self.budget.fits_s(self.budget.block_round_s())
                 if blocks

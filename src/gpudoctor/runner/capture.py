@@ -203,6 +203,12 @@ class LiveCapture:
         """The script's iteration that the step ending now is (the memory record's step numbers)."""
         return self.steps_seen + self.first_step - 1
 
+    @property
+    def timing(self) -> bool:
+        """The steps now count in what the light phase measures: its steps, or with blocks, a block's
+        (not their prewarm, calibration or settling steps)."""
+        return self.phase == "light" and (self._blocks is None or self._blocks.timing)
+
     # -- phases --------------------------------------------------------------------------------------
     def boundary(self) -> None:
         self.steps_seen += 1

@@ -166,6 +166,11 @@ class BlockSchedule:
     def done(self) -> bool:
         return self._phase == "done"
 
+    @property
+    def timing(self) -> bool:
+        """A block's steps are being timed (not the prewarm, the calibration or a block's settling)."""
+        return self._phase == "timing"
+
     def boundary(self) -> bool:
         """One step ended; True once every block is timed."""
         if self._phase == "done":

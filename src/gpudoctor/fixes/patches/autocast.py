@@ -1,18 +1,22 @@
 """Mixed precision around the root module's forward: bfloat16 autocast, or float16 with loss scaling
 where the GPU has no bfloat16. The root's `forward` is wrapped (an instance attribute, deleted on undo);
-loss scaling hooks `Tensor.backward` (the scalar loss is scaled) and the optimizers' steps (gradients
-unscaled before, the step skipped by dropping the gradients when they overflowed, the scale updated after)."""
+loss scaling hooks `Tensor.backward` (the scalar loss is scaled; hooked as the patch applies, where the
+dtype may be float16, so that the loss recorded for the numerics guard is the unscaled one) and the
+optimizers' steps (gradients unscaled before, the step skipped by dropping the gradients when they
+overflowed, the scale updated after)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.patches.base import FixPatch, ForwardSlot, NotSwitchable
+from gpudoctor.fixes.patches.base import NotSwitchable
+from gpudoctor.fixes.patches.forward import ForwardWrapper
 
 
-class Autocast(FixPatch):
+class Autocast(ForwardWrapper):
     fix_id = "autocast"
     order = 40
     switchable = True  # but for float16 with loss scaling (the scaler's state is the run's)
@@ -21,45 +25,71 @@ class Autocast(FixPatch):
         super().__init__(ctx)
         self.dtype = dtype  # auto | bfloat16 | float16
         self.scaler: Any = None
-        self._slot: ForwardSlot | None = None
+        self._device = "cpu"
+        self._dtype: Any = None  # resolved at the root: torch.bfloat16 or torch.float16
 
     def switch(self, on: bool) -> None:
         if self.scaler is not None:
             raise NotSwitchable("float16 autocast with loss scaling cannot be switched in a running process")
-        if self._slot is not None:
-            self._slot.set(on)
+        super().switch(on)
 
     def _apply(self) -> None:
-        self.ctx.finder.on_root(self._on_root)
-        self.not_applicable = "no nn.Module with parameters was called"
+        super()._apply()
+        if self.dtype != "bfloat16":  # float16 may need its loss scaled (the scaler comes at the root)
+            self._scale_losses()
 
-    def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+    def _scale_losses(self) -> None:
+        """`Tensor.backward` hooked now, as the patch applies: beneath what the child records the loss
+        with (applied after the fixes, it sees the loss unscaled) and restored in the order it was made."""
+        import torch
+
+        original = torch.Tensor.backward
+        patch = self
+
+        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            scaler = patch.scaler
+            if (
+                scaler is not None
+                and tensor.dim() == 0
+                and tensor.requires_grad
+                and tensor.is_floating_point()
+            ):
+                tensor = scaler.scale(tensor)
+            return original(tensor, *args, **kwargs)
+
+        self.restorer.replace(torch.Tensor, "backward", backward)
+
+    def prepare(self, module: Any) -> bool:
         import torch
 
         param = next(module.parameters())
         device = param.device.type
         if not param.is_floating_point() or param.dtype != torch.float32:
             self.not_applicable = f"the root module's parameters are {param.dtype}, not float32"
-            return
-        dtype = self._resolve(device)
-        if dtype == torch.float16 and module.training:
+            return False
+        self._device, self._dtype = device, self._resolve(device)
+        if self._dtype == torch.float16 and module.training:
             self._install_scaler(device)
-        forward = module.forward
-
-        @functools.wraps(forward)
-        def autocast_forward(*a: Any, **k: Any) -> Any:
-            with torch.autocast(device_type=device, dtype=dtype):
-                return forward(*a, **k)
-
-        self._slot = ForwardSlot(module, autocast_forward)
-        self.restorer.replace(module, "forward", autocast_forward)
-        name = "bfloat16" if dtype == torch.bfloat16 else "float16"
+        name = "bfloat16" if self._dtype == torch.bfloat16 else "float16"
         wrap = f'torch.autocast("{device}", dtype=torch.{name})'
         site = self.ctx.finder.site
         edit = Edit("wrap_statement", site.file, site.line, wrap=wrap) if site else None
         self.snippet = f"with {wrap}:\n    output = model(inputs)"
         what = f"{type(module).__name__}.forward under {wrap}"
         self.changed(what + (" with loss scaling" if self.scaler is not None else ""), edit)
+        return True
+
+    def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
+        device, dtype = self._device, self._dtype
+
+        @functools.wraps(forward)
+        def autocast_forward(*a: Any, **k: Any) -> Any:
+            with torch.autocast(device_type=device, dtype=dtype):
+                return forward(*a, **k)
+
+        return autocast_forward
 
     def _resolve(self, device: str) -> Any:
         import torch
@@ -80,12 +110,6 @@ class Autocast(FixPatch):
 
         scaler = torch.amp.GradScaler(device)
         self.scaler = scaler
-        original = torch.Tensor.backward
-
-        def backward(tensor: Any, *args: Any, **kwargs: Any) -> Any:
-            if tensor.dim() == 0 and tensor.requires_grad and tensor.is_floating_point():
-                tensor = scaler.scale(tensor)
-            return original(tensor, *args, **kwargs)
 
         def before_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             scaler.unscale_(optimizer)
@@ -98,7 +122,6 @@ class Autocast(FixPatch):
         def after_step(optimizer: Any, args: Any, kwargs: Any) -> None:
             scaler.update()
 
-        self.restorer.replace(torch.Tensor, "backward", backward)
         pre = register_optimizer_step_pre_hook(before_step)
         self.restorer.on_restore(pre.remove)
         post = register_optimizer_step_post_hook(after_step)

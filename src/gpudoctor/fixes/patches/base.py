@@ -8,12 +8,9 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
-
-_MISSING = object()
 
 
 class NotSwitchable(Exception):
@@ -94,23 +91,6 @@ class FixPatch:
         if self.changes:
             return PatchOutcome(True, None, tuple(self.changes), tuple(self.edits), self.snippet)
         return PatchOutcome(False, self.not_applicable or "the script never reached what this fix changes")
-
-
-class ForwardSlot:
-    """The root module's `forward` as a patch replaces it (an instance attribute): switched between the
-    patch's function and what the instance held before (nothing: the class's forward)."""
-
-    def __init__(self, module: Any, patched: Any) -> None:
-        self.module, self.patched = module, patched
-        self.before = vars(module).get("forward", _MISSING)
-
-    def set(self, on: bool) -> None:
-        if on:
-            self.module.forward = self.patched
-        elif self.before is _MISSING:
-            vars(self.module).pop("forward", None)
-        else:
-            self.module.forward = self.before
 
 
 def site_here() -> CallSite | None:

@@ -5,15 +5,16 @@ gives the same losses compiled and eager (for the numerics guard); compile time 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.patches.base import FixPatch, ForwardSlot
+from gpudoctor.fixes.patches.forward import ForwardWrapper
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 
-class Compile(FixPatch):
+class Compile(ForwardWrapper):
     fix_id = "compile"
     order = 60
     # switched off, the eager forward runs; on again, the compiled one it kept (no second compile)
@@ -28,27 +29,16 @@ class Compile(FixPatch):
         self.mode = mode
         self.backend = backend
         self.exact_random = exact_random
-        self._slot: ForwardSlot | None = None
-
-    def switch(self, on: bool) -> None:
-        if self._slot is not None:
-            self._slot.set(on)
 
     def _apply(self) -> None:
         if self.exact_random and self.backend == "inductor":
             import torch._inductor.config as inductor_config
 
             self.restorer.set_flag(inductor_config, "fallback_random", True)
-        self.ctx.finder.on_root(self._on_root)
-        self.not_applicable = "no nn.Module with parameters was called"
+        super()._apply()
 
-    def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
-        import torch
-
+    def prepare(self, module: Any) -> bool:
         mode = None if self.mode == "default" else self.mode
-        compiled = torch.compile(module.forward, mode=mode, backend=self.backend)
-        self._slot = ForwardSlot(module, compiled)
-        self.restorer.replace(module, "forward", compiled)
         # in place: the module keeps its state_dict keys (torch.compile(model) would add "_orig_mod.")
         call = "{name}.compile()" if mode is None else f'{{name}}.compile(mode="{mode}")'
         binding = self.ctx.finder.binding
@@ -58,3 +48,10 @@ class Compile(FixPatch):
             edit = Edit("after_assignment", site.file, site.line, name=name, code=(call,))
         self.snippet = call.format(name="model")
         self.changed(f"{type(module).__name__}.forward compiled" + (f" (mode={mode})" if mode else ""), edit)
+        return True
+
+    def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
+        import torch
+
+        mode = None if self.mode == "default" else self.mode
+        return torch.compile(forward, mode=mode, backend=self.backend)
