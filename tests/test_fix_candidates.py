@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.fixes.candidates import choose, worker_values
+from gpudoctor.fixes.candidates import choose, defer_answered, worker_values
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
 from gpudoctor.runner.hooks import CallSite
@@ -60,6 +60,25 @@ def test_a_host_bound_loop_with_static_shapes_tries_cuda_graphs_first(rule: str)
     assert "compile:reduce-overhead" not in [
         c.fix for c in choose(diagnosis(finding(rule, 40.0)), varying)[0]
     ]
+
+
+def test_bfloat16_for_tf32_convolutions_is_not_taken_as_answered_by_cuda_graphs() -> None:
+    # GIVEN ResNet-50 in float32 on an H100 as gpudoctor fix saw it (convnet_nchw, 5 minutes): launch-bound,
+    # unfused elementwise ops, and its convolutions in TF32 on the tensor cores
+    d = diagnosis(
+        finding("conv_layout", 30.5), finding("launch_overhead", 20.8), finding("unfused_elementwise", 20.8),
+        finding("tf32_not_bf16", 12.0),
+    )  # fmt: skip
+    cands, _ = choose(d, obs(conv=True))
+    autocast = next(c for c in cands if c.fix == "autocast")
+    # THEN autocast answers the TF32 finding too: once CUDA graphs are kept, having answered the launches
+    # and the elementwise ops, it does not wait behind the fixes that answer nothing (tf32, fused)
+    assert "tf32_not_bf16" in autocast.rules
+    queue = defer_answered(list(enumerate(cands)), {"launch_overhead", "unfused_elementwise", "host_python"})
+    order = [c.fix for _, c in queue]
+    assert order.index("autocast") < order.index("tf32") and order.index("autocast") < order.index(
+        "fused_optimizer"
+    )
 
 
 def test_convolutions_and_hugging_face_attention() -> None:

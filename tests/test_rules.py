@@ -150,6 +150,40 @@ def test_tensor_cores_unused_without_shapes_says_it_in_general_terms() -> None:
     assert finding.evidence[1] == "bfloat16 tensor cores run such work an order of magnitude faster."
 
 
+def test_float32_convolutions_on_tf32_tensor_cores_are_worth_bfloat16() -> None:
+    # GIVEN ResNet-50 inference in float32 (recorded on an H200): cuDNN runs its convolutions in TF32 on the
+    # tensor cores (cuDNN's default), so no kernel is a SIMT float32 one
+    d = diagnosis("inference")
+    assert d.get("tensor_cores_unused") is None
+    f = d.get("tf32_not_bf16")
+    # THEN the TF32 matmul and convolution time is worth bfloat16: the share bfloat16's tensor cores take
+    # off it (by the H200's measured matmul ceilings, 786 against 409 TFLOP/s), of the unprofiled step
+    assert f is not None
+    tf32_us, ratio, step = f.values["tf32_matmul_conv_us"], f.values["bf16_over_tf32"], f.values["step_us"]
+    assert ratio == pytest.approx(785.6 / 408.7, abs=1e-3)
+    assert "(NVIDIA H200's measured matmul ceilings)" in f.evidence[1]
+    assert f.est_saving_pct == pytest.approx(100 * (1 - 1 / ratio) * tf32_us / step, abs=0.05)
+    assert "in TF32 on the tensor cores, e.g. sm80_xmma_fprop" in f.evidence[0]
+    # AND a model already under bfloat16 autocast has no such finding
+    assert diagnosis("conv_bf16_train").get("tf32_not_bf16") is None
+
+
+def test_bfloat16_and_half_kernels_are_not_taken_for_tf32() -> None:
+    from gpudoctor.analysis import classify
+
+    def tf32(name: str) -> bool:
+        return bool(classify.TF32.search(name)) and not classify.REDUCED_PRECISION.search(name)
+
+    assert tf32("sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32")
+    assert tf32("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_tn_align4>")
+    assert not tf32(
+        "void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_128x128_32x3_tn_align8>"
+    )
+    assert not tf32("cutlass_80_tensorop_h1688gemm_64x64_32x6_tn_align8")
+    assert not tf32("sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64")
+    assert not tf32("ampere_sgemm_128x64_tn")
+
+
 DDP = Path(__file__).parent / "fixtures" / "ddp"  # tools/record_ddp.py: 2 H200s, rank 1 a straggler
 
 

@@ -85,7 +85,7 @@ def test_fix_snippet_is_valid_pytorch(rule: str) -> None:
 
 
 def test_every_rule_has_a_fix_with_code() -> None:
-    assert len(RULES) == 20 and len(RANK_RULES) == 3
+    assert len(RULES) == 21 and len(RANK_RULES) == 3
     assert {key.split(":")[0] for key in SNIPPETS} == {r.__name__ for r in (*RULES, *RANK_RULES)}
     assert all(len(s.splitlines()) >= 2 for s in SNIPPETS.values())
 

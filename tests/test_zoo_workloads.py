@@ -32,6 +32,7 @@ RULES = [
     "pageable_copy",
     "copy_overlap",
     "tensor_cores_unused",
+    "tf32_not_bf16",
     "attention_materialized",
     "unfused_elementwise",
     "conv_layout",

@@ -64,6 +64,8 @@ class KernelReport:
     under_one_wave_us: float  # time in kernels with fewer blocks than SMs (Kineto's blocks per SM < 1)
     under_one_wave_fill: float | None  # their duration-weighted mean blocks per SM: the share of SMs used
     nchw_normalization_us: float  # normalization kernels of the NCHW layout (not channels_last / NHWC)
+    # matmul + convolution time in TF32 tensor-core kernels (float32 tensors), by their names
+    tf32_us: float = 0.0
 
 
 def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: int = 15) -> KernelReport:
@@ -86,6 +88,9 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
     channels_last = classify.name_mask(trace, classify.CHANNELS_LAST, rows)
     tc = classify.name_mask(trace, classify.TENSOR_CORE, rows)
     not_tc = classify.name_mask(trace, classify.NOT_TENSOR_CORE, rows)
+    tf32 = classify.name_mask(trace, classify.TF32, rows) & ~classify.name_mask(
+        trace, classify.REDUCED_PRECISION, rows
+    )
 
     def stat(g: int) -> KernelStat:
         members = rows[sort_by_group[bounds[g] : bounds[g + 1]]]
@@ -139,6 +144,7 @@ def kernel_report(trace: Trace, window: tuple[float, float] | None = None, top: 
         if dur[under].sum() > 0
         else None,
         nchw_normalization_us=float(dur[(cat == "normalization") & ~channels_last[names]].sum()),
+        tf32_us=float(dur[heavy & tf32[names] & ~not_tc[names]].sum()),
     )
 
 

@@ -57,7 +57,7 @@ SPECS: dict[str, FixSpec] = {
         FixSpec(
             "autocast",
             "bfloat16 autocast",
-            ("tensor_cores_unused", "unfused_elementwise"),
+            ("tensor_cores_unused", "tf32_not_bf16", "unfused_elementwise"),
             HALF_TOLERANCE,
             "bfloat16 keeps 8 mantissa bits",
             "autocast",

@@ -28,7 +28,7 @@ from gpudoctor.rules.optimizer import optimizer_unfused
 from gpudoctor.rules.pageable_copy import pageable_copy
 from gpudoctor.rules.pipeline import pipeline_bubble
 from gpudoctor.rules.profiler import HOST_SIDE, profiler_distortion, without_profiler
-from gpudoctor.rules.tensor_cores import tensor_cores_unused
+from gpudoctor.rules.tensor_cores import tensor_cores_unused, tf32_not_bf16
 
 RULES: tuple[Rule, ...] = (
     input_pipeline,
@@ -38,6 +38,7 @@ RULES: tuple[Rule, ...] = (
     pageable_copy,
     copy_overlap,
     tensor_cores_unused,
+    tf32_not_bf16,
     attention_materialized,
     unfused_elementwise,
     conv_layout,

@@ -31,6 +31,7 @@ _CASES: dict[str, ZooCase] = {
         pageable_copy.CASE,
         copy_overlap.CASE,
         tensor_cores.CASE,
+        tensor_cores.TF32_CASE,
         attention.CASE,
         unfused_elementwise.CASE,
         cnn_cases.CONV_LAYOUT,
