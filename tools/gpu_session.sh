@@ -26,6 +26,8 @@
 #                    (default 4) on GPUs 0 and 1 -> $BG_OUT/mgo_PARALLEL/
 #   mg[:SCENARIOS]   benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with fixtures
 #                    -> $BG_OUT/mg/ (fixtures in $BG_OUT/mg/fx)
+#   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
+#                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
 #   aa:NAMES         benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
@@ -130,6 +132,13 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         ;;
     aa)
         "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
+        ;;
+    zoo)
+        mkdir -p "$OUT_DIR/zoo"
+        [ -f "$OUT_DIR/zoo/manifest.json" ] || cp tests/fixtures/zoo/manifest.json "$OUT_DIR/zoo/"
+        local cpu=()
+        [ -n "${SMOKE:-}" ] && cpu=(--cpu)
+        "$PY" tools/record_zoo.py --only "$arg1" --out "$OUT_DIR/zoo" "${cpu[@]}"
         ;;
     spread)
         "$PY" benchmarks/process_spread.py --out "$OUT_DIR/spread_$arg1.json" --workload "$arg1" \
