@@ -367,6 +367,11 @@ def main() -> int:
     )
     p.add_argument("--scenarios", default="nccl,plain,ddp,straggler,uneven,fsdp,ddp_bucket100,short")
     p.add_argument(
+        "--pin",
+        action="store_true",
+        help="every rank of every run, plain and gpudoctor's, on its share of its GPU's NUMA-local cores",
+    )
+    p.add_argument(
         "--rounds", type=int, default=2, help="rounds of the plain cases (the first before gpudoctor's)"
     )
     p.add_argument(
@@ -391,7 +396,7 @@ def main() -> int:
     cuda = torch.cuda.is_available() and not args.cpu
     if not args.cpu and (not cuda or torch.cuda.device_count() < 2):
         raise SystemExit("multi_gpu: needs 2 GPUs (or --cpu for the CPU path)")
-    env = run_env(args.cpu)
+    env = run_env(args.cpu) | ({"PIN_CORES": "1"} if args.pin else {})
     if args.cpu:  # a few dozen steps: the light phase by its step count alone
         GPUDOCTOR_RUN.extend(["--light-seconds", "0", "--warmup-seconds", "0"])
     sizes = [1 << p for p in range(20, 31)] if cuda else [1 << p for p in range(20, 24)]
@@ -399,6 +404,7 @@ def main() -> int:
     result: dict[str, Any] = {
         "schema": "gpudoctor.bench.multi_gpu/2",
         "environment": environment(cuda),
+        "pinned": args.pin,
         "cpu_path": args.cpu,
         "straggle_ms": args.straggle_ms,
         "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

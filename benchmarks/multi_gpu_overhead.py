@@ -75,10 +75,15 @@ def main() -> int:
     p.add_argument(
         "--cpu", action="store_true", help="gloo on the CPU with a tiny CNN: the path, not the figures"
     )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="every rank, plain and gpudoctor's, on its share of its GPU's NUMA-local cores",
+    )
     args = p.parse_args()
     if args.pairs < 2:
         p.error("--pairs: a paired comparison needs two pairs or more")
-    env = {**run_env(args.cpu), "PARALLEL": args.parallel}
+    env = {**run_env(args.cpu), "PARALLEL": args.parallel, **({"PIN_CORES": "1"} if args.pin else {})}
     if args.cpu:
         LIGHT[LIGHT.index("--light-seconds") + 1] = "0.2"
         LIGHT[LIGHT.index("--warmup-seconds") + 1] = env["WARMUP_S"]  # as the plain timing's
@@ -116,6 +121,7 @@ def main() -> int:
     result = {
         "schema": "gpudoctor.bench.multi_gpu_overhead/2",
         "environment": environment(not args.cpu),
+        "pinned": args.pin,
         "nproc": args.nproc,
         "parallel": args.parallel,
         "table": table,

@@ -17,6 +17,11 @@ torchrun (one process per GPU, NCCL). Environment:
     TIMES_OUT=dir          each rank writes dir/rankK.json: the mean step over the timed window with the
                            GPU synchronized at its two ends (what a step costs), and the per-step times
                            from CUDA events recorded at each step's end (no sync between them)
+    PIN_CORES=1            each rank pins its threads to its share of its GPU's NUMA-local cores
+                           (tools/gpu_cores.py: whole physical cores, split between the local ranks that
+                           share them), as `torchrun --numa-binding` would without numactl: the benchmarks
+                           set it alike for the plain runs and gpudoctor's (--pin), so that where a rank's
+                           process lands is not a difference between runs
     WINDOWS_OUT=dir        each rank times itself window after window (benchmarks/every_loop/_window.py,
                            EVERY_LOOP_* for its settings) into dir/rankK.json: under `gpudoctor run`, the
                            windows inside its light phase time the same steps plainly, in the same process
@@ -26,6 +31,7 @@ and `gpudoctor run`'s light phase are measured alike."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -109,10 +115,40 @@ def _window_clock(rank: int) -> Callable[[], None]:
     return _window.tick
 
 
+def pin_to_gpu_cores(local: int) -> list[int] | None:
+    """With PIN_CORES=1 on a GPU: every thread of this process on the local rank's share of its GPU's
+    NUMA-local cores (threads made later inherit it); the cores, or None where nothing was pinned."""
+    if os.environ.get("PIN_CORES") != "1" or not torch.cuda.is_available():
+        return None
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+    from gpu_cores import assign, parse_cpulist, sysfs_bus
+
+    ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    pci = Path("/sys/bus/pci/devices")
+    try:
+        local_cpus = {
+            i: parse_cpulist(
+                (
+                    pci / sysfs_bus(torch.cuda.get_device_properties(i).pci_bus_id) / "local_cpulist"
+                ).read_text()
+            )
+            for i in range(min(ranks, torch.cuda.device_count()))
+        }
+    except (OSError, ValueError, AttributeError):
+        return None
+    share = assign(local_cpus, set(os.sched_getaffinity(0))).get(local)
+    if share:
+        for task in Path("/proc/self/task").iterdir():
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(task.name), share)
+    return share
+
+
 def main() -> None:
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    cores = pin_to_gpu_cores(local)
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
@@ -171,6 +207,7 @@ def main() -> None:
             "window_s": window[1] - window[0],
             "median_us": statistics.median(times),
             "warmup_steps": timed,
+            "cores": cores,
             "times_us": times,
         }
         (Path(out) / f"rank{rank}.json").write_text(json.dumps(doc))

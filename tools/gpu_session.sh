@@ -22,10 +22,11 @@
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
 #                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
 #                    that is being timed: the queues' loaders and compile workers perturb it.
-#   mgo:PARALLEL[:PAIRS]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp) --pairs PAIRS
-#                    (default 4) on GPUs 0 and 1 -> $BG_OUT/mgo_PARALLEL/
-#   mg[:SCENARIOS]   benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with fixtures
-#                    -> $BG_OUT/mg/ (fixtures in $BG_OUT/mg/fx)
+#   mgo:PARALLEL[:PAIRS[:pin]]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp) --pairs
+#                    PAIRS (default 4) on GPUs 0 and 1 (pin: --pin, each rank on its GPU's local cores)
+#                    -> $BG_OUT/mgo_PARALLEL[_pin]/
+#   mg[:SCENARIOS[:pin]]  benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with
+#                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
 #                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
@@ -120,15 +121,19 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
     mgo)
         local cpu=()
         [ -n "${SMOKE:-}" ] && cpu=(--cpu)
-        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu_overhead.py --out "$OUT_DIR/mgo_$arg1" --parallel "$arg1" \
-            --pairs "${arg2:-4}" "${cpu[@]}"
+        local pin=() tag=""
+        [ "${arg3:-}" = pin ] && pin=(--pin) tag=_pin
+        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu_overhead.py --out "$OUT_DIR/mgo_$arg1$tag" \
+            --parallel "$arg1" --pairs "${arg2:-4}" "${cpu[@]}" "${pin[@]}"
         ;;
     mg)
         local cpu=() only=()
         [ -n "${SMOKE:-}" ] && cpu=(--cpu)
         [ -n "${arg1:-}" ] && only=(--scenarios "$arg1")
-        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu.py --out "$OUT_DIR/mg" --fixtures "$OUT_DIR/mg/fx" \
-            "${only[@]}" "${cpu[@]}"
+        local pin=() tag=""
+        [ "${arg2:-}" = pin ] && pin=(--pin) tag=_pin
+        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu.py --out "$OUT_DIR/mg$tag" \
+            --fixtures "$OUT_DIR/mg$tag/fx" "${only[@]}" "${cpu[@]}" "${pin[@]}"
         ;;
     aa)
         "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
