@@ -14,7 +14,6 @@ guessed.
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -27,8 +26,6 @@ from gpudoctor.trace.model import Kind, Trace
 from gpudoctor.util.units import fmt_bytes
 
 TOP_POINTS = 20
-# fp32 matmuls and convolutions on tensor cores run as TF32: their kernels say so
-TF32_KERNEL = re.compile(r"tf32|s1688", re.I)  # cutlass's s1688: the TF32 MMA shape; s16816 is 16-bit
 MATH_FAMILIES = ("matmul", "convolution", "attention")
 
 
@@ -311,7 +308,8 @@ def _point(
     w = work[main]
     assert w is not None
     dtype = w.dtype
-    if dtype == "float32" and w.family in MATH_FAMILIES and TF32_KERNEL.search(kernel):
+    # fp32 matmuls and convolutions on the tensor cores run as TF32: their kernels say so
+    if dtype == "float32" and w.family in MATH_FAMILIES and classify.TF32.search(kernel):
         dtype = "tf32"
     peak = dtype if w.family in MATH_FAMILIES else "float32"  # elementwise math runs on CUDA cores
     rate, bandwidth, intensity = flops / (time_us * 1e-6), nbytes / (time_us * 1e-6), flops / nbytes
