@@ -169,10 +169,7 @@ def test_float32_convolutions_on_tf32_tensor_cores_are_worth_bfloat16() -> None:
 
 
 def test_bfloat16_and_half_kernels_are_not_taken_for_tf32() -> None:
-    from gpudoctor.analysis import classify
-
-    def tf32(name: str) -> bool:
-        return bool(classify.TF32.search(name)) and not classify.REDUCED_PRECISION.search(name)
+    from gpudoctor.analysis.classify import is_tf32 as tf32
 
     assert tf32("sm90_xmma_wgrad_indexed_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc_tilesize128x128x32")
     assert tf32("void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm_128x128_32x3_tn_align4>")

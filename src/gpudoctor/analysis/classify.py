@@ -49,6 +49,13 @@ NOT_TENSOR_CORE = re.compile(r"simt|sgemm(?!.*tf32)|dgemm|gemv|gemvx|fp32_?nt|_f
 # CUTLASS's TF32 MMA is `s1688gemm` (m16n8k8; bfloat16's is 16816, named with its `bf16_`/`h` input)
 TF32 = re.compile(r"tf32|(?<![a-z0-9])(?:tensorop_)?s1688gemm", re.I)
 REDUCED_PRECISION = re.compile(r"bf16|f16|fp16|h\d{3,5}gemm|e4m3|e5m2|int8|i\d{3,5}gemm", re.I)
+
+
+def is_tf32(name: str) -> bool:
+    """A kernel on float32 tensors in TF32 (named so, and not for a 16-bit or 8-bit input)."""
+    return bool(TF32.search(name)) and not REDUCED_PRECISION.search(name)
+
+
 LAUNCH_CALLS = re.compile(
     r"^(cuda|hip)(LaunchKernel|LaunchKernelExC|LaunchCooperativeKernel|GraphLaunch|MemcpyAsync|"
     r"MemsetAsync|Memcpy2DAsync|MemcpyPeerAsync|ExtModuleLaunchKernel|ModuleLaunchKernel)|^cu(LaunchKernel|LaunchKernelEx|GraphLaunch)"

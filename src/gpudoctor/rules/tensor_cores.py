@@ -6,6 +6,7 @@ bfloat16 runs them nearly twice as fast."""
 
 from __future__ import annotations
 
+from gpudoctor.analysis import classify
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
@@ -98,7 +99,7 @@ def tf32_not_bf16(a: Analysis, f: Facts) -> Finding | None:
     names = [
         k.name
         for k in a.kernels.top
-        if k.category in ("matmul", "convolution") and k.tensor_cores and _is_tf32(k.name)
+        if k.category in ("matmul", "convolution") and k.tensor_cores and classify.is_tf32(k.name)
     ]
     evidence = [
         f"{us(tf32_us)} {step_phrase(f)} ({pct(f.pct(tf32_us))}) is matmul/convolution on float32 tensors, "
@@ -116,18 +117,12 @@ def tf32_not_bf16(a: Analysis, f: Facts) -> Finding | None:
     )
 
 
-def _is_tf32(name: str) -> bool:
-    from gpudoctor.analysis import classify
-
-    return bool(classify.TF32.search(name)) and not classify.REDUCED_PRECISION.search(name)
-
-
 def _bf16_over_tf32(a: Analysis) -> tuple[float, str]:
     """How much faster bfloat16 tensor cores run a large matmul than TF32 ones, and where that was
     measured: the device's ceilings where the roofline has both, else the H100's."""
     c = a.roofline.ceilings if a.roofline is not None else None
     bf16 = c.flops.get("bfloat16") if c is not None else None
     tf32 = c.flops.get("tf32") if c is not None else None
-    if bf16 and tf32 and bf16 > tf32:
-        return bf16 / tf32, f"{c.device_name}'s measured matmul ceilings" if c is not None else ""
+    if c is not None and bf16 and tf32 and bf16 > tf32:
+        return bf16 / tf32, f"{c.device_name}'s measured matmul ceilings"
     return BF16_FLOPS / TF32_FLOPS, "an H100's, measured on 8192³ matmuls: 775 against 416 TFLOP/s"
