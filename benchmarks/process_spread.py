@@ -24,6 +24,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from gpu_cores import parse_cpulist  # noqa: E402  (tools/ is not a package)
+
 WORKLOADS = ROOT / "benchmarks" / "fix_workloads"
 
 
@@ -39,23 +42,11 @@ def gpu_local_cpus() -> list[int]:
     if bus:
         path = Path("/sys/bus/pci/devices") / bus.lower() / "local_cpulist"
         try:
-            local = parse_cpulist(path.read_text())
+            local = set(parse_cpulist(path.read_text()))
             return [c for c in allowed if c in local] or allowed
         except OSError:
             pass
     return allowed
-
-
-def parse_cpulist(text: str) -> set[int]:
-    """`0-3,8,10-11` → {0, 1, 2, 3, 8, 10, 11}."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if "-" in part:
-            lo, hi = part.split("-")
-            cpus.update(range(int(lo), int(hi) + 1))
-        elif part:
-            cpus.add(int(part))
-    return cpus
 
 
 def time_once(workload: str, cores: list[int] | None, out: Path, a: argparse.Namespace) -> dict[str, Any]:
