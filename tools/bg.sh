@@ -17,7 +17,7 @@
 #   tools/bg.sh start gpu 'bash tools/gpu_session.sh tests memory' && tools/bg.sh wait gpu 560
 #   tools/bg.sh wait gpu 580
 set -u
-ROOT=/tmp/bg
+ROOT=${BG_ROOT:-/tmp/bg}  # BG_ROOT: somewhere else (the tests)
 
 usage() {
     sed -n '2,17p' "$0" >&2
