@@ -50,6 +50,10 @@ class CpuStep:
     # AHEAD_QUEUED launches or more queued on the GPU: the host ran ahead of its GPU there (a DDP rank that
     # waits for a straggler blocks on a full launch queue, in the trace outside the ops as well as inside)
     ahead_us: float = 0.0
+    # the host's own span of the step (its ProfilerStep range), where `duration_us` is its window on the
+    # timeline: a host ahead of its GPU (a rank waiting for a straggler in its collectives) finishes its
+    # span well before the window closes, and the rest of the window is no host work of its own
+    span_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,7 @@ def cpu_steps(
                 optimizer_launches=int(optimizer_launches[i]),
                 optimizer_kernel_us=float(optimizer_kernel_us[i]),
                 ahead_us=float(ahead.covered(a, b)[0]),
+                span_us=s.cpu_duration_us,
             )
         )
     return tuple(out)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from gpudoctor.analysis.comms import CommCall
+from gpudoctor.analysis.cpu import CpuStep
 from gpudoctor.analysis.ranks import RankFigures, rank_figures
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.device.links import Link
@@ -84,8 +85,8 @@ class RankSummary(Serialized):
     figures: RankFigures
     unprofiled_step_us: float | None  # the light phase's median (gpudoctor run), when known
     # Host per step (means over the profiled steps, as traced): in the DataLoader, and in neither a
-    # PyTorch op, the DataLoader nor a call that waits for the GPU (the script's own Python), less the
-    # long gaps that open with hundreds of launches queued (the host ahead of its GPU: `CpuStep.ahead_us`).
+    # PyTorch op, the DataLoader nor a call that waits for the GPU (the script's own Python) within the
+    # host's span of each step (`CpuStep.span_us`, not its window), less the long gaps that open with hundreds of launches queued (the host ahead of its GPU: `CpuStep.ahead_us`).
     dataloader_us: float
     host_other_us: float
     host_top_frame: str | None  # the user frame holding most of that time (with_stack traces)
@@ -105,6 +106,10 @@ class RankSummary(Serialized):
     schema: str = field(default=SCHEMA)
 
 
+def _span(c: CpuStep) -> float:
+    return c.span_us if c.span_us is not None else c.duration_us
+
+
 def summarize_rank(
     a: Analysis, top_findings: tuple[TopFinding, ...] = (), clocks: Clocks | None = None
 ) -> RankSummary:
@@ -112,8 +117,8 @@ def summarize_rank(
     steps = a.steps
     n = len(steps) or 1
     cpu = [s.cpu for s in steps]
-    host_other = [
-        max(c.duration_us - c.cpu_ops_us - c.dataloader_us - c.sync_us - c.ahead_us, 0.0) for c in cpu
+    host_other = [  # within the host's own span: the rest of a longer window is its GPU's lag
+        max(_span(c) - c.cpu_ops_us - c.dataloader_us - c.sync_us - c.ahead_us, 0.0) for c in cpu
     ]
     figures = rank_figures(a)
     compute = None

@@ -17,9 +17,10 @@ straggler was the *other* rank). Where NVML measured each rank's GPU utilization
 light phase, that decides which rank: the one whose GPU idles most, waiting for its own host (the others'
 GPUs are busy, if only in a collective's waiting kernel), when it idles at least HOST_IDLE_GAP of the step
 more than the others' median. Whether it is a straggler, and by how much, its own host time as traced
-says (Python outside ops and the DataLoader, which the profiler hardly slows, less the long gaps in which
-its GPU had hundreds of launches queued: the host ahead of its GPU, as a rank that waits for a straggler
-is, blocked on its full launch queue, in the trace as often outside an op as inside one): beyond the
+says (Python outside ops and the DataLoader, which the profiler hardly slows, within the host's own span
+of each step — a rank that waits for a straggler may finish its span long before the step's window
+closes — less the long gaps in which its GPU had hundreds of launches queued: the host ahead of its GPU,
+blocked on its full launch queue, in the trace as often outside an op as inside one): beyond the
 others' by 5% of the step at least; its saving is at most that excess and its idle beyond the others'."""
 
 from __future__ import annotations
@@ -203,9 +204,14 @@ def _unprofiled(
         catch_up = max((heaviest.gpu_work_us or 0.0) - typical, 0.0)
         waits = [r.communication_us for r in timed if r is not heaviest and r.communication_us is not None]
         wait = max(statistics.median(waits) - (heaviest.communication_us or 0.0), 0.0) if waits else None
+        # in the trace it waited for the others in its collectives longer than its extra GPU work: what it
+        # has beyond theirs may be its kernels slowed beside its own waiting collectives (NCCL's kernels
+        # hold SMs while they wait), not work the others wait for (a balanced GPU-paced run on 2 × H100:
+        # the waiting rank's compute +10%)
+        waited = (heaviest.communication_us or 0.0) - statistics.median(waits) if waits else 0.0
         return Slowest(
             heaviest.rank, heaviest.gpu_work_us or 0.0, typical, spread, wait,
-            spread >= STRAGGLER_SPREAD and catch_up >= STRAGGLER_SPREAD * step_us,
+            spread >= STRAGGLER_SPREAD and catch_up >= STRAGGLER_SPREAD * step_us and waited < catch_up,
             catch_up, "gpu", step_us,
         )  # fmt: skip
     catch_up = max(step_us - floor, 0.0)
