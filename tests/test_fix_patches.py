@@ -268,6 +268,25 @@ def test_pin_memory_pins_batches_and_leaves_tensor_to_as_it_was() -> None:
     assert "to" not in vars(torch.Tensor)
 
 
+def test_pinned_batches_on_top_of_workers_rewrite_the_same_loader() -> None:
+    # GIVEN the workers fix applied, then pinned batches on top of it (a fix on top of a kept one): the
+    # second wraps the first's DataLoader.__init__
+    c = ctx(__file__)
+    workers, pin = build_patch("workers:2", c), build_patch("pin_memory", c)
+    loaders = []
+    c.finder.install()
+    try:
+        with warnings.catch_warnings(), patched([workers, pin]):
+            warnings.simplefilter("ignore")  # no accelerator here: torch says it cannot pin
+            loaders.append(DataLoader(_dataset(), batch_size=4))
+    finally:
+        c.finder.uninstall()
+    # THEN the loader gets both (at 120ee2a: "__init__() got multiple values for argument 'loader'")
+    lo = loaders[0]
+    assert (lo.num_workers, lo.persistent_workers, lo.pin_memory) == (2, True, True)
+    assert workers.outcome().applied and pin.outcome().applied
+
+
 def test_larger_batch_doubles_the_batch_size() -> None:
     loaders = []
     run_patched("batch:x2", lambda: loaders.append(DataLoader(_dataset(), batch_size=4)))

@@ -6,6 +6,7 @@ larger batch. `DataLoader.__init__` is wrapped and put back on undo; so are `Ten
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from typing import Any
 
@@ -24,9 +25,12 @@ class _LoaderPatch(FixPatch):
         from torch.utils.data import DataLoader
 
         init = DataLoader.__init__
+        # DataLoader's own parameters, through the wrapper of a loader patch applied before this one
+        # (workers, then pinned batches on top: `functools.wraps` leaves `__wrapped__` to follow)
         signature = inspect.signature(init)
         patch = self
 
+        @functools.wraps(init)
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             site = site_here()
             bound = signature.bind(loader, *args, **kwargs)
