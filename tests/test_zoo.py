@@ -67,8 +67,5 @@ def test_every_rule_has_a_case() -> None:
     # the collectives' rules on the DDP recordings and crafted FSDP / pipeline traces (test_multi_gpu.py)
     several = {"data_parallel", "communication_exposed", "host_python", "comm_link_bound", "fsdp_exposed"}
     expected = {r.__name__ for r in RULES} - several - {"pipeline_bubble"}
-    # Cases defined in the zoo and awaiting their GPU recording (tools/record_zoo.py --only RULE):
-    # tf32_not_bf16 (added with its rule, no device time left in that session).
-    pending: set[str] = {"tf32_not_bf16"} - set(CASES)
-    assert all(zoo.case(rule).rule == rule for rule in pending)
-    assert expected - pending <= set(CASES)
+    assert expected <= set(CASES)
+    assert all(zoo.case(rule).rule == rule for rule in CASES)
