@@ -29,11 +29,13 @@ def observations(
     conv2d: bool = False,
     cudnn_tf32: bool = False,
     empty_cache: int = 0,
+    workers: int = 0,
+    wait_s: float | None = None,
 ) -> Observations:
     root = RootInfo(
         "Net", 1000, "float32", "cuda", True, conv2d, dropout, None, ("model",), SITE, (((16, 8),),) * 3
     )
-    loader = LoaderInfo(SITE, batch, 0, False, False, None, False, True)
+    loader = LoaderInfo(SITE, batch, workers, False, workers > 0, None, False, True, wait_s=wait_s)
     empty = (SiteCount(SITE, empty_cache),) if empty_cache else ()
     return Observations(root, (loader,), (OptimizerInfo(SITE, "AdamW", False, None, 4),), empty, (), (),
                         "highest", False, True, True, 8, cudnn_tf32)  # fmt: skip
@@ -80,6 +82,7 @@ class FakeLauncher:
         self.round_by: dict[str, float] = {}  # a configuration's round length where not round_s
         self.block_round_by: dict[str, float] = {}  # … and of its A/B in one process
         self.fresh_step_us: dict[str, float] = {}  # a configuration's mean in fresh processes alone
+        self.loader_wait_us: dict[str, float] = {}  # a configuration's wait per batch for loader workers
 
     def mean(self, key: str) -> float:
         """The configured mean (in whatever order its fixes were named); a configuration of several
@@ -110,7 +113,10 @@ class FakeLauncher:
             self.clock.now += self.round_by.get(key, self.block_round_s if switch else self.round_s)
         patches = {f: PatchOutcome(f not in self.not_applicable, None if f not in self.not_applicable else "no optimizer",
                                    (f"{f} applied",), self.edits.get(f, ())) for f in fixes}  # fmt: skip
-        obs = observations(batch=self.batch.get(key, 16), **self.seen)  # type: ignore[arg-type]
+        wait = next((w for k, w in self.loader_wait_us.items() if set(k.split("+")) == set(fixes)), None)
+        workers = max((int(f.split(":")[1]) for f in fixes if f.startswith("workers:")), default=0)
+        obs = observations(batch=self.batch.get(key, 16), workers=workers,  # type: ignore[arg-type]
+                           wait_s=None if wait is None else wait / 1e6, **self.seen)  # fmt: skip
         outcome = "exception" if key in self.failures else "stopped"
         times = self.steps(key)
         if not switch and key in self.fresh_step_us:

@@ -7,12 +7,17 @@ forked from the fork server as `gpudoctor fix` runs them."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.data import DataLoader
 
 from gpudoctor.fixes.api import FixTarget, run_fix
+from gpudoctor.fixes.observe import Observer
 from gpudoctor.fixes.session import FixOptions
+from gpudoctor.runner.hooks import RootFinder
 
 REMOTE = """\
 import time
@@ -74,3 +79,38 @@ def test_a_loader_that_sleeps_keeps_workers_past_the_cores_at_least_2x_faster(
         assert best.numerics.max_rel_diff is not None and best.numerics.max_rel_diff > 0
         assert "judged on speed" in best.numerics.note
     assert "+loader = DataLoader(Remote(), batch_size=4, shuffle=True, num_workers=" in report.diff
+
+
+class _Slow(torch.utils.data.Dataset):
+    def __init__(self, sleep_s: float) -> None:
+        self.sleep_s = sleep_s
+
+    def __len__(self) -> int:
+        return 64
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        time.sleep(self.sleep_s)
+        return torch.full((4,), float(i))
+
+
+def _waited(sleep_s: float, step_s: float) -> float | None:
+    """The observer's wait per batch for two workers over a loop that spends `step_s` per batch."""
+    observer = Observer(RootFinder())
+    observer.apply()
+    try:
+        loader = DataLoader(_Slow(sleep_s), batch_size=1, num_workers=2, prefetch_factor=2)
+        for _ in loader:
+            time.sleep(step_s)
+    finally:
+        observer.undo()
+    (info,) = observer.observations().loaders
+    return info.wait_s
+
+
+def test_the_training_threads_wait_for_loader_workers_is_measured() -> None:
+    # GIVEN two workers making a batch in 30 ms each, for a loop that spends 5 ms per batch: the loop
+    # waits ~10 ms a batch for them (15 ms a batch from two workers); and workers far ahead of it
+    starved, fed = _waited(0.030, 0.005), _waited(0.0, 0.005)
+    # THEN the wait per batch (the later half of the batches: the workers' start-up left out) says so
+    assert starved is not None and 0.005 < starved < 0.030
+    assert fed is not None and fed < 0.003

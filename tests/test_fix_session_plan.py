@@ -6,6 +6,7 @@ of one process against the recommendation itself where they switch."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import replace
 
@@ -336,6 +337,55 @@ def test_a_starved_loop_tries_the_gpu_fixes_on_top_of_the_loader_fix_within_the_
     (entry,) = calibration([Tried(("workers:32", "autocast"), [], [], v)], None, report.baseline_us)
     assert entry.measured_pct == pytest.approx(100 * 66 / 600, abs=1)
     assert entry.ci_low_pct is not None and entry.ci_low_pct < entry.measured_pct
+
+
+TIMM_STEP = {"baseline": 112.0, "autocast": 84.0, "workers:4": 70.0, "workers:8": 60.0, "workers:15": 55.0,
+             "autocast+workers:4": 60.0, "autocast+workers:8": 46.0, "autocast+workers:15": 30.0,
+             "autocast+workers:8+compile": 45.0, "autocast+workers:15+compile": 24.0,
+             "autocast+workers:8+channels_last": 46.0, "autocast+workers:15+channels_last": 30.0,
+             "autocast+workers:15+compile+channels_last": 24.0,
+             "autocast+workers:8+compile+channels_last": 45.0}  # fmt: skip
+TIMM_FIXES = "autocast,workers:4,workers:8,workers:15,compile,channels_last"
+
+
+def test_where_the_loader_still_paces_the_loop_more_workers_come_before_the_gpu_fixes() -> None:
+    # GIVEN a float32 ConvNeXt whose single-process loader starves it (112 ms a step), on 16 cores: with
+    # bfloat16 and 8 workers it steps in 46 ms, 20 ms of them waiting for the workers, so a compiled
+    # model on top saves 1 ms; with 15 workers it steps in 30 ms and compiling then takes it to 24
+    # (timm ConvNeXt-tiny on an H100 host: compile on top of 8 workers measured +4%, CI −9 to +16%)
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, TIMM_STEP, round_s=16.0)
+    launcher.seen = {"conv2d": True}
+    launcher.loader_wait_us = {
+        "autocast+workers:8": 20.0,
+        "autocast+workers:15": 1.0,
+        "autocast+workers:15+compile": 1.0,
+    }  # fmt: skip (the steps' units)
+    report = session(launcher, clock, TIMM_FIXES, budget_s=900.0).run()
+    tried = [fixes for _, fixes, *_ in launcher.calls]
+    # THEN once 8 workers are kept and the loop still waits for them (43% of its step), 15 workers in
+    # their place are tried next, before any GPU fix; kept, compile on top of them pays
+    after = tried.index(("autocast", "workers:8")) + 1
+    first_other = next(f for f in tried[after:] if f != ("autocast", "workers:8") and f != ("autocast",))
+    assert first_other == ("autocast", "workers:15")
+    assert "workers:15" in report.final and "compile" in report.final
+    assert any(re.search(r"still waited for its DataLoader's workers 4\d% of its step: 15 workers in place of 8", n)
+               for n in report.notes)  # fmt: skip
+    assert report.final_saving_pct == pytest.approx(100 * (1 - 24 / 112), abs=2)
+
+
+def test_where_the_loader_keeps_up_the_other_worker_counts_wait_their_turn() -> None:
+    # GIVEN the same loop, but with 8 workers the training thread hardly waits for them (1 ms a batch)
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, TIMM_STEP, round_s=16.0)
+    launcher.seen = {"conv2d": True}
+    launcher.loader_wait_us = {"autocast+workers:8": 1.0}
+    session(launcher, clock, TIMM_FIXES, budget_s=900.0).run()
+    tried = [fixes for _, fixes, *_ in launcher.calls]
+    # THEN the GPU fixes come first on top of 8 workers, the alternative worker counts after them
+    after = tried.index(("autocast", "workers:8")) + 1
+    first_other = next(f for f in tried[after:] if f != ("autocast", "workers:8") and f != ("autocast",))
+    assert first_other == ("autocast", "workers:8", "compile")
 
 
 def test_gpt2_at_batch_1_gets_its_four_verdicts_on_top_of_cuda_graphs_within_five_minutes() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,7 @@ from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
 from gpudoctor.util.serial import Serialized
 
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
+WAITS_KEPT = 512  # a loader with workers: the training thread's latest waits for them, kept per loader
 WAITS_UNDER = 0.5  # a loader whose batches take less CPU time than this share of their wall time waits
 
 
@@ -51,6 +52,9 @@ class LoaderInfo:
     fetches: int = 0
     fetch_wall_s: float = 0.0
     fetch_cpu_s: float = 0.0
+    # with workers: the training thread's mean wait per batch for them, over the later half of the
+    # batches it took (the workers' start-up left out); None without workers or batches
+    wait_s: float | None = None
 
     @property
     def waits(self) -> bool:
@@ -136,6 +140,7 @@ class Observer:
         self._optimizers: list[OptimizerInfo] = []
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
+        self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
         self._hook: Any = None
 
     def apply(self) -> None:
@@ -167,8 +172,7 @@ class Observer:
             if id(loader) not in observer._iterated:
                 observer._iterated.append(id(loader))
             it = iterate(loader)
-            if loader.num_workers == 0:
-                it._gpudoctor_loader = id(loader)
+            it._gpudoctor_loader = id(loader)
             return it
 
         r.replace(DataLoader, "__init__", loader_init)
@@ -194,12 +198,18 @@ class Observer:
 
         base = dataloader._BaseDataLoaderIter
         following = base.__next__
-        fetch = self._fetch
+        fetch, waits = self._fetch, self._waits
 
         def timed_next(it: Any) -> Any:
             owner = getattr(it, "_gpudoctor_loader", None)
             if owner is None:
                 return following(it)
+            if getattr(it, "_num_workers", 0) > 0:  # the training thread waits for the workers
+                wall = time.perf_counter()
+                try:
+                    return following(it)
+                finally:
+                    waits.setdefault(owner, deque(maxlen=WAITS_KEPT)).append(time.perf_counter() - wall)
             wall, cpu = time.perf_counter(), time.process_time()
             try:
                 return following(it)
@@ -277,7 +287,9 @@ class Observer:
         return Observations(
             root=root,
             loaders=tuple(
-                _loader_info(lo, site, id(lo) in self._iterated, self._fetch.get(id(lo)))
+                _loader_info(
+                    lo, site, id(lo) in self._iterated, self._fetch.get(id(lo)), self._waits.get(id(lo))
+                )
                 for lo, site in self._loaders
             ),
             optimizers=tuple(self._optimizers),
@@ -300,10 +312,17 @@ def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[int, .
     return tuple(tuple(v.shape) for v in values if isinstance(v, torch.Tensor))
 
 
-def _loader_info(loader: Any, site: CallSite | None, iterated: bool, fetch: list[float] | None) -> LoaderInfo:
+def _loader_info(
+    loader: Any,
+    site: CallSite | None,
+    iterated: bool,
+    fetch: list[float] | None,
+    waits: deque[float] | None = None,
+) -> LoaderInfo:
     from torch.utils.data import IterableDataset
 
     batches, wall, cpu = fetch or (0, 0.0, 0.0)
+    later = list(waits or ())[len(waits or ()) // 2 :]
     return LoaderInfo(
         site=site,
         batch_size=loader.batch_size,
@@ -316,6 +335,7 @@ def _loader_info(loader: Any, site: CallSite | None, iterated: bool, fetch: list
         fetches=int(batches),
         fetch_wall_s=wall,
         fetch_cpu_s=cpu,
+        wait_s=sum(later) / len(later) if later else None,
     )
 
 

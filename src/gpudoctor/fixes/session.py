@@ -37,7 +37,15 @@ from gpudoctor.fixes.attempt import (
     verdict_of,
 )
 from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
-from gpudoctor.fixes.candidates import Candidate, ManualFix, choose, defer_answered
+from gpudoctor.fixes.candidates import (
+    LOADER_PACES,
+    Candidate,
+    ManualFix,
+    choose,
+    defer_answered,
+    loader_wait_share,
+    more_workers_first,
+)
 from gpudoctor.fixes.catalog import can_switch, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.frameworks import in_framework_terms
@@ -135,6 +143,7 @@ class FixSession:
                 self.tried.append(tried)
                 if tried.verdict.kept and o.stack:
                     queue = defer_answered(queue, answered(self.chain, ref.mean_step_us))
+                    queue = self._while_the_loader_paces(queue, tried)
             self._update(self.report())
         if len(together) > 1:
             self._try_together(together)
@@ -143,6 +152,26 @@ class FixSession:
         self._combine()
         self._stack()
         self._budget_note()
+
+    def _while_the_loader_paces(
+        self, queue: list[tuple[int, Candidate]], kept: Tried
+    ) -> list[tuple[int, Candidate]]:
+        """Where the kept configuration's processes still wait for their loader's workers a fifth of
+        the step or more, the loader is still the bottleneck: the larger worker counts left go first."""
+        share = loader_wait_share(kept.candidate)
+        if share is None or share < LOADER_PACES:
+            return queue
+        kept_workers = [int(f.split(":")[1]) for f in self.final if f.startswith("workers:")]
+        own = [lo.num_workers for r in kept.candidate if r.observations for lo in r.observations.loaders]
+        have = max(kept_workers or own or [0])
+        ahead = more_workers_first(queue, have)
+        if ahead[:1] != queue[:1] and ahead[0][1].fix.startswith("workers:"):
+            more = ahead[0][1].fix.split(":")[1]
+            self.notes.append(
+                f"with {'+'.join(self.final)} the loop still waited for its DataLoader's workers "
+                f"{100 * share:.0f}% of its step: {more} workers in place of {have} tried next"
+            )
+        return ahead
 
     def _try_candidate(self, cand: Candidate, index: int, count: int) -> Tried:
         """A candidate alone against the script while nothing is kept; after that, on top of what is
