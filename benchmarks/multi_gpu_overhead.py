@@ -4,12 +4,16 @@ torchrun, plainly (its own timing: the mean step over a window synchronized at i
 warm-up) and under `gpudoctor run --light` (the light phase's mean step, after the same warm-up), in process pairs whose order
 goes A B, B A, … (`timing.paired.abba`: drift between processes cancels in the pairs), judged by the
 paired test on ln(gpudoctor / plain) (`timing.paired.paired_compare`): the ratio with its 95% interval,
-and "same" where that interval lies within ±5%. `--parts` adds the light phase with its parts switched off
+and "same" where that interval lies within ±5%. Like for like: both sides time `--steps` steps after the
+same warm-up, and each side's mean leaves out the unsettled head that the light phase leaves out of its
+own (`runner.settle`, MSER-5, applied to the plain run's per-step times too); the ratio of every step's
+mean stands beside it (`every_step`). `--parts` adds the light phase with its parts switched off
 one at a time (NVML sampling, the allocator's history), each paired with plain the same way. On --nproc
 ranks (2: the multi-GPU case; 1: the same script as one rank). Results: OUT/multi_gpu_overhead_N.json and a
 table.
 
-    PYTHONPATH=src python3 benchmarks/multi_gpu_overhead.py --out $OUT [--nproc 2] [--pairs 4] [--parallel fsdp]
+    PYTHONPATH=src python3 benchmarks/multi_gpu_overhead.py --out $OUT [--nproc 2] [--pairs 4] [--parallel fsdp] \
+        [--steps 400]
     PYTHONPATH=src python3 benchmarks/multi_gpu_overhead.py --out /tmp/o --cpu --pairs 2   # the CPU path
 """
 
@@ -25,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_gpu import TRAIN, checked, environment, run_env, torchrun
+from multi_gpu import TRAIN, checked, environment, run_env, settled_mean_us, torchrun
 
 # a 3 s warm-up, as the plain timing has (multi_gpu_train.py's WARMUP_S; multi_gpu.py's runs alike): these
 # DDP steps take seconds to settle, and the two must time the same stretch of the run to isolate
@@ -43,7 +47,13 @@ def plain(tmp: Path, env: dict[str, str], nproc: int) -> dict[str, Any]:
     times = tmp / f"plain_{time.monotonic_ns()}"
     checked(torchrun([str(TRAIN)], {**env, "TIMES_OUT": str(times)}, nproc=nproc), "plain")
     ranks = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]
-    return {"median_us": max(r["median_us"] for r in ranks), "mean_us": max(r["mean_us"] for r in ranks)}
+    return {
+        "median_us": max(r["median_us"] for r in ranks),
+        "mean_us": max(r["mean_us"] for r in ranks),
+        # like for like with the light phase's mean: its unsettled head left out as gpudoctor's is
+        "settled_mean_us": max(settled_mean_us(r["times_us"]) for r in ranks),
+        "steps": min(len(r["times_us"]) for r in ranks),
+    }
 
 
 def light(tmp: Path, env: dict[str, str], nproc: int, flags: list[str]) -> dict[str, Any]:
@@ -54,9 +64,12 @@ def light(tmp: Path, env: dict[str, str], nproc: int, flags: list[str]) -> dict[
     checked(torchrun(cmd, {**env, "STEPS": "100000"}, nproc=nproc), f"gpudoctor run {' '.join(flags)}")
     folders = [out / f"rank-{r}" for r in range(nproc)]  # under torchrun, one rank or several
     lights = [RunRecord.from_json(json.loads((f / "record.json").read_text())).light for f in folders]
+    every = [(*(x.settling.dropped_us if x.settling else ()), *x.times_us) for x in lights if x]
     return {
         "median_us": max(x.median_us for x in lights if x),
-        "mean_us": max(x.mean_us for x in lights if x),
+        "mean_us": max(x.mean_us for x in lights if x),  # its kept steps: what gpudoctor reports
+        "settled_mean_us": max(x.mean_us for x in lights if x),
+        "all_mean_us": max(statistics.fmean(t) for t in every if t),  # its head too, as plain's mean_us
         "steps": min(len(x.times_us) for x in lights if x),
     }
 
@@ -69,6 +82,12 @@ def main() -> int:
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--pairs", type=int, default=4, help="process pairs per variant (plain beside it)")
     p.add_argument("--parallel", default="ddp", choices=["ddp", "fsdp"])
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=100,
+        help="timed steps on both sides (plain STEPS, the light phase's --light-steps), after the same warm-up",
+    )
     p.add_argument(
         "--parts", action="store_true", help="also the light phase with NVML, then the history, off"
     )
@@ -84,8 +103,12 @@ def main() -> int:
     if args.pairs < 2:
         p.error("--pairs: a paired comparison needs two pairs or more")
     env = {**run_env(args.cpu), "PARALLEL": args.parallel, **({"PIN_CORES": "1"} if args.pin else {})}
+    # the same number of timed steps on both sides: the light phase ends at --light-steps (no floor of
+    # seconds, which would run it longer than the plain window)
+    env["STEPS"] = str(args.steps)
+    LIGHT[LIGHT.index("--light-steps") + 1] = str(args.steps)
+    LIGHT[LIGHT.index("--light-seconds") + 1] = "0"
     if args.cpu:
-        LIGHT[LIGHT.index("--light-seconds") + 1] = "0.2"
         LIGHT[LIGHT.index("--warmup-seconds") + 1] = env["WARMUP_S"]  # as the plain timing's
     variants = VARIANTS if args.parts else {"gpudoctor": VARIANTS["gpudoctor"]}
     rows: dict[str, list[dict[str, Any]]] = {}
@@ -102,11 +125,18 @@ def main() -> int:
                 print(variant, {k: round(v["mean_us"] / 1e3, 2) for k, v in got.items()}, flush=True)
     table = {}
     for variant, pairs in rows.items():
+        # like for like: each side's mean without its unsettled head (the light phase leaves it out)
         cmp = paired_compare(
-            [Pair(r["plain"]["mean_us"], r["gd"]["mean_us"], r["b_first"]) for r in pairs],
+            [Pair(r["plain"]["settled_mean_us"], r["gd"]["settled_mean_us"], r["b_first"]) for r in pairs],
+            unit="process pair",
+        )
+        raw = paired_compare(
+            [Pair(r["plain"]["mean_us"], r["gd"]["all_mean_us"], r["b_first"]) for r in pairs],
             unit="process pair",
         )
         table[variant] = {
+            "compared": "settled means (each side's unsettled head left out, as the light phase does)",
+            "every_step": {"ratio": raw.ratio, "ci95": [raw.ci_low, raw.ci_high], "verdict": raw.verdict},
             "ratio": cmp.ratio,
             "ci95": [cmp.ci_low, cmp.ci_high],
             "p_value": cmp.p_value,

@@ -52,3 +52,22 @@ def test_the_multi_gpu_benchmark_runs_its_cpu_path(tmp_path: Path) -> None:
     redone = json.loads((again / "multi_gpu.json").read_text())
     assert redone["reanalyzed"]["from"] == "fixtures"
     assert redone["runs"]["ddp"]["light_step_us"] == result["runs"]["ddp"]["light_step_us"]  # measured: kept
+
+
+def test_a_plain_runs_mean_is_set_beside_the_light_phases_like_for_like() -> None:
+    # GIVEN a plain run whose first 20 of 100 steps still settle (30 ms, then 20 ms), as the light
+    # phase's own steps do before gpudoctor leaves them out (runner.settle)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import multi_gpu
+
+    times = [30e3] * 20 + [20e3] * 80
+    # THEN its settled mean leaves out the same head: 20 ms, where every step's mean is 22 ms
+    assert multi_gpu.settled_mean_us(times) == pytest.approx(20e3)
+    rounds = [{"balanced": {"mean_us": 22e3, "median_us": 20e3, "settled_mean_us": 20e3}}]
+    plains = multi_gpu.plain_summary(rounds)
+    assert plains["balanced"]["settled_mean_us"] == pytest.approx(20e3)
+    # AND the light phase's mean (its head left out) is judged against it as well as against the mean
+    run = {"alignment": {"aligned": True}, "destroy_warnings": 0, "light_step_us": [20.2e3, 20.1e3],
+           "light_mean_us": [20.4e3, 20.3e3], "across": [], "collectives": [], "ranks": []}  # fmt: skip
+    got = multi_gpu.checks({"plain": plains}, {"ddp": run})["ddp_unprofiled_vs_plain"]
+    assert got["settled_mean_ratio"] == pytest.approx(1.02) and got["mean_ratio"] == pytest.approx(20.4 / 22)

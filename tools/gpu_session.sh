@@ -22,9 +22,9 @@
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
 #                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
 #                    that is being timed: the queues' loaders and compile workers perturb it.
-#   mgo:PARALLEL[:PAIRS[:pin]]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp) --pairs
-#                    PAIRS (default 4) on GPUs 0 and 1 (pin: --pin, each rank on its GPU's local cores)
-#                    -> $BG_OUT/mgo_PARALLEL[_pin]/
+#   mgo:PARALLEL[:PAIRS[:pin[:STEPS]]]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp)
+#                    --pairs PAIRS (default 4) --steps STEPS (default 100) on GPUs 0 and 1 (pin: --pin, each
+#                    rank on its GPU's local cores; "-" for none) -> $BG_OUT/mgo_PARALLEL[_pin]/
 #   mg[:SCENARIOS[:pin]]  benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with
 #                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
@@ -124,7 +124,7 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         local pin=() tag=""
         [ "${arg3:-}" = pin ] && pin=(--pin) tag=_pin
         CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu_overhead.py --out "$OUT_DIR/mgo_$arg1$tag" \
-            --parallel "$arg1" --pairs "${arg2:-4}" "${cpu[@]}" "${pin[@]}"
+            --parallel "$arg1" --pairs "${arg2:-4}" --steps "${arg4:-100}" "${cpu[@]}" "${pin[@]}"
         ;;
     mg)
         local cpu=() only=()
