@@ -321,7 +321,7 @@ def run_h100_b(name: str) -> RanksRun:
 def test_the_straggler_is_named_where_the_waiting_ranks_host_finishes_its_steps_early() -> None:
     # GIVEN rank 1 busy 15 ms on the host before every step, on a 4 × H100 host with nothing else on it:
     # rank 0's host runs ahead of its GPU (up to 800 launches queued, never blocked on a full queue) and
-    # finishes each traced step's span 9–27 ms before the step's window closes, its GPU still waiting for
+    # finishes each traced step's span 9–26 ms before the step's window closes, its GPU still waiting for
     # rank 1 in the all-reduces
     r = run_h100_b("straggler")
     a0 = r.reports[0][0]
