@@ -516,3 +516,48 @@ def test_stopping_at_two_pairs_past_40_percent_is_rare_under_a_a() -> None:
     }  # fmt: skip
     # THEN two pairs of them are settled as a change past ±40% in at most 0.2% of resampled comparisons
     assert len(rates) == 4 and max(rates.values()) <= 0.002
+
+
+def test_timm_convnext_gets_its_four_verdicts_within_five_minutes_with_pinned_batches_on_top() -> None:
+    # GIVEN timm's ConvNeXt-tiny in float32 with a single-process loader (fix_vs_expert's
+    # timm_convnext_fp32 on the H100 at 5 minutes: 112 ms a step), the doctor's findings and its rounds as
+    # long as they were there: the script's process 6 s, autocast against it in one process 23 s, a
+    # process with 8 workers 8–10 s, TF32 / compile / channels_last / cuDNN's autotuner on top in one
+    # process 19 / 52 / 17 / 30 s. There pinned batches on top of the workers failed to apply (fixed
+    # since); with them timed, TF32 — deferred once bfloat16 answered its finding — fell behind compile,
+    # channels_last and cuDNN's autotuner, and the budget ran out before it
+    from gpudoctor.fixes.options import FixOptions
+    from gpudoctor.fixes.session import FixSession
+    from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
+
+    def finding(rule: str, saving: float) -> Finding:
+        return Finding(rule, Severity.of_saving(saving), rule, saving, (), Fix("fix it", ""), {}, ())
+
+    found = (("tensor_cores_unused", 27.0), ("input_pipeline", 12.9), ("tf32_not_bf16", 6.9),
+             ("pageable_copy", 3.2))  # fmt: skip
+    diag = Diagnosis(SCHEMA, tuple(finding(r, s) for r, s in found), "", {})
+    clock = FakeClock()
+    step = {"baseline": 112e3, "autocast": 84.7e3, "autocast+workers:8": 44e3,
+            "autocast+workers:8+pin_memory": 43e3, "autocast+workers:8+tf32": 46.5e3,
+            "autocast+workers:8+compile": 44e3, "autocast+workers:8+channels_last": 45e3,
+            "autocast+workers:8+cudnn_benchmark": 47e3, "autocast+workers:8+fused_optimizer": 46.5e3}  # fmt: skip
+    launcher = FakeLauncher(clock, step, round_s=8.0, noise=0.03)
+    launcher.seen = {"conv2d": True}
+    launcher.round_by = {"baseline": 6.0, "autocast": 7.9} | {k: 9.6 for k in step if "workers" in k}
+    blocks = {"tf32": 19.0, "compile": 51.8, "channels_last": 17.4, "cudnn_benchmark": 30.2}
+    launcher.block_round_by = {"autocast": 22.6} | {
+        f"autocast+workers:8{pin}+{fix}": s for fix, s in blocks.items() for pin in ("", "+pin_memory")
+    }
+    only = ("autocast", "tf32", "workers:4", "workers:8", "workers:15", "pin_memory", "compile", "channels_last",
+            "cudnn_benchmark", "fused_optimizer")  # fmt: skip
+    options = FixOptions(only=only, budget_s=300.0 - 25.0)  # the diagnosis before the session: ~25 s
+    report = FixSession(launcher, options, diag, argv=("train.py",), started_at="now", clock=clock).run()
+    # THEN its four most promising — bfloat16, TF32, 8 workers, pinned batches — each get a verdict: TF32
+    # deferred behind the others of the four, not behind the rest
+    order = [v.fix.split("+")[-1] for v in report.verdicts]
+    assert order.index("tf32") < order.index("compile")
+    first = {v.fix.split("+")[-1]: v for v in report.verdicts}
+    assert all(first[f].verdict is not None for f in ("autocast", "tf32", "workers:8", "pin_memory")), [
+        (v.fix, v.reason) for v in report.verdicts
+    ]
+    assert clock.now <= 275.0

@@ -235,13 +235,23 @@ def _manual(rule: str, title: str, site: CallSite | None, change: str) -> Manual
     return ManualFix(rule, title, where, source, change)
 
 
-def defer_answered(queue: list[tuple[int, Candidate]], done: set[str]) -> list[tuple[int, Candidate]]:
+def defer_answered(
+    queue: list[tuple[int, Candidate]], done: set[str], first: int = 0
+) -> list[tuple[int, Candidate]]:
     """The candidates left, those answering only findings the kept fixes already answered (`done`)
     moved behind the rest, each part in its order: pinned memory after 32 loader workers took the
     starved loop from 609 to 106 ms is no longer the most promising fix, and on top of them its process
-    pairs would take minutes (47 s a round there) before a GPU fix is tried."""
+    pairs would take minutes (47 s a round there) before a GPU fix is tried. The first `first`
+    candidates (numbered from 1: the most promising, whose verdicts come first) stay ahead of the others."""
     spent = [qc for qc in queue if qc[1].rules and set(qc[1].rules) <= done]
-    return [qc for qc in queue if qc not in spent] + spent
+    return _first_ahead([qc for qc in queue if qc not in spent] + spent, first)
+
+
+def _first_ahead(queue: list[tuple[int, Candidate]], first: int) -> list[tuple[int, Candidate]]:
+    """`queue` with its candidates numbered `first` or lower ahead of the others, each part in its order
+    (TF32 deferred behind compile, channels_last and cuDNN's autotuner lost its verdict to a 5-minute
+    budget on timm's ConvNeXt: it is one of the four most promising, they are not)."""
+    return sorted(queue, key=lambda qc: qc[0] > first)
 
 
 # The training thread waits for its loader's workers this share of its mean step or more: the loader
@@ -268,7 +278,7 @@ def loader_wait_share(rounds: Sequence[RoundResult]) -> float | None:
 def more_workers_first(queue: list[tuple[int, Candidate]], have: int) -> list[tuple[int, Candidate]]:
     """The candidates left, the worker counts above `have` (the kept one, else the script's own) moved
     to the front, the largest first: where the loader still paces the loop on top of what is kept, it is
-    still the bottleneck."""
+    still the bottleneck, and a GPU fix timed on top of it shows little (it is not timed again)."""
     more = [qc for qc in queue if qc[1].fix.startswith("workers:") and _workers(qc[1].fix) > have]
     more.sort(key=lambda qc: -_workers(qc[1].fix))
     return more + [qc for qc in queue if qc not in more]

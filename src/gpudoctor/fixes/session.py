@@ -142,7 +142,7 @@ class FixSession:
                 tried = self._try_candidate(cand, i, len(self.candidates))
                 self.tried.append(tried)
                 if tried.verdict.kept and o.stack:
-                    queue = defer_answered(queue, answered(self.chain, ref.mean_step_us))
+                    queue = defer_answered(queue, answered(self.chain, ref.mean_step_us), FIRST_VERDICTS)
                     queue = self._while_the_loader_paces(queue, tried)
             self._update(self.report())
         if len(together) > 1:
