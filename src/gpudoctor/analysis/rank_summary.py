@@ -86,7 +86,8 @@ class RankSummary(Serialized):
     unprofiled_step_us: float | None  # the light phase's median (gpudoctor run), when known
     # Host per step (means over the profiled steps, as traced): in the DataLoader, and in neither a
     # PyTorch op, the DataLoader nor a call that waits for the GPU (the script's own Python) within the
-    # host's span of each step (`CpuStep.span_us`, not its window), less the long gaps that open with hundreds of launches queued (the host ahead of its GPU: `CpuStep.ahead_us`).
+    # host's span of each step (`CpuStep.span_us`, not its window), less the long gaps that open with
+    # hundreds of launches queued (the host ahead of its GPU: `CpuStep.ahead_us`).
     dataloader_us: float
     host_other_us: float
     host_top_frame: str | None  # the user frame holding most of that time (with_stack traces)

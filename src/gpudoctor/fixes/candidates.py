@@ -279,10 +279,11 @@ def more_workers_first(queue: list[tuple[int, Candidate]], have: int) -> list[tu
     """The candidates left, the worker counts above `have` (the kept one, else the script's own) moved
     to the front, the largest first: where the loader still paces the loop on top of what is kept, it is
     still the bottleneck, and a GPU fix timed on top of it shows little (it is not timed again)."""
-    more = [qc for qc in queue if qc[1].fix.startswith("workers:") and _workers(qc[1].fix) > have]
-    more.sort(key=lambda qc: -_workers(qc[1].fix))
+    more = [qc for qc in queue if qc[1].fix.startswith("workers:") and worker_count(qc[1].fix) > have]
+    more.sort(key=lambda qc: -worker_count(qc[1].fix))
     return more + [qc for qc in queue if qc not in more]
 
 
-def _workers(fix: str) -> int:
+def worker_count(fix: str) -> int:
+    """N of a `workers:N` fix."""
     return int(fix.split(":", 1)[1])

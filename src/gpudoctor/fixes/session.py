@@ -45,6 +45,7 @@ from gpudoctor.fixes.candidates import (
     defer_answered,
     loader_wait_share,
     more_workers_first,
+    worker_count,
 )
 from gpudoctor.fixes.catalog import can_switch, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
@@ -161,12 +162,12 @@ class FixSession:
         share = loader_wait_share(kept.candidate)
         if share is None or share < LOADER_PACES:
             return queue
-        kept_workers = [int(f.split(":")[1]) for f in self.final if f.startswith("workers:")]
+        kept_workers = [worker_count(f) for f in self.final if f.startswith("workers:")]
         own = [lo.num_workers for r in kept.candidate if r.observations for lo in r.observations.loaders]
         have = max(kept_workers or own or [0])
         ahead = more_workers_first(queue, have)
         if ahead[:1] != queue[:1] and ahead[0][1].fix.startswith("workers:"):
-            more = ahead[0][1].fix.split(":")[1]
+            more = worker_count(ahead[0][1].fix)
             self.notes.append(
                 f"with {'+'.join(self.final)} the loop still waited for its DataLoader's workers "
                 f"{100 * share:.0f}% of its step: {more} workers in place of {have} tried next"
