@@ -401,3 +401,84 @@ def test_the_ranks_notes_are_printed_once_each_with_the_ranks_that_say_them(tmp_
     # THEN the records' notes reach the terminal, each once, with the ranks that say it
     assert f"note (ranks 0, 1): {unsettled}" in text
     assert "note (rank 1): rank 0 was not there for 'traced' within 60 s" in text
+
+
+# --- the light phase extended alike on every rank ---------------------------------------------------
+
+
+class _Host:
+    """A host clock that a test advances by each step's time."""
+
+    def __init__(self) -> None:
+        self.us = 0.0
+
+    def now_us(self) -> float:
+        return self.us
+
+
+def _light(run: RankRun | None, plan: int, light_steps: int = 20) -> tuple[Any, _Host]:
+    from gpudoctor.runner.capture import LiveCapture
+    from gpudoctor.timing.stepclock import StepClock
+
+    capture = LiveCapture(Path("."), LiveOptions(light_steps=light_steps, light_seconds=1.0),
+                          on_phase=lambda phase, c: None)  # fmt: skip
+    host = _Host()
+    capture._clock = StepClock(cuda=False, host=host)
+    capture._clock.boundary()  # the light phase's first mark
+    capture.light_target, capture.agree = plan, run
+    return capture, host
+
+
+def _until_done(captures: list[tuple[Any, _Host]], step_us: list[Any], limit: int = 1000) -> list[int]:
+    """Step every rank together (rank k's i-th step takes step_us[k](i)); the step each ends at."""
+    ended: list[int | None] = [None] * len(captures)
+    for i in range(1, limit):
+        for k, (capture, host) in enumerate(captures):
+            if ended[k] is not None:
+                continue
+            host.us += step_us[k](i)
+            capture._clock.boundary()
+            if capture._light_done():
+                ended[k] = i
+        if all(e is not None for e in ended):
+            break
+    return [e or limit for e in ended]
+
+
+def test_ranks_extend_an_unsettled_light_phase_alike_and_end_it_at_one_step(tmp_path: Path) -> None:
+    # GIVEN two ranks planned 40 light steps: rank 0 steady at 20 ms, rank 1 still getting faster over
+    # its first 35 (FSDP2 on 2 × H100: quarters 47.6 to 40.6 ms a step at the plan's end)
+    run = ranks(tmp_path, 2, dist.HashStore())
+    captures = [_light(r, plan=40) for r in run]
+    steady = lambda i: 20e3  # noqa: E731
+    faster = lambda i: 30e3 - 10e3 * min(i, 35) / 35  # noqa: E731
+    ended = _until_done(captures, [steady, faster])
+    # THEN both go on past the plan and end at the same step, once rank 1 has settled, before twice it
+    assert ended[0] == ended[1] and 40 < ended[0] < 80
+    assert all(c._check >= 1 for c, _ in captures)
+    # AND one that never settles ends at twice the plan, on both ranks
+    run = ranks(tmp_path / "a", 2, dist.HashStore())
+    never = lambda i: 40e3 - 30e3 * i / 100  # noqa: E731 (40 ms down to 16 at step 80)
+    assert _until_done([_light(r, plan=40) for r in run], [steady, never]) == [80, 80]
+    # AND two steady ranks end together AGREE_LAG steps after the plan, having said they settled
+    from gpudoctor.runner import settle
+
+    run = ranks(tmp_path / "b", 2, dist.HashStore())
+    assert _until_done([_light(r, plan=40) for r in run], [steady, steady]) == [40 + settle.AGREE_LAG] * 2
+    # AND without a store to agree through, at the plan
+    assert _until_done([_light(None, plan=40)], [faster]) == [40]
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_agree_on_their_light_phase_through_the_store(tmp_path: Path) -> None:
+    # GIVEN two gloo DDP ranks with a light phase of at least 0.3 s (agreed: extended alike if unsettled)
+    out = tmp_path / "run"
+    result = torchrun(out, "--light-seconds", "0.3", env={"STEPS": "2000"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    # THEN each posted and read the checks, and both entered the traced phase at the same step
+    infos = [rank_info(out, r) for r in (0, 1)]
+    assert all("light_checks" in i["waited_s"] for i in infos)
+    assert infos[0]["phases"] == infos[1]["phases"]
+    assert infos[0]["phases"]["traced"] > infos[0]["phases"]["light"] + 5
+    steps = [[s.number for s in find_steps(load_trace(out / f"rank-{r}" / "trace.json.gz"))] for r in (0, 1)]
+    assert steps[0] == steps[1] and len(steps[0]) == 3

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpudoctor.runner import settle
 from gpudoctor.runner.compile_workers import stop_compile_workers
@@ -48,6 +48,16 @@ MEMORY_KEYS = (
 )
 
 _ACTIVE: LiveCapture | None = None  # set only between install() and uninstall()
+
+
+class LightAgreement(Protocol):
+    """How the ranks of a run agree on extending their light phase alike (`runner.ranks.RankRun`)."""
+
+    def post_settled(self, check: int, settled: bool) -> None:
+        """Tell the other ranks whether this rank's light-phase steps have settled at `check`."""
+
+    def all_settled(self, check: int) -> bool:
+        """Whether every rank's had at `check` (True where some rank's post cannot be read: end)."""
 
 
 class StopRun(BaseException):
@@ -109,6 +119,12 @@ class LiveCapture:
         self.on_phase = on_phase
         self.lockstep = on_phase is not None
         self.light_target: int | None = None  # light-phase steps, when agreed among ranks
+        # with ranks: where every rank's light-phase steps have settled, told through their store, so
+        # that the phase is extended alike on all of them (`runner.ranks.RankRun`); None: not extended
+        self.agree: LightAgreement | None = None
+        self._check = 0  # the agreement's checks so far
+        self._check_at: int | None = None  # the light-phase step of the next check
+        self._posted_at: int | None = None  # the step at which this rank posted the current check
         self.steps_seen = 0  # boundaries of the step as finally defined
         self.first_step = 1  # the script's iteration the first of them ends (StepDetector.first_step)
         self.phase = "warmup"  # warmup, light, traced, done
@@ -290,7 +306,7 @@ class LiveCapture:
         same step."""
         assert self._clock is not None
         if self.light_target is not None:
-            return self._clock.steps >= self.light_target
+            return self._agreed_done()
         o, now = self.options, time.perf_counter()
         if len(self._clock.marks) > MAX_MARKS:
             return True
@@ -308,11 +324,42 @@ class LiveCapture:
         times = self._clock.ready_times()
         return settle.light_done(times, min_steps=o.light_steps, min_seconds=o.light_seconds)
 
+    def _agreed_done(self) -> bool:
+        """With ranks: the steps rank 0 planned, then — where the ranks' steps have not all settled —
+        more, up to EXTEND_FACTOR times the plan, every rank ending at the same step. At each check (the
+        plan's end, then every AGREE_CHUNK of the plan) each rank posts whether its own steps settled;
+        AGREE_LAG steps later every rank reads all the posts and ends, or goes on, alike."""
+        assert self._clock is not None and self.light_target is not None
+        steps, o = self._clock.steps, self.options
+        if self.agree is None or not o.settle or o.light_seconds <= 0:
+            return steps >= self.light_target
+        if steps >= settle.EXTEND_FACTOR * self.light_target:  # the cap: every rank at the same step
+            return True
+        if self._posted_at is None:
+            if steps < (self._check_at or self.light_target):
+                return False
+            if self._planned_s is None:
+                self._planned_s = time.perf_counter() - self._light_start
+            times = self._clock.ready_times()
+            self.agree.post_settled(
+                self._check, settle.light_done(times, min_steps=o.light_steps, min_seconds=0)
+            )
+            self._posted_at = steps
+            return False
+        if steps < self._posted_at + settle.AGREE_LAG:
+            return False
+        if self.agree.all_settled(self._check):
+            return True
+        self._check += 1
+        self._check_at = steps + max(1, math.ceil(settle.AGREE_CHUNK * self.light_target))
+        self._posted_at = None
+        return False
+
     def light_plan(self) -> int:
         """Light-phase steps enough for --light-seconds at the warm-up's pace (what rank 0 proposes) —
         and for --warmup-seconds: with ranks the warm-up goes by --warmup steps alone, and the light
-        phase, which is not extended, leaves out its unsettled head instead (not with --light-seconds
-        0: then --light-steps)."""
+        phase leaves out its unsettled head instead, extended only where the ranks agree that one has
+        not settled (`_agreed_done`; not with --light-seconds 0: then --light-steps)."""
         times = [b - a for a, b in itertools.pairwise(self._warm)]
         pace = statistics.median(times) if times else 0.0
         o = self.options
@@ -359,6 +406,7 @@ class LiveCapture:
         self._start_nvml()
         self._light_start = time.perf_counter()
         self._planned_s, self._settle_checked = None, 0.0
+        self._check, self._check_at, self._posted_at = 0, None, None
         self._light_calls = self._detector.calls if self._detector else 0
         self.phase = "light"
         from gpudoctor.timing.blocks import BlockSchedule
@@ -397,7 +445,7 @@ class LiveCapture:
         assert self.light is not None
         late = time.perf_counter() - self._light_start - self._planned_s if self._planned_s else 0.0
         self.light = settle.settled(self.light, clock.host_time_of_step, max(late, 0.0))
-        found = settle.notes(self.light, agreed=self.light_target is not None)
+        found = settle.notes(self.light, agreed=self.light_target is not None and self.agree is None)
         self.notes.extend(n for n in found if n not in self.notes)
 
     def _start_traced(self, schedule: bool = True) -> None:

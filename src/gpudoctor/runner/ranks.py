@@ -180,6 +180,7 @@ class RankRun:
         self.meet(phase, step)
         if phase == "light":
             capture.light_target = self._light_plan(capture)
+            capture.agree = self if self.store is not None else None
         self.write_progress(capture)
 
     def _light_plan(self, capture: Any) -> int:
@@ -189,6 +190,39 @@ class RankRun:
                 if self.store.check(["light/plan"]):
                     return int(self.store.get("light/plan"))
         return int(capture.options.light_steps)
+
+    def post_settled(self, check: int, settled: bool) -> None:
+        """This rank's light-phase steps settled, or not, at `check` (`capture.LightAgreement`)."""
+        if self.store is None:
+            return
+        try:
+            self.store.set(f"light/check{check}/rank{self.env.rank}", "1" if settled else "0")
+        except Exception as err:  # a store that went away: the phase ends at the next reading
+            self.info.notes.append(f"light: store unreachable ({type(err).__name__}: {err}); not extended")
+            self.store = None
+
+    def all_settled(self, check: int) -> bool:
+        """Every rank's post for `check` (the ranks step together: they are there, or soon): all
+        settled, or some post unreadable within the timeout — either way the light phase ends."""
+        if self.store is None:
+            return True
+        t0 = time.perf_counter()
+        try:
+            posts = []
+            for r in range(self.env.world_size):
+                key = f"light/check{check}/rank{r}"
+                if not _wait_key(self.store, key, self.timeout_s):
+                    self.info.notes.append(f"light: rank {r} did not say whether it settled; ended the phase")
+                    return True
+                posts.append(self.store.get(key) == b"1")
+        except Exception as err:
+            self.info.notes.append(f"light: store unreachable ({type(err).__name__}: {err}); not extended")
+            self.store = None
+            return True
+        finally:
+            waited = self.info.waited_s.get("light_checks", 0.0) + time.perf_counter() - t0
+            self.info.waited_s["light_checks"] = round(waited, 6)
+        return all(posts)
 
     def meet(self, phase: str, step: int) -> None:
         """Wait until every rank has reached `phase` (or the timeout): the last to arrive lets all go."""
