@@ -190,6 +190,8 @@ def under_gpudoctor(name: str, tmp: Path, env: dict[str, str], extra: dict[str, 
         "light_step_us": [r["light_median_us"] for r in records],
         "light_mean_us": [light.mean_us if light else None for light in lights],
         "light_steps": [len(light.times_us) if light else 0 for light in lights],
+        # whether each rank's light phase settled (`runner.settle`; extended alike where it had not)
+        "light_settled": [bool(light and light.settling and light.settling.settled) for light in lights],
         # the script's own plain windows inside each rank's light phase: the same steps, the same process
         "same_process": [
             _inside(records[r].get("light") or {}, out / "windows" / f"rank{r}.json") for r in (0, 1)
@@ -528,6 +530,7 @@ def checks(result: dict[str, Any], runs: dict[str, dict[str, Any]]) -> dict[str,
         ref = plains.get(truth_case.get(name, ""))
         if ref is not None:  # other processes: the machine's drift between them in it
             out[f"{name}_unprofiled_vs_plain"] = {
+                "light_settled": all(run["light_settled"]) if run.get("light_settled") else None,
                 "plain_median_us": ref["median_us"],
                 "gpudoctor_median_us": median,
                 "ratio": median / ref["median_us"],
