@@ -122,7 +122,7 @@ class LiveCapture:
         # with ranks: where every rank's light-phase steps have settled, told through their store, so
         # that the phase is extended alike on all of them (`runner.ranks.RankRun`); None: not extended
         self.agree: LightAgreement | None = None
-        self._check = 0  # the agreement's checks so far
+        self._check = 0  # the agreement's current check (its keys in the store are posted once each)
         self._check_at: int | None = None  # the light-phase step of the next check
         self._posted_at: int | None = None  # the step at which this rank posted the current check
         self.steps_seen = 0  # boundaries of the step as finally defined
@@ -406,7 +406,7 @@ class LiveCapture:
         self._start_nvml()
         self._light_start = time.perf_counter()
         self._planned_s, self._settle_checked = None, 0.0
-        self._check, self._check_at, self._posted_at = 0, None, None
+        self._check_at, self._posted_at = None, None  # (check numbers go on: each key posted once)
         self._light_calls = self._detector.calls if self._detector else 0
         self.phase = "light"
         from gpudoctor.timing.blocks import BlockSchedule
