@@ -23,17 +23,32 @@ from gpudoctor.doctor.ranks import RanksRun, analyze_directory
 from gpudoctor.rules.stragglers import straggler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ddp_resnet50"
-MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 SHARE = re.compile(r"\((\d+(?:\.\d+)?)%\)")  # "… of each unprofiled 37.8 ms step (48%)"
+# the recordings of each machine: ddp_resnet50 (the first 2 × H100), _h200 (H200 a), _h200_b, _h100_b (2 GPUs
+# of a quiet 4 × H100 host), each with the plain steps of its call in its manifest
 
 
 @functools.cache
-def run(name: str) -> RanksRun:
-    return analyze_directory(FIXTURES / name, all_reports=True)
+def run(name: str, machine: str = "") -> RanksRun:
+    return analyze_directory(FIXTURES.with_name(FIXTURES.name + machine) / name, all_reports=True)
 
 
-def plain_us(case: str) -> float:
-    return MANIFEST["plain_same_call"][case]["mean_us"]
+@functools.cache
+def _manifest(machine: str) -> dict:
+    return json.loads((FIXTURES.with_name(FIXTURES.name + machine) / "manifest.json").read_text())
+
+
+def plain_us(case: str, machine: str = "") -> float:
+    return _manifest(machine)["plain_same_call"][case]["mean_us"]
+
+
+def measured_saving_pct(machine: str = "") -> float:
+    """Removing the planted straggler, as measured plainly in the recording's call (balanced against it)."""
+    return (
+        100
+        * (plain_us("straggler", machine) - plain_us("balanced", machine))
+        / plain_us("straggler", machine)
+    )
 
 
 @pytest.mark.parametrize("name", ["ddp", "straggler", "uneven", "fsdp", "balanced_first_machine"])
@@ -87,8 +102,7 @@ def test_the_straggler_is_named_first_with_its_cause_and_its_saving_bounded_unpr
     assert any("leaves at most" in e for e in f.evidence)
     assert any("NVML utilization" in e for e in f.evidence)
     # AND it is within ±25% of the saving measured in the same call: balanced against straggler, plain
-    measured = 100 * (plain_us("straggler") - plain_us("balanced")) / plain_us("straggler")
-    assert 0.75 <= f.est_saving_pct / measured <= 1.25
+    assert 0.75 <= f.est_saving_pct / measured_saving_pct() <= 1.25
 
 
 def test_a_traced_host_excess_far_below_the_unprofiled_idle_gap_is_said_beside_the_estimate() -> None:
@@ -207,20 +221,11 @@ def test_a_balanced_run_that_the_profiler_moved_apart_is_quiet_unprofiled() -> N
         assert f.est_saving_pct <= 100 * (s.unprofiled_step_us - floor) / s.unprofiled_step_us + 0.05
 
 
-H200 = Path(__file__).parent / "fixtures" / "ddp_resnet50_h200"
-H200_MANIFEST = json.loads((H200 / "manifest.json").read_text())
-
-
-@functools.cache
-def run_h200(name: str) -> RanksRun:
-    return analyze_directory(H200 / name, all_reports=True)
-
-
 def test_the_straggler_is_the_rank_whose_gpu_waits_for_its_host_unprofiled_whatever_the_trace_says() -> None:
     # GIVEN rank 1 busy 15 ms on the host before every step, on a host where the profiler slowed rank 0's
     # ops twice as much as rank 1's: in the trace rank 0 spends 78.6 ms per step outside communication,
     # rank 1 32.5 ms, and rank 1 waits for rank 0 in every all-reduce
-    r = run_h200("straggler")
+    r = run("straggler", "_h200")
     figures = {x.rank: x for x in r.across.overview.ranks}
     assert figures[0].work_us > 2 * figures[1].work_us
     # THEN the straggler is rank 1, whose GPU idled 55% of each unprofiled step against rank 0's 4%
@@ -239,9 +244,7 @@ def test_the_straggler_is_the_rank_whose_gpu_waits_for_its_host_unprofiled_whate
     assert s.catch_up_us <= (s.gpu_idle - s.others_gpu_idle) * step + 1e-6
     own = {x.rank: x.host_other_us + x.dataloader_us for x in r.summaries}
     assert s.catch_up_us <= own[1] - own[0] + 1e-6
-    plain = {k: v["mean_us"] for k, v in H200_MANIFEST["plain_same_call"].items()}
-    measured = (plain["straggler"] - plain["balanced"]) / plain["straggler"]
-    assert 0.75 <= f.est_saving_pct / 100 / measured <= 1.25
+    assert 0.75 <= f.est_saving_pct / measured_saving_pct("_h200") <= 1.25
 
 
 def test_a_run_whose_hosts_are_all_slow_is_not_a_straggler_run() -> None:
@@ -273,9 +276,7 @@ def test_a_host_bound_fsdp_run_is_not_a_straggler_run_once_its_host_gaps_ahead_o
     # GIVEN FSDP2 on the second 2 × H200 call, both ranks doing the same work: unprofiled rank 1's GPU idles
     # 56% of the step and rank 0's 14% (one host always paces a host-bound run), and in the trace rank 1
     # has 1.5–2 ms a step of gaps in no op that open with hundreds of launches queued on its GPU
-    r = analyze_directory(
-        Path(__file__).parent / "fixtures" / "ddp_resnet50_h200_b" / "fsdp", all_reports=True
-    )
+    r = run("fsdp", "_h200_b")
     idle = {x.rank: 1 - x.clocks.util_mean_pct / 100 for x in r.summaries}
     assert idle[1] - idle[0] >= HOST_IDLE_GAP
     # THEN its own host time, those gaps left out, is not 5% of the step beyond rank 0's: no straggler
@@ -289,7 +290,7 @@ def test_a_host_bound_fsdp_run_is_not_a_straggler_run_once_its_host_gaps_ahead_o
 
 def test_the_balanced_run_on_the_noisy_host_is_quiet() -> None:
     # GIVEN the balanced run of the same call: rank 1 twice as long outside communication in the trace
-    r = run_h200("ddp")
+    r = run("ddp", "_h200")
     # THEN no straggler: unprofiled both GPUs idle alike (83% and 81% busy)
     assert not any(f.id == "straggler" for f in r.diagnosis.findings)
     assert r.diagnosis.bound.startswith("The 2 ranks are balanced")
@@ -309,21 +310,12 @@ def test_fsdp_all_gathers_and_reduce_scatters_are_reported_within_the_step() -> 
         )
 
 
-H100_B = Path(__file__).parent / "fixtures" / "ddp_resnet50_h100_b"
-H100_B_MANIFEST = json.loads((H100_B / "manifest.json").read_text())
-
-
-@functools.cache
-def run_h100_b(name: str) -> RanksRun:
-    return analyze_directory(H100_B / name, all_reports=True)
-
-
 def test_the_straggler_is_named_where_the_waiting_ranks_host_finishes_its_steps_early() -> None:
     # GIVEN rank 1 busy 15 ms on the host before every step, on a 4 × H100 host with nothing else on it:
     # rank 0's host runs ahead of its GPU (up to 800 launches queued, never blocked on a full queue) and
     # finishes each traced step's span 9–26 ms before the step's window closes, its GPU still waiting for
     # rank 1 in the all-reduces
-    r = run_h100_b("straggler")
+    r = run("straggler", "_h100_b")
     a0 = r.reports[0][0]
     assert all(st.cpu.span_us < st.cpu.duration_us - 5e3 for st in a0.steps)
     # THEN rank 0's own host time is its host's, within its spans (not the rest of the windows, which put
@@ -335,16 +327,14 @@ def test_the_straggler_is_named_where_the_waiting_ranks_host_finishes_its_steps_
     assert f.id == "straggler" and f.title == "Rank 1 is a straggler: host work"
     # AND its saving is within ±25% of the saving measured in the same call: balanced against straggler,
     # plain (37% of the step)
-    plain = {k: v["mean_us"] for k, v in H100_B_MANIFEST["plain_same_call"].items()}
-    measured = 100 * (plain["straggler"] - plain["balanced"]) / plain["straggler"]
-    assert 0.75 <= f.est_saving_pct / measured <= 1.25
+    assert 0.75 <= f.est_saving_pct / measured_saving_pct("_h100_b") <= 1.25
 
 
 def test_the_rank_that_waits_in_a_gpu_paced_balanced_run_is_not_said_to_hold_the_others_back() -> None:
     # GIVEN the balanced run of the same call: unprofiled its step (20.5 ms) is its GPUs' work and the
     # transfer, and in the trace rank 0 has 10% more GPU work than rank 1, while its all-reduces wait
     # 28 ms a traced step for rank 1 (its kernels run beside NCCL's waiting ones)
-    r = run_h100_b("ddp")
+    r = run("ddp", "_h100_b")
     s = r.across.overview.slowest
     assert s.paced_by == "gpu" and s.rank == 0 and s.spread > 0.05
     figures = {x.rank: x for x in r.across.overview.ranks}
