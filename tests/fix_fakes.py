@@ -31,11 +31,16 @@ def observations(
     empty_cache: int = 0,
     workers: int = 0,
     wait_s: float | None = None,
+    fetch_s: float | None = None,
+    autocast: str | None = None,
 ) -> Observations:
     root = RootInfo(
-        "Net", 1000, "float32", "cuda", True, conv2d, dropout, None, ("model",), SITE, (((16, 8),),) * 3
-    )
-    loader = LoaderInfo(SITE, batch, workers, False, workers > 0, None, False, True, wait_s=wait_s)
+        "Net", 1000, "float32", "cuda", True, conv2d, dropout, None, ("model",), SITE, (((16, 8),),) * 3,
+        autocast,
+    )  # fmt: skip
+    # `fetch_s`: each batch made on the training thread in that long (computed: its CPU time as long)
+    made = {"fetches": 10, "fetch_wall_s": 10 * fetch_s, "fetch_cpu_s": 10 * fetch_s} if fetch_s else {}
+    loader = LoaderInfo(SITE, batch, workers, False, workers > 0, None, False, True, wait_s=wait_s, **made)
     empty = (SiteCount(SITE, empty_cache),) if empty_cache else ()
     return Observations(root, (loader,), (OptimizerInfo(SITE, "AdamW", False, None, 4),), empty, (), (),
                         "highest", False, True, True, 8, cudnn_tf32)  # fmt: skip
@@ -83,6 +88,7 @@ class FakeLauncher:
         self.block_round_by: dict[str, float] = {}  # … and of its A/B in one process
         self.fresh_step_us: dict[str, float] = {}  # a configuration's mean in fresh processes alone
         self.loader_wait_us: dict[str, float] = {}  # a configuration's wait per batch for loader workers
+        self.fetch_us: float | None = None  # without workers: each batch made on the training thread
 
     def mean(self, key: str) -> float:
         """The configured mean (in whatever order its fixes were named); a configuration of several
@@ -115,8 +121,9 @@ class FakeLauncher:
                                    (f"{f} applied",), self.edits.get(f, ())) for f in fixes}  # fmt: skip
         wait = next((w for k, w in self.loader_wait_us.items() if set(k.split("+")) == set(fixes)), None)
         workers = max((int(f.split(":")[1]) for f in fixes if f.startswith("workers:")), default=0)
+        fetch = self.fetch_us / 1e6 if self.fetch_us is not None and not workers else None
         obs = observations(batch=self.batch.get(key, 16), workers=workers,  # type: ignore[arg-type]
-                           wait_s=None if wait is None else wait / 1e6, **self.seen)  # fmt: skip
+                           wait_s=None if wait is None else wait / 1e6, fetch_s=fetch, **self.seen)  # fmt: skip
         outcome = "exception" if key in self.failures else "stopped"
         times = self.steps(key)
         if not switch and key in self.fresh_step_us:

@@ -173,6 +173,36 @@ def test_a_loader_that_computes_gets_workers_up_to_the_free_cores() -> None:
     assert worker_values(1, 0, needed=100) == [8, 16, 32]  # never past 32
 
 
+def test_a_gpu_bound_loop_whose_batches_are_made_on_the_training_thread_is_still_offered_workers() -> None:
+    # GIVEN ConvNeXt-tiny in float32 on an H100 as gpudoctor fix saw it at 9c738e6: the GPU busy 99% of
+    # its 105 ms step, so no loader finding, but each batch made on the training thread in 63 ms
+    d = diagnosis(finding("tensor_cores_unused", 33.1), finding("tf32_not_bf16", 33.1),
+                  finding("pageable_copy", 3.6))  # fmt: skip
+    o = obs(conv=True, free=15)
+    made = replace(o, loaders=(replace(o.loaders[0], fetches=30, fetch_wall_s=1.88, fetch_cpu_s=4.13),))
+    cands, _ = choose(d, made, steps=30, step_s=0.105)
+    fixes = [c.fix for c in cands]
+    # THEN worker counts are among its candidates (after the fixes the findings promise savings for:
+    # they pay once bfloat16 has cut the GPU's work), saying why
+    workers = [c for c in cands if c.fix.startswith("workers:")]
+    assert [c.fix for c in workers] == ["workers:8", "workers:4", "workers:15"]
+    assert fixes.index("workers:8") > fixes.index("autocast")
+    assert workers[0].why == "the training thread spends 60% of the step on the DataLoader's batches"
+    # AND a loader that takes 2 ms of a 105 ms step is left alone
+    light = replace(o, loaders=(replace(o.loaders[0], fetches=30, fetch_wall_s=0.06, fetch_cpu_s=0.06),))
+    assert not any(c.fix.startswith("workers:") for c in choose(d, light, steps=30, step_s=0.105)[0])
+
+
+def test_a_model_already_under_autocast_is_not_offered_bfloat16_or_tf32() -> None:
+    # GIVEN BERT under the Trainer's bf16=True: float32 parameters, its layers run under bfloat16 autocast
+    o = obs()
+    under = replace(o, root=replace(o.root, autocast="bfloat16"))
+    fixes = [c.fix for c in choose(diagnosis(finding("tensor_cores_unused", 9.3)), under)[0]]
+    # THEN neither is tried (bfloat16 autocast on top of it measured -1.2%, TF32 +3.1%, both noise)
+    assert "autocast" not in fixes and "tf32" not in fixes and "compile" in fixes
+    assert under.reduced_precision == "bfloat16" and o.reduced_precision is None
+
+
 def test_what_does_not_apply_is_said_and_why() -> None:
     from gpudoctor.fixes.applies import why_not
 

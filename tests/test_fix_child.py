@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,29 @@ def test_a_baseline_round_times_steps_records_losses_and_observes(tmp_path: Path
     assert obs.static_shapes
     # cuDNN's TF32 flag as the script left it (on by default); on the CPU nothing rounds at TF32
     assert obs.cudnn_tf32 is torch.backends.cudnn.allow_tf32 and not obs.tf32_baseline
+
+
+def test_autocast_entered_inside_the_models_forward_is_seen_and_loosens_the_reordering_fixes_tolerance(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a model whose forward accelerate wrapped in bfloat16 autocast (the Trainer's bf16=True):
+    # the root's own hooks run before autocast is entered
+    wrapped = TRAIN.format(extra="pass").replace(
+        "optimizer = ",
+        "model.forward = torch.autocast('cpu', dtype=torch.bfloat16)(model.forward)\noptimizer = ",
+    )
+    r = child(tmp_path, wrapped)
+    obs = r.observations
+    assert r.failure is None and obs is not None and obs.root is not None
+    # THEN the observer sees its layers run in bfloat16
+    assert obs.root.autocast == "bfloat16" and obs.reduced_precision == "bfloat16"
+    # AND a fix that only reorders the work (compile) is held to bfloat16's rounding, not float32's
+    check = numerics_of(("compile",), r, r, [r], [])
+    assert check.tolerance == 0.01 and "computes in bfloat16" in check.note
+    # AND without the wrapper nothing is seen
+    plain = child(tmp_path, TRAIN.format(extra="pass")).observations
+    assert plain is not None and plain.root is not None and plain.root.autocast is None
+    assert numerics_of(("compile",), r, replace(r, observations=plain), [r], []).tolerance == 0.001
 
 
 def test_the_same_seed_gives_the_same_losses_and_exact_fixes_keep_them(tmp_path: Path) -> None:

@@ -115,7 +115,9 @@ def _proposals(
 ) -> list[tuple[str, str]]:
     root, cuda = obs.root, obs.cuda
     out: list[tuple[str, str]] = []
-    fp32 = root is not None and root.dtype == "float32"
+    # float32 arithmetic to speed up: not where autocast already runs the layers in bfloat16 (the
+    # Trainer's bf16=True: bfloat16 autocast timed on top of it measured -1.2%)
+    fp32 = root is not None and root.dtype == "float32" and root.autocast is None
     if root is not None and (cuda or found):
         mode = f":{compile_mode}" if compile_mode and compile_mode != "default" else ""
         # the GPU waits on the host (launches, Python between ops) and the shapes never change: CUDA
@@ -141,15 +143,18 @@ def _proposals(
     if obs.empty_cache:
         out.append(("no_empty_cache", "torch.cuda.empty_cache() inside the loop"))
     loaders = [lo for lo in obs.loaders if lo.iterated and not lo.iterable]
-    if loaders and ("input_pipeline" in found or not found):
+    heavy = [lo for lo in loaders if loader_share(lo, step_s) >= LOADER_PACES]
+    if loaders and ("input_pipeline" in found or not found or heavy):
         have = max(lo.num_workers for lo in loaders)
         waiting = [lo for lo in loaders if lo.waits]
         need = workers_needed(waiting[0], step_s) if waiting else None
-        why = (
-            "the DataLoader waits (its batches take little CPU time): workers past the cores"
-            if need
-            else "the GPU waits for the DataLoader"
-        )
+        if need:
+            why = "the DataLoader waits (its batches take little CPU time): workers past the cores"
+        elif "input_pipeline" in found or not found:
+            why = "the GPU waits for the DataLoader"
+        else:  # GPU-bound now: the loader's time overlaps the GPU's, until GPU fixes cut the step
+            share = loader_share(heavy[0], step_s)
+            why = f"the training thread spends {100 * share:.0f}% of the step on the DataLoader's batches"
         out += [(f"workers:{n}", why) for n in worker_values(obs.free_cores, have, need)]
     if (
         loaders
@@ -260,18 +265,28 @@ def _first_ahead(queue: list[tuple[int, Candidate]], first: int) -> list[tuple[i
 LOADER_PACES = 0.2
 
 
+def loader_share(loader: LoaderInfo, step_s: float | None) -> float:
+    """The share of a mean step of `step_s` the training thread spends on `loader`'s batches (waiting
+    for its workers, or making them itself); 0 where not measured."""
+    wait = loader.batch_wait_s
+    return wait / step_s if loader.iterated and wait is not None and step_s else 0.0
+
+
 def loader_wait_share(rounds: Sequence[RoundResult]) -> float | None:
-    """The median over `rounds` (processes of one configuration) of the longest wait per batch for a
-    loader's workers, as a share of the round's mean step; None where no round measured one."""
+    """The median over `rounds` (processes of one configuration) of the largest share of the round's
+    mean step the training thread spent per batch on a loader (`loader_share`); None where no round
+    measured one. A round in blocks: its candidate's blocks' mean step (the loader makes its batches
+    alike on both sides)."""
     shares = []
     for r in rounds:
-        step = r.mean_step_us
+        mine = [b for b in r.blocks if b.candidate and b.steps]
+        step = sum(b.elapsed_us for b in mine) / sum(b.steps for b in mine) if mine else r.mean_step_us
         obs = r.observations
         if obs is None or not step:
             continue
-        waits = [lo.wait_s for lo in obs.loaders if lo.iterated and lo.wait_s is not None]
-        if waits:
-            shares.append(max(waits) * 1e6 / step)
+        loaders = [lo for lo in obs.loaders if lo.iterated and lo.batch_wait_s is not None]
+        if loaders:
+            shares.append(max(loader_share(lo, step / 1e6) for lo in loaders))
     return statistics.median(shares) if shares else None
 
 

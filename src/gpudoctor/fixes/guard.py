@@ -7,7 +7,7 @@ batches), where one was recorded."""
 from __future__ import annotations
 
 from gpudoctor.fixes.attempt import Tried
-from gpudoctor.fixes.catalog import TF32_TOLERANCE, spec_of
+from gpudoctor.fixes.catalog import HALF_REORDER_TOLERANCE, TF32_TOLERANCE, spec_of
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.verify import NumericsCheck, check_numerics, noise_floor
 
@@ -35,7 +35,12 @@ def numerics_of(
             tolerance = None
             notes.append(f"{'+'.join(loader)} changes the batches: only checked to stay finite")
     seen = ref.observations
-    if tolerance is not None and tolerance < TF32_TOLERANCE and seen is not None and seen.tf32_baseline:
+    half = seen.reduced_precision if seen is not None else None
+    if tolerance is not None and tolerance < HALF_REORDER_TOLERANCE and half is not None:
+        # reordered work moves the results by the rounding of the precision it runs in
+        tolerance = HALF_REORDER_TOLERANCE
+        notes.append(f"the script's own model computes in {half}")
+    elif tolerance is not None and tolerance < TF32_TOLERANCE and seen is not None and seen.tf32_baseline:
         # reordered TF32 products move the results by TF32's rounding, not float32's
         tolerance = TF32_TOLERANCE
         notes.append("the script's own convolutions or matmuls run in TF32")

@@ -20,6 +20,7 @@ from gpudoctor.util.serial import Serialized
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
 WAITS_KEPT = 512  # a loader with workers: the training thread's latest waits for them, kept per loader
 WAITS_UNDER = 0.5  # a loader whose batches take less CPU time than this share of their wall time waits
+HALF_DTYPES = ("bfloat16", "float16")
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,9 @@ class RootInfo:
     names: tuple[str, ...]  # the names the calling frame binds to it
     site: CallSite | None
     input_shapes: tuple[tuple[tuple[int, ...], ...], ...]  # tensor shapes of its first calls
+    # the dtype autocast computes its layers in (bfloat16, float16), seen inside its first call; None
+    # without autocast or where not seen (a compiled root): the Trainer's bf16=True wraps the forward
+    autocast: str | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,12 @@ class LoaderInfo:
     def fetch_s(self) -> float | None:
         """Wall time per batch made on the training thread."""
         return self.fetch_wall_s / self.fetches if self.fetches else None
+
+    @property
+    def batch_wait_s(self) -> float | None:
+        """What the training thread spends per batch on this loader: with workers, its wait for them;
+        without, making the batch itself (time it does not launch GPU work in)."""
+        return self.wait_s if self.num_workers > 0 else self.fetch_s
 
 
 @dataclass(frozen=True)
@@ -106,6 +116,14 @@ class Observations(Serialized):
         return convs or self.float32_matmul_precision != "highest"
 
     @property
+    def reduced_precision(self) -> str | None:
+        """The reduced precision the script's model already computes in (under autocast, or its
+        parameters' dtype), else None."""
+        if self.root is None:
+            return None
+        return self.root.autocast or (self.root.dtype if self.root.dtype in HALF_DTYPES else None)
+
+    @property
     def static_shapes(self) -> bool:
         """The root's inputs kept their shapes over its first calls (CUDA graphs need that)."""
         shapes = self.root.input_shapes if self.root else ()
@@ -135,6 +153,7 @@ class Observer:
         self._restorer = Restorer()
         self._root: dict[str, Any] | None = None
         self._shapes: list[tuple[tuple[int, ...], ...]] = []
+        self._autocast_hook: Any = None  # on the root's first leaf, until the root's second call
         self._loaders: list[tuple[Any, CallSite | None]] = []
         self._iterated: list[int] = []
         self._optimizers: list[OptimizerInfo] = []
@@ -273,9 +292,41 @@ class Observer:
         }
         self._shapes.append(_shapes(args, {}))
         self._hook = module.register_forward_pre_hook(self._on_call, with_kwargs=True)
+        self._watch_autocast(module, first.device.type)
+
+    def _watch_autocast(self, root: Any, device: str) -> None:
+        """Whether the root's layers run under autocast, seen at its first leaf with parameters inside
+        the root's first call: a wrapper may enter autocast inside the root's forward (accelerate, and
+        so the Trainer's bf16=True), after the root's own hooks ran."""
+        import torch
+
+        leaf = next(
+            (
+                m
+                for m in root.modules()
+                if next(m.children(), None) is None and next(m.parameters(recurse=False), None) is not None
+            ),
+            None,
+        )
+        if leaf is None:
+            return
+        root_info, looked = self._root, []
+
+        def seen(module: Any, args: tuple[Any, ...]) -> None:
+            # once (removed at the root's next call: not while torch iterates the leaf's hooks)
+            if looked or torch.compiler.is_compiling():
+                return
+            looked.append(True)
+            if root_info is not None and torch.is_autocast_enabled(device):
+                root_info["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+
+        self._autocast_hook = leaf.register_forward_pre_hook(seen)
 
     def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._shapes.append(_shapes(args, kwargs))
+        if self._autocast_hook is not None:
+            self._autocast_hook.remove()
+            self._autocast_hook = None
         if len(self._shapes) >= INPUT_CALLS and self._hook is not None:
             self._hook.remove()
             self._hook = None

@@ -157,8 +157,9 @@ class FixSession:
     def _while_the_loader_paces(
         self, queue: list[tuple[int, Candidate]], kept: Tried
     ) -> list[tuple[int, Candidate]]:
-        """Where the kept configuration's processes still wait for their loader's workers a fifth of
-        the step or more, the loader is still the bottleneck: the larger worker counts left go first."""
+        """Where the kept configuration's processes still spend a fifth of the step or more on their
+        loader's batches (waiting for its workers, or making them on the training thread), the loader
+        is still the bottleneck: the larger worker counts left go first."""
         share = loader_wait_share(kept.candidate)
         if share is None or share < LOADER_PACES:
             return queue
@@ -168,9 +169,10 @@ class FixSession:
         ahead = more_workers_first(queue, have)
         if ahead[:1] != queue[:1] and ahead[0][1].fix.startswith("workers:"):
             more = worker_count(ahead[0][1].fix)
+            doing = "waiting for its DataLoader's workers" if have else "making its batches"
             self.notes.append(
-                f"with {'+'.join(self.final)} the loop still waited for its DataLoader's workers "
-                f"{100 * share:.0f}% of its step: {more} workers in place of {have} tried next"
+                f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step "
+                f"{doing}: {more} workers in place of {have} tried next"
             )
         return ahead
 
