@@ -22,9 +22,10 @@
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
 #                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
 #                    that is being timed: the queues' loaders and compile workers perturb it.
-#   mgo:PARALLEL[:PAIRS[:pin[:STEPS]]]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or fsdp)
-#                    --pairs PAIRS (default 4) --steps STEPS (default 100) on GPUs 0 and 1 (pin: --pin, each
-#                    rank on its GPU's local cores; "-" for none) -> $BG_OUT/mgo_PARALLEL[_pin]/
+#   mgo:PARALLEL[:PAIRS[:pin[:STEPS[:parts]]]]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or
+#                    fsdp) --pairs PAIRS (default 4) --steps STEPS (default 100) on GPUs 0 and 1 (pin: --pin,
+#                    each rank on its GPU's local cores; "-" for none; parts: --parts, the light phase with
+#                    NVML, then the allocator's history, off too) -> $BG_OUT/mgo_PARALLEL[_pin][_parts]/
 #   mg[:SCENARIOS[:pin]]  benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with
 #                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
@@ -51,8 +52,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
 step() {
-    local spec=$1 kind arg1 arg2 arg3 arg4
-    IFS=: read -r kind arg1 arg2 arg3 arg4 <<<"$spec"
+    local spec=$1 kind arg1 arg2 arg3 arg4 arg5
+    IFS=: read -r kind arg1 arg2 arg3 arg4 arg5 <<<"$spec"
     case "$kind" in
     tests)
         # the files that hold `gpu` tests (collecting every file would need every test dependency);
@@ -121,10 +122,11 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
     mgo)
         local cpu=()
         [ -n "${SMOKE:-}" ] && cpu=(--cpu)
-        local pin=() tag=""
+        local pin=() tag="" parts=()
         [ "${arg3:-}" = pin ] && pin=(--pin) tag=_pin
+        [ "${arg5:-}" = parts ] && parts=(--parts) tag=${tag}_parts
         CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/multi_gpu_overhead.py --out "$OUT_DIR/mgo_$arg1$tag" \
-            --parallel "$arg1" --pairs "${arg2:-4}" --steps "${arg4:-100}" "${cpu[@]}" "${pin[@]}"
+            --parallel "$arg1" --pairs "${arg2:-4}" --steps "${arg4:-100}" "${cpu[@]}" "${pin[@]}" "${parts[@]}"
         ;;
     mg)
         local cpu=() only=()
