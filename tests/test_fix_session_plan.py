@@ -586,3 +586,48 @@ def test_timm_convnext_gets_its_four_verdicts_within_five_minutes_with_pinned_ba
         (v.fix, v.reason) for v in report.verdicts
     ]
     assert clock.now <= 275.0
+
+
+def test_timm_convnext_gpu_bound_gets_workers_after_bfloat16_and_its_four_verdicts_within_five_minutes() -> (
+    None
+):
+    # GIVEN timm's ConvNeXt-tiny in float32 as the H100 saw it at 9c738e6: GPU-bound at 107 ms a step
+    # (no loader finding), each batch made in 63 ms on the training thread; bfloat16 takes the step to
+    # 78 ms, where the loader paces it (autocast and compile kept there: 70–85 ms). Rounds as long as
+    # they were there: the script's process 5.5 s, autocast against it in one process 20 s, a process
+    # with autocast 7.5 s (with workers, 9.6 s), TF32 / compile / channels_last / cuDNN's autotuner on top
+    # in one process 61 / 48 / 54 / 34 s
+    from gpudoctor.fixes.options import FixOptions
+    from gpudoctor.fixes.session import FixSession
+    from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
+
+    def finding(rule: str, saving: float) -> Finding:
+        return Finding(rule, Severity.of_saving(saving), rule, saving, (), Fix("fix it", ""), {}, ())
+
+    found = (("tensor_cores_unused", 33.1), ("tf32_not_bf16", 33.1), ("pageable_copy", 3.6))
+    diag = Diagnosis(SCHEMA, tuple(finding(r, s) for r, s in found), "", {})
+    clock = FakeClock()
+    step = {"baseline": 107e3, "autocast": 78e3, "autocast+workers:8": 33e3, "autocast+workers:8+pin_memory": 33e3,
+            "autocast+workers:8+tf32": 33e3, "autocast+workers:8+compile": 26e3,
+            **{f"autocast+workers:8+compile+{f}": 26e3 for f in ("tf32", "channels_last", "cudnn_benchmark")}}  # fmt: skip
+    launcher = FakeLauncher(clock, step, round_s=7.5, noise=0.03)
+    launcher.seen = {"conv2d": True}
+    launcher.fetch_us = 63e3
+    launcher.round_by = {"baseline": 5.5} | {k: 9.6 for k in step if "workers" in k}
+    blocks = {"tf32": 60.7, "compile": 47.7, "channels_last": 54.1, "cudnn_benchmark": 33.7}
+    launcher.block_round_by = {"autocast": 19.7} | {
+        f"autocast+workers:8{pin}+{fix}": s for fix, s in blocks.items() for pin in ("", "+pin_memory")
+    }
+    report = FixSession(
+        launcher, FixOptions(budget_s=275.0), diag, argv=("t.py",), started_at="now", clock=clock
+    ).run()
+    # THEN once bfloat16 is kept the most workers the free cores allow go next, and are kept
+    fixes = [v.fix for v in report.verdicts]
+    assert fixes[:2] == ["autocast", "autocast+workers:8"] and report.verdicts[1].kept
+    assert any("making its batches: 8 workers in place of 0" in n for n in report.notes)
+    # AND the four most promising (bfloat16, TF32, pinned batches, compile) still get their verdicts
+    last = {f.split("+")[-1]: v for f, v in zip(fixes, report.verdicts, strict=True)}
+    assert all(last[f].verdict is not None for f in ("autocast", "tf32", "pin_memory", "compile")), [
+        (v.fix, v.reason) for v in report.verdicts
+    ]
+    assert {"autocast", "workers:8", "compile"} <= set(report.final) and clock.now <= 275.0

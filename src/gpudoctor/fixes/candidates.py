@@ -291,12 +291,16 @@ def loader_wait_share(rounds: Sequence[RoundResult]) -> float | None:
 
 
 def more_workers_first(queue: list[tuple[int, Candidate]], have: int) -> list[tuple[int, Candidate]]:
-    """The candidates left, the worker counts above `have` (the kept one, else the script's own) moved
-    to the front, the largest first: where the loader still paces the loop on top of what is kept, it is
-    still the bottleneck, and a GPU fix timed on top of it shows little (it is not timed again)."""
+    """The candidates left, the largest worker count above `have` (the kept one, else the script's
+    own) moved to the front: where the loader still paces the loop on top of what is kept, it is still
+    the bottleneck, and a GPU fix timed on top of it shows little (it is not timed again). The smaller
+    counts keep their places: each is a minute or more of process pairs, which a 5-minute budget
+    spends on the four most promising fixes instead."""
     more = [qc for qc in queue if qc[1].fix.startswith("workers:") and worker_count(qc[1].fix) > have]
-    more.sort(key=lambda qc: -worker_count(qc[1].fix))
-    return more + [qc for qc in queue if qc not in more]
+    if not more:
+        return queue
+    top = max(more, key=lambda qc: worker_count(qc[1].fix))
+    return [top] + [qc for qc in queue if qc is not top]
 
 
 def worker_count(fix: str) -> int:
