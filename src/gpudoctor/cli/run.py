@@ -5,6 +5,7 @@ a few traced, the run directory written) and the report is printed and written a
 
 from __future__ import annotations
 
+import contextlib
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -146,9 +147,15 @@ def run_and_report(
         return record.exit_code
     if report.rank is not None and report.alignment is None:  # one rank of several, not the one combining
         return record.exit_code
-    if report.run_dir is not None and report.analysis is not None:
-        _write_html(Path(report.run_dir), report, console)
-    render_report(report, console)
+    # under torchrun, the rank that combined after another failed is told to stop (SIGTERM) while it
+    # prints: held off until its report is out (torchrun kills it outright after its grace time)
+    from gpudoctor.runner.ranks import sigterm_held
+
+    with sigterm_held() if report.rank is not None else contextlib.nullcontext():
+        render_report(report, console)
+        console.file.flush()
+        if report.run_dir is not None and report.analysis is not None:
+            _write_html(Path(report.run_dir), report, console)
     return record.exit_code
 
 

@@ -29,7 +29,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -355,6 +355,22 @@ def connect_store(env: RankEnv, timeout_s: float) -> tuple[Any, str | None]:
     except Exception as err:
         return None, f"{type(err).__name__}: {err}"
     return PrefixStore(f"gpudoctor/{env.run_id}/", store), None
+
+
+@contextlib.contextmanager
+def sigterm_held() -> Iterator[list[int]]:
+    """SIGTERM noted, not acted on, inside the block (the main thread only): the rank that combined
+    prints its report while torchrun, one rank having failed, stops the others; the default action would
+    end it half-way and lose its buffered output (torchrun kills it outright after its own grace time)."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield got
+        return
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _agree_out(store: Any, env: RankEnv, proposed: Path) -> Path:
