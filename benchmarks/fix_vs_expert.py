@@ -298,6 +298,9 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
         "final_saving_pct": report["final_saving_pct"],
         "baseline_step_ms": report["baseline_us"] / 1e3 if report.get("baseline_us") else None,
         "kept_all_faster": all(v["verdict"] == "faster" for v in kept),
+        # the acceptance: none slower (a worker count is kept where it frees the training thread and the
+        # GPU then paces the loop: no faster alone, but no slower)
+        "kept_none_slower": all(v["verdict"] != "slower" for v in kept),
         "kept_all_numerics_ok": all(v["numerics"] is None or v["numerics"]["ok"] for v in kept),
         "fixes": [
             {
@@ -464,7 +467,8 @@ def _line(r: dict[str, Any]) -> str:
         else ""
     )
     return (f"{r['workload']}: kept {'+'.join(fix['final']) or 'nothing'}; {speed} ({share}); "
-            f"kept all faster {fix['kept_all_faster']}, numerics ok {fix['kept_all_numerics_ok']}; "
+            f"kept all faster {fix['kept_all_faster']}, none slower {fix.get('kept_none_slower')}, "
+            f"numerics ok {fix['kept_all_numerics_ok']}; "
             f"verdicts on the first 4: {fix.get('verdicts_on_first_4')}; {r.get('wall_s', 0):.0f} s")  # fmt: skip
 
 

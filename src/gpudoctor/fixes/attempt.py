@@ -10,7 +10,7 @@ import itertools
 import statistics
 from dataclasses import dataclass, field
 
-from gpudoctor.fixes.candidates import Candidate
+from gpudoctor.fixes.candidates import LOADER_PACES, Candidate, loader_wait_share
 from gpudoctor.fixes.catalog import spec_of, title_of
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
@@ -113,6 +113,25 @@ def beyond_early_effect(timing: PairedComparison) -> bool:
     return False
 
 
+def frees_the_training_thread(at: Attempt, timing: PairedComparison, same_within: float) -> str | None:
+    """Why a worker count that was not faster beyond noise is kept all the same, or None: it took the
+    loader's batches off the training thread — the share of its step spent on them fell by LOADER_PACES
+    or more — and it is no slower. The loop was bound by the GPU as well (the batches were made while
+    it ran); the GPU's fixes timed on top of it now show their gain, where against the script the loader
+    would have hidden it. The whole configuration is checked against the script at the end."""
+    fix = at.cand.fix if at.cand else ""
+    if not fix.startswith("workers:") or timing.verdict == "slower" or timing.ratio > 1 + same_within:
+        return None
+    before, after = loader_wait_share(at.base), loader_wait_share(at.runs)
+    if before is None or after is None or before - after < LOADER_PACES:
+        return None
+    return (
+        f"it frees the training thread, which spent {100 * before:.0f}% of its step on the DataLoader's "
+        f"batches and now {100 * after:.0f}% waiting for them (the GPU paces the loop: fixes on top show "
+        "their gain)"
+    )
+
+
 def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
     fixes, cand, runs = at.fixes, at.cand, at.runs
     timing = timing_of(at, same_within) if runs else None
@@ -123,6 +142,10 @@ def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
     kept, reason = decision(timing, at.numerics, failure)
     if stalled is not None and failure is None:
         kept, reason = False, stalled  # no verdict on a stall's figure
+    elif not kept and failure is None and timing is not None and (at.numerics is None or at.numerics.ok):
+        freed = frees_the_training_thread(at, timing, same_within)
+        if freed is not None:
+            kept, reason = True, f"{reason}; kept: {freed}"
     compile_s = (
         statistics.mean(r.compile_s for r in runs) if runs and any(r.compile_s for r in runs) else None
     )
