@@ -48,6 +48,7 @@ def plain(tmp: Path, env: dict[str, str], nproc: int) -> dict[str, Any]:
     checked(torchrun([str(TRAIN)], {**env, "TIMES_OUT": str(times)}, nproc=nproc), "plain")
     ranks = [json.loads((times / f"rank{r}.json").read_text()) for r in range(nproc)]
     return {
+        "quarter_means_us": quarter_means([r["times_us"] for r in ranks]),
         "median_us": max(r["median_us"] for r in ranks),
         "mean_us": max(r["mean_us"] for r in ranks),
         # like for like with the light phase's mean: its unsettled head left out as gpudoctor's is
@@ -66,12 +67,23 @@ def light(tmp: Path, env: dict[str, str], nproc: int, flags: list[str]) -> dict[
     lights = [RunRecord.from_json(json.loads((f / "record.json").read_text())).light for f in folders]
     every = [(*(x.settling.dropped_us if x.settling else ()), *x.times_us) for x in lights if x]
     return {
+        "quarter_means_us": quarter_means(every),  # its head too: where the steps drift, and how
         "median_us": max(x.median_us for x in lights if x),
         "mean_us": max(x.mean_us for x in lights if x),  # its kept steps: what gpudoctor reports
         "settled_mean_us": max(x.mean_us for x in lights if x),
         "all_mean_us": max(statistics.fmean(t) for t in every if t),  # its head too, as plain's mean_us
         "steps": min(len(x.times_us) for x in lights if x),
     }
+
+
+def quarter_means(ranks: list[Any]) -> list[float]:
+    """The mean step of each quarter of the timed steps, the slowest rank's at each: a drift within the
+    process (the DDP step on one H100 host went from 21.5 to 33.9 ms over 400 plain steps) shows here."""
+    out = []
+    for k in range(4):
+        means = [statistics.fmean(q) for t in ranks if (q := t[k * len(t) // 4 : (k + 1) * len(t) // 4])]
+        out.append(max(means) if means else float("nan"))
+    return out
 
 
 def main() -> int:
@@ -122,7 +134,8 @@ def main() -> int:
                     for side in order
                 }
                 rows.setdefault(variant, []).append({"b_first": b_first, **got})
-                print(variant, {k: round(v["mean_us"] / 1e3, 2) for k, v in got.items()}, flush=True)
+                print(variant, {k: round(v["mean_us"] / 1e3, 2) for k, v in got.items()},
+                      {k: [round(q / 1e3, 1) for q in v["quarter_means_us"]] for k, v in got.items()}, flush=True)  # fmt: skip
     table = {}
     for variant, pairs in rows.items():
         # like for like: each side's mean without its unsettled head (the light phase leaves it out)
