@@ -177,7 +177,7 @@ class FixSession:
     ) -> list[tuple[int, Candidate]]:
         """Where the kept configuration's processes still spend a fifth of the step or more on their
         loader's batches (waiting for its workers, or making them on the training thread), the loader
-        is still the bottleneck: the larger worker counts left go first."""
+        is still the bottleneck: the largest worker count left goes first (`more_workers_first`)."""
         share = loader_wait_share(kept.candidate)
         if share is None or share < LOADER_PACES:
             return queue
