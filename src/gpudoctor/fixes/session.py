@@ -168,7 +168,7 @@ class FixSession:
             return queue
         self.notes.append(
             f"the training thread spent {100 * share:.0f}% of the script's step on its DataLoader's batches: "
-            f"{worker_count(first[1].fix)} workers tried first"
+            f"{_workers(worker_count(first[1].fix))} tried first"
         )
         return [first] + [qc for qc in queue if qc is not first]
 
@@ -190,7 +190,7 @@ class FixSession:
             doing = "waiting for its DataLoader's workers" if have else "making its batches"
             self.notes.append(
                 f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step "
-                f"{doing}: {more} workers in place of {have} tried next"
+                f"{doing}: {_workers(more)} in place of {have} tried next"
             )
         return ahead
 
@@ -652,3 +652,7 @@ class FixSession:
             elapsed_s=self.clock() - self.start,
             baseline_spread_pct=spread,
         )
+
+
+def _workers(n: int) -> str:
+    return f"{n} worker" if n == 1 else f"{n} workers"
