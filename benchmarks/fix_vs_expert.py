@@ -110,9 +110,15 @@ def time_config(
            str(WORKLOADS_DIR / f"{name}.py"), *WORKLOADS[name][0], *(["--expert"] if expert else []),
            *(["--small"] if a.smoke else [])]  # fmt: skip
     proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
-    if not target.exists():
-        return {"step_s": None, "error": (proc.stdout + proc.stderr)[-800:]}
-    return json.loads(target.read_text())
+    target.with_suffix(".log").write_text(proc.stdout + proc.stderr)
+    try:
+        return json.loads(target.read_text())
+    except (
+        OSError,
+        ValueError,
+    ) as err:  # none written, or not whole: the round has no figure, the rest go on
+        why = f"{type(err).__name__}: {err}; exit {proc.returncode}"
+        return {"step_s": None, "error": f"{why}: {(proc.stdout + proc.stderr)[-800:]}"}
 
 
 def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from gpudoctor.report.console import SafeConsole
 from gpudoctor.report.fix_view import saving_cell
 from gpudoctor.report.memory_view import render_memory_run
 from gpudoctor.report.terminal import profiler_options
+from gpudoctor.timing.blocks import Block, Redone
 from gpudoctor.timing.paired import Pair
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -147,3 +148,19 @@ def test_a_stall_dominated_fix_is_not_kept_and_its_table_cell_says_so() -> None:
     v = verdict_of(at, 0.02)
     assert v.stalled is not None and not v.kept and v.reason == v.stalled
     assert saving_cell(v) == "stalled: no figure" and "%" not in saving_cell(v)
+
+
+def test_a_fix_whose_blocks_recompiled_is_judged_on_the_blocks_timed_again_and_says_so() -> None:
+    # GIVEN compile switched in blocks (8 ms against 10 ms a step), one compiled block set aside: it
+    # recompiled for 20 s on a new batch shape (Lightning's epoch end on the H200 read "stalled")
+    blocks = tuple(
+        Block(on, 50, 50 * (8_000.0 if on else 10_000.0), (8_000.0 if on else 10_000.0,) * 50, "cuda_events")
+        for _ in range(8)
+        for on in (False, True)
+    )
+    run = RoundResult(("compile",), "stopped", 0, switch=("compile",), blocks=blocks,
+                      redone=(Redone(True, 50, 20.4e6, 20.0),))  # fmt: skip
+    v = verdict_of(Attempt(("compile",), None, runs=[run], in_blocks=True), 0.02)
+    # THEN the figure is the blocks' (20% saved), no stall, and the verdict says what was timed again
+    assert v.stalled is None and v.measured_saving_pct == pytest.approx(20.0) and v.verdict == "faster"
+    assert any("1 block timed again: the process compiled inside it (20.0 s" in c for c in v.changes)

@@ -303,6 +303,32 @@ def test_plain_compile_takes_cuda_graphs_place_as_a_second_compiled_forward(
     assert r.patches["compile:reduce-overhead"].applied and r.patches["compile"].applied
 
 
+RESHAPED = """\
+import torch
+
+torch._dynamo.config.automatic_dynamic_shapes = False  # every new shape compiles anew
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).eval()
+with torch.no_grad():
+    for step in range(100_000):
+        rows = 3 + step - 24 if 24 <= step < 30 else 2  # a few batches of other sizes, mid-run
+        model(torch.randn(rows, 8))
+"""
+
+
+def test_a_block_in_which_the_compiled_side_recompiled_is_timed_again(tmp_path: Path) -> None:
+    # GIVEN compile switched in blocks, and batches of new sizes in the middle of the blocks (an epoch's
+    # last batch: Lightning's compiled model recompiled for 20 s inside a block on the H200)
+    r = child(tmp_path, RESHAPED, "--fixes", "compile", "--switch", "compile", "--compile-backend", "eager",
+              *BLOCKS)  # fmt: skip
+    assert r.failure is None and r.switch_error is None and len(r.blocks) == 4
+    # THEN the compiled side's blocks that recompiled were set aside and timed again; no compilation
+    # is left in the blocks that count
+    assert r.redone and all(b.candidate and b.disturbed_s > 0 for b in r.redone)
+    assert all(b.elapsed_us > 1e6 * b.disturbed_s for b in r.redone)
+    assert r.compile_timed_s == 0.0
+    assert [b.candidate for b in r.blocks] == sides(r.block_layout.b_first) if r.block_layout else False
+
+
 def test_float16_autocast_records_the_loss_before_it_is_scaled(tmp_path: Path) -> None:
     ref = child(tmp_path, TRAIN.format(extra="pass"))
     r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "autocast:float16")

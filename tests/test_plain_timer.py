@@ -53,3 +53,35 @@ def test_a_first_step_longer_than_discovery_waits_is_timed_by_its_real_steps(
     result = json.loads(out.read_text())
     assert len(result["windows"]) == 2 and all(n >= 20 for _, n in result["windows"])
     assert 0.003 <= result["step_s"] < 0.02
+
+
+RECOMPILES = """\
+import torch
+
+torch._dynamo.config.automatic_dynamic_shapes = False  # a new shape compiles anew
+model = torch.compile(torch.nn.Linear(4, 1), backend="eager")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for i in range(100_000):
+    rows = 7 if i == 60 else 8  # an epoch's last, smaller batch
+    loss = model(torch.randn(rows, 4)).sum()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def test_a_window_in_which_the_script_recompiled_is_set_aside_and_timed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a compiled model that meets a smaller batch once, mid-run (Lightning's expert recompiled
+    # for 19.6 s in a window of 1 s on the H200, and read 0.61× the script)
+    script, out = tmp_path / "train.py", tmp_path / "t.json"
+    script.write_text(RECOMPILES)
+    monkeypatch.setattr(sys, "argv", ["plain_timer.py", "--out", str(out), "--warmup", "5", "--window-s", "0.0",
+                                      "--windows", "80", "--", str(script)])  # fmt: skip
+    assert plain_timer.main() == 0
+    # THEN the window with the recompilation is set aside, 80 others are timed, and none compiled
+    result = json.loads(out.read_text())
+    assert len(result["recompiled"]) == 1 and result["recompiled"][0][2] > 0
+    assert len(result["windows"]) == 80
+    assert not (tmp_path / "t.json.partial").exists()

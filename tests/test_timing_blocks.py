@@ -188,3 +188,63 @@ def test_recorded_loops_replayed_through_the_schedule_hold_5pct_and_find_10pct(n
     # whose slow spells of ~10 steps are most of an 18-step block; 69% before), 100% (item_logging)
     least = {"torchvision_augment": 0.9, "hf_trainer_bert": 0.6, "item_logging": 0.99}[name]
     assert sum(v == "faster" for v in ten) / len(ten) >= least
+
+
+class RecompilingLoop:
+    """Steps of 10 ms (the candidate's 8 ms); on the candidate's configuration, the steps listed in
+    `compiles_at` (counted from the first) recompile for 20 s inside the step, as a compiled model does
+    on an epoch's last, smaller batch."""
+
+    def __init__(self, compiles_at: set[int]) -> None:
+        self.now, self.on, self.step, self.compiled_s = 0.0, True, 0, 0.0
+        self.compiles_at = compiles_at
+
+    def now_us(self) -> float:
+        return self.now
+
+    def switch(self, on: bool) -> None:
+        self.on = on
+
+    def run_one_step(self) -> None:
+        self.step += 1
+        self.now += 8_000.0 if self.on else 10_000.0
+        if self.on and self.step in self.compiles_at:
+            self.compiled_s += 20.0
+            self.now += 20e6
+
+
+def run_recompiling(loop: RecompilingLoop, plan: BlockPlan) -> BlockSchedule:
+    schedule = BlockSchedule(plan, loop.switch, host=loop, disturbed=lambda: loop.compiled_s)
+    while not schedule.boundary():
+        loop.run_one_step()
+    return schedule
+
+
+def test_a_block_that_compiled_is_timed_again() -> None:
+    """A recompilation inside a block (20 s in a block of 0.5 s: Lightning's compiled model on the
+    epoch's last batch read "a stall of the machine" on the H200) is set aside and the block timed again,
+    in its place in the pair; the schedule's pairs then hold the configurations' paces alone."""
+    plan = replace(PLAN, seed=3)
+    schedule = run_recompiling(RecompilingLoop({200}), plan)
+    assert len(schedule.redone) == 1
+    (r,) = schedule.redone
+    assert r.candidate and r.disturbed_s == 20.0 and r.elapsed_us > 20e6
+    assert len(schedule.blocks) == 2 * plan.pairs
+    assert [b.candidate for b in schedule.blocks] == schedule.order
+    assert all(b.mean_us == pytest.approx(8_000 if b.candidate else 10_000) for b in schedule.blocks)
+    saving = paired_compare(block_pairs(schedule.blocks))
+    assert saving.verdict == "faster" and saving.ratio == pytest.approx(0.8)
+
+
+def test_compilations_past_the_redo_limit_are_the_loops_own() -> None:
+    """A model that recompiles in block after block pays for it every time: past `redo` blocks timed
+    again, the blocks count as they ran."""
+    plan = replace(PLAN, seed=3, redo=2)
+    schedule = run_recompiling(RecompilingLoop(set(range(100, 100_000, 40))), plan)
+    assert len(schedule.redone) == 2 and len(schedule.blocks) == 2 * plan.pairs
+    assert any(b.mean_us > 100_000 for b in schedule.blocks if b.candidate)
+
+
+def test_without_a_compile_clock_nothing_is_redone() -> None:
+    schedule = run(LoaderLoop(1, 1.0), replace(PLAN, seed=3))
+    assert schedule.redone == [] and len(schedule.blocks) == 2 * PLAN.pairs

@@ -160,6 +160,14 @@ def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
         changes += (
             f"recompiled during the timed steps ({recompiled:.1f} s, counted in them): raise --warmup",
         )
+    redone = [b for r in runs for b in r.redone]
+    if redone:
+        n = len(redone)
+        changes += (
+            f"{n} block{'s' if n > 1 else ''} timed again: the process compiled inside "
+            f"{'them' if n > 1 else 'it'} ({sum(b.disturbed_s for b in redone):.1f} s, a recompilation "
+            "paid once — a new input shape, say — not the configuration's pace)",
+        )
     lo, hi = timing.saving_ci if timing else (None, None)
     base_steps, cand_steps = step_distributions(at) if runs else (None, None)
     return FixVerdict(

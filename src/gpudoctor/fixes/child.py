@@ -94,6 +94,10 @@ class CompileClock:
     def total_s(self) -> float:
         return self._time.total_s
 
+    def seconds(self) -> float:
+        """Spent compiling so far, the compilation under way included."""
+        return self._time.seconds()
+
     def apply(self) -> None:
         self._time.install()
 
@@ -180,10 +184,12 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         blocks=plan,
         settle=False,  # a round is its --steps and --steps-s: what A and B share cancels in their pairs
     )
-    capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher)
     compiling = any(f.startswith("compile") for f in (*fixes, *replaced))
     # counted where steps are timed: a variant compiled in the blocks' prewarm is not a recompilation
     clock = CompileClock(lambda: capture.timing) if compiling else None
+    capture = LiveCapture(
+        Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds if clock else None
+    )
     end: ScriptEnd | None = None
     failed: str | None = None
     kind, values, observations = "none", [], None
@@ -210,6 +216,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         result,
         switch=switch,
         blocks=capture.blocks,
+        redone=capture.redone,
         block_layout=capture.block_layout,
         switch_error=switcher.error,
         outputs_kind=kind,
@@ -241,7 +248,10 @@ def _result(
         step_times_us=tuple(light.times_us) if light else (),
         steps_seen=capture.steps_seen,
         compile_s=clock.total_s if clock else 0.0,
-        compile_timed_s=clock.timed_s if clock else 0.0,
+        # a recompilation in a block that was timed again is not in the step times
+        compile_timed_s=max(0.0, clock.timed_s - sum(r.disturbed_s for r in capture.redone))
+        if clock
+        else 0.0,
         error=" ".join(error.split())[:500] if error else None,
         oom=_is_oom(end.error if end else None),
         device=_device(capture),

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.patches.base import PatchOutcome
-from gpudoctor.timing.blocks import Block, BlockLayout
+from gpudoctor.timing.blocks import Block, BlockLayout, Redone
 from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.fix-round/1"
@@ -46,6 +46,7 @@ class RoundResult(Serialized):
     blocks: tuple[Block, ...] = ()
     block_layout: BlockLayout | None = None
     switch_error: str | None = None  # a fix that could not be switched (its A/B needs fresh processes)
+    redone: tuple[Redone, ...] = ()  # blocks set aside and timed again: the process compiled inside them
     leftover_processes: int = 0  # left running in its process group when it ended (then killed)
     schema: str = SCHEMA
 

@@ -32,7 +32,7 @@ from gpudoctor.runner.rundir import PROFILER_LOG, TRACE_FILE, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
-    from gpudoctor.timing.blocks import Block, BlockLayout, BlockPlan, BlockSchedule
+    from gpudoctor.timing.blocks import Block, BlockLayout, BlockPlan, BlockSchedule, Redone
     from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = TRACE_FILE
@@ -109,9 +109,13 @@ class LiveCapture:
         script_files: tuple[str, ...] = (),
         on_phase: Callable[[str, LiveCapture], None] | None = None,
         on_switch: Callable[[bool], None] | None = None,
+        disturbed: Callable[[], float] | None = None,
     ) -> None:
         self.out_dir = out_dir
         self.on_switch = on_switch
+        self.disturbed = (
+            disturbed  # with blocks: seconds spent compiling so far (a block that moved it is redone)
+        )
         self.options = options
         self.script_files = script_files
         # Told of each phase it enters ("light", "traced", "done"): runner.ranks, whose ranks must enter
@@ -143,6 +147,7 @@ class LiveCapture:
         self._clock: StepClock | None = None
         self._blocks: BlockSchedule | None = None
         self.blocks: tuple[Block, ...] = ()  # the light phase's blocks, with LiveOptions.blocks
+        self.redone: tuple[Redone, ...] = ()  # blocks set aside and timed again (the process compiled)
         self.block_layout: BlockLayout | None = None  # their calibration, period, steps and orders
         self._cuda = False
         self._detector: StepDetector | None = None
@@ -416,7 +421,11 @@ class LiveCapture:
         if plan is not None:
             sync = torch.cuda.synchronize if self._cuda else None
             self._blocks = BlockSchedule(
-                plan, self.on_switch or (lambda on: None), cuda=self._cuda, sync=sync
+                plan,
+                self.on_switch or (lambda on: None),
+                cuda=self._cuda,
+                sync=sync,
+                disturbed=self.disturbed,
             )
             self._blocks.boundary()
             return
@@ -426,6 +435,7 @@ class LiveCapture:
     def _end_light(self) -> None:
         if self._blocks is not None:
             self.blocks = tuple(self._blocks.blocks)
+            self.redone = tuple(self._blocks.redone)
             self.block_layout = self._blocks.layout
             clock = self.blocks[0].clock if self.blocks else ("cuda_events" if self._cuda else "perf_counter")
             self.light = StepTimes(clock, tuple(t for b in self.blocks for t in b.step_times_us))
