@@ -1,0 +1,243 @@
+"""What `gpudoctor run`'s light phase costs a data-parallel step, with the drift between and within
+processes cancelled: each rank of benchmarks/multi_gpu_train.py's loop (DDP ResNet-50 bf16, FSDP2, a
+straggler, an uneven batch) alternates blocks of steps with and without gpudoctor's capture installed —
+its step detector, its step clock's CUDA events, its reads of the allocator's statistics, its NVML
+sampler, the allocator's history in its warm-up — in pairs whose order is a coin (`timing.paired`),
+and the loop times each block itself, synchronized at its two ends. The paired sign-flip test over the
+block pairs (`gpudoctor fix`'s) gives the light phase's cost as a ratio with its 95% interval.
+
+Process pairs could not bound that cost to ±5% on these hosts: plain processes of the same DDP script
+were 7–48% apart, and their steps drifted 24–35 ms inside one process
+(multi_gpu_overhead_*.json). Adjacent blocks of one process share its start, its GPU's clocks and
+whatever state the process drifts through.
+
+Each B block installs a fresh `runner.capture.LiveCapture` (as `gpudoctor run` and `gpudoctor.profile()`
+do), runs untimed until every rank's capture is in its light phase (its warm-up, with the allocator's
+history on, is not the light phase), times its steps, and uninstalls it; each A block runs SETTLE
+untimed steps, then its steps. Every rank takes the same blocks at the same steps (the seed and the
+block's steps are agreed). Left out: the store posts by which `gpudoctor run`'s ranks agree where the
+light phase ends (a few in a run, not per step).
+
+    PYTHONPATH=src python3 benchmarks/light_toggle.py --out $OUT [--nproc 2] [--pairs 10] \\
+        [--cases ddp,straggler,uneven,fsdp] [--block-s 1.0]
+    PYTHONPATH=src python3 benchmarks/light_toggle.py --out /tmp/t --cpu --pairs 2 --cases ddp   # the CPU path
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SETTLE = 3  # untimed steps before an A block (a B block: until every rank's capture is in its light phase)
+MAX_SETTLE = 200  # a B block's untimed steps at most (the capture's warm-up is capped at 53)
+CALIBRATE = 10  # steps timed after the warm-up: the pace that sizes the blocks
+SCHEMA = "gpudoctor.bench.light_toggle/1"
+CASES: dict[str, dict[str, str]] = {
+    "ddp": {"PARALLEL": "ddp"},
+    "straggler": {"PARALLEL": "ddp", "STRAGGLE_MS": "15"},
+    "uneven": {"PARALLEL": "ddp", "UNEVEN": "1.5"},
+    "fsdp": {"PARALLEL": "fsdp"},
+}
+
+
+def light_options() -> Any:
+    """`gpudoctor run --light`'s light phase, held open: no end of its own while a block runs."""
+    from gpudoctor.runner.capture import LiveOptions
+
+    return LiveOptions(warmup=3, warmup_seconds=0.0, light_steps=10**9, light_seconds=1e9, light_only=True,
+                       run_to_end=True, settle=False, nvml=True, memory_history="outside-light")  # fmt: skip
+
+
+def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
+    """One rank of the toggled loop (under torchrun)."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from multi_gpu_train import BATCH, SHARED, STRAGGLE_S, UNEVEN, build, parallel, pin_to_gpu_cores
+
+    from gpudoctor.runner.capture import LiveCapture
+    from gpudoctor.timing.paired import random_orders, sides
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    cores = pin_to_gpu_cores(local)
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    torch.manual_seed(0)
+    model = parallel(build(device), local, cuda)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    size = 224 if os.environ.get("MODEL", "resnet50") != "tiny" else 64
+    batch = round(BATCH * UNEVEN) if rank == 1 else BATCH
+    if SHARED != 1:
+        batch = round(BATCH * (1 + SHARED) / 2)
+    images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
+    labels = torch.randint(0, 1000, (batch,), device=device)
+    straggle = STRAGGLE_S if rank == 1 else 0.0
+
+    def step() -> None:
+        if straggle:
+            end = time.perf_counter() + straggle
+            while time.perf_counter() < end:
+                pass
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            loss = F.cross_entropy(model(images), labels)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def agreed(value: float, op: Any) -> float:
+        t = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(t, op=op)
+        return float(t.item())
+
+    warmup_s = float(os.environ.get("WARMUP_S", "3"))
+    started = time.perf_counter()
+    while agreed(time.perf_counter() - started, dist.ReduceOp.MIN) < warmup_s:
+        step()
+    sync()
+    t0 = time.perf_counter()
+    for _ in range(CALIBRATE):
+        step()
+    sync()
+    pace = agreed((time.perf_counter() - t0) / CALIBRATE, dist.ReduceOp.MAX)
+    steps = max(2, math.ceil(block_s / pace))
+    b_first = random_orders(pairs, np.random.default_rng(seed))
+    blocks: list[dict[str, Any]] = []
+    tmp = Path(tempfile.mkdtemp(prefix=f"light_toggle_rank{rank}_"))
+    for k, on in enumerate(sides(b_first)):
+        capture = None
+        if on:
+            capture = LiveCapture(tmp / f"block{k}", light_options(), (str(Path(__file__).resolve()),))
+            capture.install()
+        settle = 0
+        while True:  # untimed: every rank ready (its capture in the light phase), the same step on each
+            step()
+            settle += 1
+            ready = capture is None or capture.phase == "light"
+            if settle >= (1 if on else SETTLE) and agreed(1.0 if ready else 0.0, dist.ReduceOp.MIN) > 0:
+                break
+            if settle >= MAX_SETTLE:
+                raise SystemExit(f"rank {rank}: the capture found no light phase in {MAX_SETTLE} steps")
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        elapsed = time.perf_counter() - t0
+        phase = capture.phase if capture is not None else None
+        if capture is not None:
+            capture.uninstall()
+        blocks.append({"candidate": on, "steps": steps, "elapsed_us": 1e6 * elapsed, "settle": settle,
+                       "phase": phase})  # fmt: skip
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"rank": rank, "batch": batch, "cores": cores, "pace_us": 1e6 * pace, "block_steps": steps,
+           "b_first": list(b_first), "blocks": blocks}  # fmt: skip
+    (out / f"rank{rank}.json").write_text(json.dumps(doc))
+    dist.barrier()  # every rank tears down together (gloo aborted one that did so alone, 1 run in 6)
+    dist.destroy_process_group()
+
+
+def compare(ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    """The block pairs (each block's time the slowest rank's) and the paired test on them. Pure."""
+    from gpudoctor.timing.paired import paired_compare, pairs_in_order
+
+    n = len(ranks[0]["blocks"])
+    if any(len(r["blocks"]) != n for r in ranks):
+        raise ValueError("the ranks timed different numbers of blocks")
+    blocks = []
+    for k in range(n):
+        row = [r["blocks"][k] for r in ranks]
+        if len({b["candidate"] for b in row}) != 1:
+            raise ValueError(f"block {k}: the ranks ran different sides")
+        if row[0]["candidate"] and any(b["phase"] != "light" for b in row):
+            raise ValueError(f"block {k}: a capture left its light phase while the block ran")
+        blocks.append((row[0]["candidate"], max(b["elapsed_us"] for b in row) / row[0]["steps"]))
+    pairs = pairs_in_order(blocks)
+    cmp = paired_compare(pairs, unit="block pair")
+    a = [m for on, m in blocks if not on]
+    b = [m for on, m in blocks if on]
+    return {
+        "ratio": cmp.ratio,
+        "ci95": [cmp.ci_low, cmp.ci_high],
+        "p_value": cmp.p_value,
+        "verdict": cmp.verdict,
+        "test": cmp.test,
+        "within_5pct": cmp.ci_low >= 0.95 and cmp.ci_high <= 1.05,
+        "pairs": len(pairs),
+        "plain_block_mean_us": statistics.fmean(a),
+        "light_block_mean_us": statistics.fmean(b),
+        # the drift the pairs cancel: the plain blocks' spread over the run
+        "plain_blocks_spread_pct": 100 * (max(a) - min(a)) / statistics.median(a),
+        "block_steps": ranks[0]["block_steps"],
+        "b_settle_steps": [b["settle"] for r in ranks[:1] for b in r["blocks"] if b["candidate"]],
+    }
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", type=Path)
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--pairs", type=int, default=10)
+    p.add_argument("--block-s", type=float, default=1.0, help="each block's length at the calibrated pace")
+    p.add_argument("--cases", default="ddp,straggler,uneven,fsdp")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--pin", action="store_true", help="every rank on its share of its GPU's local cores")
+    p.add_argument(
+        "--cpu", action="store_true", help="gloo on the CPU with a tiny CNN: the path, not the figures"
+    )
+    p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # a rank, under torchrun
+    args = p.parse_args()
+    if args.worker is not None:
+        worker(args.worker, args.pairs, args.block_s, args.seed)
+        return 0
+    if args.out is None:
+        p.error("--out is required")
+    if args.pairs < 2:
+        p.error("--pairs: a paired comparison needs two pairs or more")
+    unknown = [c for c in args.cases.split(",") if c not in CASES]
+    if unknown:
+        p.error(f"--cases: unknown {', '.join(unknown)} (of {', '.join(CASES)})")
+    from multi_gpu import checked, environment, run_env, torchrun
+
+    table: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory() as name:
+        for case in args.cases.split(","):
+            env = {**run_env(args.cpu), **CASES[case], **({"PIN_CORES": "1"} if args.pin else {})}
+            folder = Path(name) / case
+            cmd = [str(Path(__file__).resolve()), "--worker", str(folder), "--pairs", str(args.pairs),
+                   "--block-s", str(args.block_s), "--seed", str(args.seed)]  # fmt: skip
+            checked(torchrun(cmd, env, timeout=900, nproc=args.nproc), f"light_toggle {case}")
+            ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(args.nproc)]
+            table[case] = {**compare(ranks), "ranks": ranks}
+            t = table[case]
+            lo, hi = t["ci95"]
+            print(f"{case:10s} light/plain {t['ratio']:.4f}× (95% {lo:.4f}–{hi:.4f}, {t['verdict']}) over "
+                  f"{t['pairs']} block pairs of {t['block_steps']} steps; plain blocks "
+                  f"{t['plain_blocks_spread_pct']:.1f}% apart", flush=True)  # fmt: skip
+    result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
+              "pinned": args.pin, "pairs": args.pairs, "block_s": args.block_s, "table": table}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"light_toggle_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
