@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.fixes.candidates import choose, defer_answered, worker_values
+from gpudoctor.fixes.candidates import choose, defer_answered, defer_under_compile, worker_values
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
 from gpudoctor.runner.hooks import CallSite
@@ -79,6 +79,22 @@ def test_bfloat16_for_tf32_convolutions_is_not_taken_as_answered_by_cuda_graphs(
     assert order.index("autocast") < order.index("tf32") and order.index("autocast") < order.index(
         "fused_optimizer"
     )
+
+
+def test_channels_last_waits_behind_the_rest_once_compile_is_kept() -> None:
+    # GIVEN a float32 convolution net whose candidates (in their order) include channels_last ahead of
+    # the fused optimizer, as timm's ConvNeXt had on the H200 (the optimizer ran out of budget there)
+    cands, _ = choose(None, obs(conv=True))
+    queue = list(enumerate(cands, 1))
+    order = [c.fix for _, c in queue]
+    assert order.index("channels_last") < order.index("fused_optimizer")
+    # THEN with autocast kept nothing moves; with compile kept, channels_last goes last (Inductor lays
+    # out the graph's convolutions itself), but for the first candidates, which stay ahead
+    assert defer_under_compile(queue, ("autocast",)) == queue
+    moved = [c.fix for _, c in defer_under_compile(queue, ("autocast", "compile"))]
+    assert moved[-1] == "channels_last" and sorted(moved) == sorted(order)
+    first = order.index("channels_last") + 1
+    assert defer_under_compile(queue, ("compile:reduce-overhead",), first) == queue
 
 
 def test_convolutions_and_hugging_face_attention() -> None:

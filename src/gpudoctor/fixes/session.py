@@ -43,6 +43,7 @@ from gpudoctor.fixes.candidates import (
     ManualFix,
     choose,
     defer_answered,
+    defer_under_compile,
     loader_wait_share,
     more_workers_first,
     worker_count,
@@ -144,6 +145,7 @@ class FixSession:
                 self.tried.append(tried)
                 if tried.verdict.kept and o.stack:
                     queue = defer_answered(queue, answered(self.chain, ref.mean_step_us), FIRST_VERDICTS)
+                    queue = defer_under_compile(queue, self.final, FIRST_VERDICTS)
                     queue = self._while_the_loader_paces(queue, tried)
             self._update(self.report())
         if len(together) > 1:
