@@ -237,6 +237,8 @@ def _result(
 ) -> RoundResult:
     """How the script ended and what the light phase timed."""
     light = capture.light
+    # a recompilation in a block that was timed again is not in the step times
+    recompiled = clock.timed_s - sum(r.disturbed_s for r in capture.redone) if clock else 0.0
     error = failed or (
         None if end is None or end.error is None else f"{type(end.error).__name__}: {end.error}"
     )
@@ -248,10 +250,7 @@ def _result(
         step_times_us=tuple(light.times_us) if light else (),
         steps_seen=capture.steps_seen,
         compile_s=clock.total_s if clock else 0.0,
-        # a recompilation in a block that was timed again is not in the step times
-        compile_timed_s=max(0.0, clock.timed_s - sum(r.disturbed_s for r in capture.redone))
-        if clock
-        else 0.0,
+        compile_timed_s=max(0.0, recompiled),
         error=" ".join(error.split())[:500] if error else None,
         oom=_is_oom(end.error if end else None),
         device=_device(capture),

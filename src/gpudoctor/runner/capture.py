@@ -113,9 +113,8 @@ class LiveCapture:
     ) -> None:
         self.out_dir = out_dir
         self.on_switch = on_switch
-        self.disturbed = (
-            disturbed  # with blocks: seconds spent compiling so far (a block that moved it is redone)
-        )
+        # with blocks: seconds spent compiling so far (a block during which it moved is timed again)
+        self.disturbed = disturbed
         self.options = options
         self.script_files = script_files
         # Told of each phase it enters ("light", "traced", "done"): runner.ranks, whose ranks must enter
