@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 import textwrap
+from dataclasses import replace
 from io import StringIO
 from pathlib import Path
 
@@ -164,3 +165,15 @@ def test_a_fix_whose_blocks_recompiled_is_judged_on_the_blocks_timed_again_and_s
     # THEN the figure is the blocks' (20% saved), no stall, and the verdict says what was timed again
     assert v.stalled is None and v.measured_saving_pct == pytest.approx(20.0) and v.verdict == "faster"
     assert any("1 block timed again: the process compiled inside it (20.0 s" in c for c in v.changes)
+
+
+def test_a_fix_whose_processes_restarted_their_light_phase_says_so() -> None:
+    # GIVEN process pairs for a worker count on top of a kept compile, one candidate process having
+    # recompiled in its light phase (started again after it)
+    base = [round_of(m) for m in (10_000, 10_100, 9_900)]
+    runs = [round_of(m) for m in (8_000, 8_100, 7_900)]
+    runs[1] = replace(runs[1], restarted_s=(19.6,))
+    v = verdict_of(Attempt(("workers:8",), None, base=base, runs=runs, b_first=[False, True, False]), 0.02)
+    # THEN the figure stands and the verdict says what was left out of the step times
+    assert v.stalled is None and v.verdict == "faster"
+    assert any("the light phase started again after a recompilation, 1 time (19.6 s" in c for c in v.changes)

@@ -329,6 +329,19 @@ def test_a_block_in_which_the_compiled_side_recompiled_is_timed_again(tmp_path: 
     assert [b.candidate for b in r.blocks] == sides(r.block_layout.b_first) if r.block_layout else False
 
 
+def test_a_light_phase_in_which_the_process_recompiled_starts_again(tmp_path: Path) -> None:
+    # GIVEN a compiled round in fresh processes (no blocks) and one batch of another size in its light
+    # phase: a recompilation inside the timed steps (the epoch's last batch; a kept compile under a worker
+    # count's process pairs, or a script that compiles its own model)
+    script = RESHAPED.replace("3 + step - 24 if 24 <= step < 30 else 2", "3 if step == 5 else 2")
+    r = child(tmp_path, script, "--fixes", "compile", "--compile-backend", "eager")
+    assert r.failure is None and not r.blocks
+    # THEN the light phase started again after it, and timed its steps with no compilation among them
+    assert len(r.restarted_s) == 1 and r.restarted_s[0] > 0
+    assert r.compile_timed_s == 0.0 and len(r.step_times_us) == 4
+    assert max(r.step_times_us) < 1e6 * r.restarted_s[0]
+
+
 def test_float16_autocast_records_the_loss_before_it_is_scaled(tmp_path: Path) -> None:
     ref = child(tmp_path, TRAIN.format(extra="pass"))
     r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "autocast:float16")

@@ -168,6 +168,13 @@ def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
             f"{'them' if n > 1 else 'it'} ({sum(b.disturbed_s for b in redone):.1f} s, a recompilation "
             "paid once — a new input shape, say — not the configuration's pace)",
         )
+    restarted = [s for r in [*at.base, *runs] for s in r.restarted_s]
+    if restarted:
+        n = len(restarted)
+        changes += (
+            f"the light phase started again after a recompilation, {n} time{'s' if n > 1 else ''} "
+            f"({sum(restarted):.1f} s compiling, paid once: not in the step times)",
+        )
     lo, hi = timing.saving_ci if timing else (None, None)
     base_steps, cand_steps = step_distributions(at) if runs else (None, None)
     return FixVerdict(

@@ -185,20 +185,18 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         settle=False,  # a round is its --steps and --steps-s: what A and B share cancels in their pairs
     )
     compiling = any(f.startswith("compile") for f in (*fixes, *replaced))
-    # counted where steps are timed: a variant compiled in the blocks' prewarm is not a recompilation
-    clock = CompileClock(lambda: capture.timing) if compiling else None
-    capture = LiveCapture(
-        Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds if clock else None
-    )
+    # counted where steps are timed: a variant compiled in the blocks' prewarm is not a recompilation.
+    # Installed in every round (a script that compiles its own model recompiles too: the light phase
+    # starts again), reported where a fix compiles.
+    clock = CompileClock(lambda: capture.timing)
+    capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds)
     end: ScriptEnd | None = None
     failed: str | None = None
     kind, values, observations = "none", [], None
     finder.install()
     try:
         # the variants after the wrappers: their forwards are built once the wrappers saw the root
-        with patched(
-            [*patches, *([variants] if variants else []), observer, recorder, *([clock] if clock else [])]
-        ):
+        with patched([*patches, *([variants] if variants else []), observer, recorder, clock]):
             capture.install()
             try:
                 end = run_script(target, script_args, module=args.module)
@@ -211,12 +209,13 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         traceback.print_exc()
     finally:
         finder.uninstall()
-    result = _result(fixes, end, failed, capture, clock)
+    result = _result(fixes, end, failed, capture, clock if compiling else None)
     return replace(
         result,
         switch=switch,
         blocks=capture.blocks,
         redone=capture.redone,
+        restarted_s=tuple(capture.restarted_s),
         block_layout=capture.block_layout,
         switch_error=switcher.error,
         outputs_kind=kind,
@@ -237,8 +236,9 @@ def _result(
 ) -> RoundResult:
     """How the script ended and what the light phase timed."""
     light = capture.light
-    # a recompilation in a block that was timed again is not in the step times
-    recompiled = clock.timed_s - sum(r.disturbed_s for r in capture.redone) if clock else 0.0
+    # a recompilation in a block timed again, or before a light phase's restart, is not in the step times
+    again = sum(r.disturbed_s for r in capture.redone) + sum(capture.restarted_s)
+    recompiled = clock.timed_s - again if clock else 0.0
     error = failed or (
         None if end is None or end.error is None else f"{type(end.error).__name__}: {end.error}"
     )

@@ -73,6 +73,10 @@ MEMORY_EACH_STEPS = 5  # after the first steps of the phase, each read alone
 MAX_EXTRA_WARMUP = 50  # warm-up steps beyond --warmup while step times still fall
 SETTLE_SLACK_S = 0.02  # a step within this of the fastest is warm whatever the ratio
 SETTLE_STEPS = 3  # the last warm-up steps whose fastest a warm step is held to
+# A light phase without blocks during which the process compiled (`disturbed` moved: a recompilation on
+# an epoch's last, smaller batch) starts again from the next step, at most this many times; past that
+# the compilations are the loop's own and count
+MAX_LIGHT_RESTARTS = 4
 
 
 @dataclass(frozen=True)
@@ -113,8 +117,11 @@ class LiveCapture:
     ) -> None:
         self.out_dir = out_dir
         self.on_switch = on_switch
-        # with blocks: seconds spent compiling so far (a block during which it moved is timed again)
+        # seconds spent compiling so far: a block during which it moved is timed again, a light phase
+        # without blocks starts again (not under ranks, whose phases go by agreed step counts)
         self.disturbed = disturbed
+        self.restarted_s: list[float] = []  # each restart of the light phase: the seconds compiled
+        self._light_mark = 0.0
         self.options = options
         self.script_files = script_files
         # Told of each phase it enters ("light", "traced", "done"): runner.ranks, whose ranks must enter
@@ -274,6 +281,8 @@ class LiveCapture:
                 done = self._blocks.boundary()
             else:
                 assert self._clock is not None
+                if self._restart_if_compiled():
+                    return
                 self._clock.boundary()
                 done = self._light_done()
             if done:
@@ -430,6 +439,27 @@ class LiveCapture:
             return
         self._clock = StepClock(self._cuda, every=self._mark_every())
         self._clock.boundary()
+        self._light_mark = self.disturbed() if self.disturbed is not None else 0.0
+
+    def _restart_if_compiled(self) -> bool:
+        """Without blocks: where the process compiled since the light phase (re)started, the phase starts
+        again from this boundary (a recompilation is paid once, as the first compilation is, which the
+        warm-up leaves out), up to MAX_LIGHT_RESTARTS times; True when it did."""
+        if self.disturbed is None or self.lockstep or len(self.restarted_s) >= MAX_LIGHT_RESTARTS:
+            return False
+        moved = self.disturbed() - self._light_mark
+        if moved <= 0.0:
+            return False
+        from gpudoctor.timing.stepclock import StepClock
+
+        self.restarted_s.append(moved)
+        self._light_mark += moved
+        self._light_start = time.perf_counter()
+        self._planned_s, self._settle_checked = None, 0.0
+        self._light_calls = self._detector.calls if self._detector else 0
+        self._clock = StepClock(self._cuda, every=self._mark_every())
+        self._clock.boundary()
+        return True
 
     def _end_light(self) -> None:
         if self._blocks is not None:
