@@ -203,6 +203,7 @@ def main() -> int:
     p.add_argument(
         "--cpu", action="store_true", help="gloo on the CPU with a tiny CNN: the path, not the figures"
     )
+    p.add_argument("--case-timeout-s", type=float, default=300.0, help="a case's torchrun, at most")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # a rank, under torchrun
     args = p.parse_args()
     if args.worker is not None:
@@ -215,16 +216,21 @@ def main() -> int:
     unknown = [c for c in args.cases.split(",") if c not in CASES]
     if unknown:
         p.error(f"--cases: unknown {', '.join(unknown)} (of {', '.join(CASES)})")
-    from multi_gpu import checked, environment, run_env, torchrun
+    from multi_gpu import environment, run_env
 
     table: dict[str, Any] = {}
+    failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as name:
         for case in args.cases.split(","):
             env = {**run_env(args.cpu), **CASES[case], **({"PIN_CORES": "1"} if args.pin else {})}
             folder = Path(name) / case
             cmd = [str(Path(__file__).resolve()), "--worker", str(folder), "--pairs", str(args.pairs),
                    "--block-s", str(args.block_s), "--seed", str(args.seed)]  # fmt: skip
-            checked(torchrun(cmd, env, timeout=900, nproc=args.nproc), f"light_toggle {case}")
+            why = torchrun_group(cmd, env, args.nproc, args.case_timeout_s)
+            if why is not None:  # the next case goes on: the GPUs are free again (the group is gone)
+                failed[case] = why
+                print(f"{case:10s} failed: {why[-300:]}", flush=True)
+                continue
             ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(args.nproc)]
             table[case] = {**compare(ranks), "ranks": ranks}
             t = table[case]
@@ -233,10 +239,37 @@ def main() -> int:
                   f"{t['pairs']} block pairs of {t['block_steps']} steps; plain blocks "
                   f"{t['plain_blocks_spread_pct']:.1f}% apart", flush=True)  # fmt: skip
     result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
-              "pinned": args.pin, "pairs": args.pairs, "block_s": args.block_s, "table": table}  # fmt: skip
+              "pinned": args.pin, "pairs": args.pairs, "block_s": args.block_s, "table": table,
+              "failed": failed}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"light_toggle_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")
-    return 0
+    return 1 if failed else 0
+
+
+def torchrun_group(cmd: list[str], env: dict[str, str], nproc: int, timeout_s: float) -> str | None:
+    """torchrun in a process group of its own; past `timeout_s` the whole group is killed (a rank left
+    hanging in a collective would hold its GPU for what runs next). Why it failed, or None."""
+    import signal
+    import subprocess
+
+    run = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *cmd,
+    ]
+    proc = subprocess.Popen(run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        return f"no end after {timeout_s:.0f} s (killed): {out[-2000:]}"
+    return None if proc.returncode == 0 else f"exit {proc.returncode}: {out[-2000:]}"
 
 
 if __name__ == "__main__":
