@@ -135,7 +135,7 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         local cpu=()
         [ -n "${SMOKE:-}" ] && cpu=(--cpu)
         CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/light_toggle.py --out "$OUT_DIR/lt" --pairs "${arg1:-10}" \
-            --cases "${arg2:-ddp,straggler,uneven,fsdp}" --block-s "${arg3:-1.0}" "${cpu[@]}"
+            --cases "${arg2:-ddp,straggler,uneven,fsdp}" --block-s "${arg3:-1.0}" --case-timeout-s 150 "${cpu[@]}"
         ;;
     mg)
         local cpu=() only=()
