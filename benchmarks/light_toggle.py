@@ -227,10 +227,10 @@ def main() -> int:
             cmd = [str(Path(__file__).resolve()), "--worker", str(folder), "--pairs", str(args.pairs),
                    "--block-s", str(args.block_s), "--seed", str(args.seed)]  # fmt: skip
             why = torchrun_group(cmd, env, args.nproc, args.case_timeout_s)
-            if why is not None:  # the next case goes on: the GPUs are free again (the group is gone)
+            if why is not None:  # the group is gone, its GPUs free; the other cases would fail alike
                 failed[case] = why
                 print(f"{case:10s} failed: {why[-300:]}", flush=True)
-                continue
+                break
             ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(args.nproc)]
             table[case] = {**compare(ranks), "ranks": ranks}
             t = table[case]
@@ -248,7 +248,8 @@ def main() -> int:
 
 def torchrun_group(cmd: list[str], env: dict[str, str], nproc: int, timeout_s: float) -> str | None:
     """torchrun in a process group of its own; past `timeout_s` the whole group is killed (a rank left
-    hanging in a collective would hold its GPU for what runs next). Why it failed, or None."""
+    hanging in a collective would hold its GPU for what runs next). Why it failed, or None. The first
+    failure ends the benchmark, with what was measured before it."""
     import signal
     import subprocess
 
