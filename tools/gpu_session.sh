@@ -167,10 +167,14 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
     esac
 }
 
+# the disk under the work (a timing result once came back empty: a full disk would do that)
+disk() { df -h "$OUT_DIR" /tmp 2>/dev/null | awk 'NR > 1 {print "disk", $6, $4, "free of", $2}' | sort -u; }
 for spec in "$@"; do
     echo "=== $spec ($(date -u +%H:%M:%S))"
+    disk
     t0=$(date -u +%s)
     step "$spec"
     rc=$?
     printf '%s\t%s\t%s\n' "$spec" "$rc" "$(($(date -u +%s) - t0))" | tee -a "$OUT_DIR/steps.tsv"
 done
+disk
