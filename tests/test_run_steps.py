@@ -488,3 +488,24 @@ def test_step_numbers_count_the_scripts_iterations_after_discovery() -> None:
     assert detector.first_step > 1  # it did watch some calls first
     # a boundary at the start of every call after the deciding one: the last ends iteration 39
     assert detector.first_step + len(boundaries) - 1 == 39
+
+
+def test_a_recompilation_inside_the_light_phase_starts_it_again(tmp_path: Path) -> None:
+    # GIVEN a compiled model that meets one batch of another size while its light phase times it (an
+    # epoch's last, smaller batch: 19.6 s of recompilation in one window on the H200)
+    torch._dynamo.reset()
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        torch._dynamo.config.automatic_dynamic_shapes = False
+        model = torch.compile({MLP}.eval(), backend="eager")
+        with torch.no_grad():
+            for i in range(60):
+                model(torch.randn(15 if i == 4 else 16, 32))
+        """,
+        "--light",
+    )
+    # THEN the light phase started again after it and says so; its steps hold no compilation
+    assert record.light is not None and len(record.light.times_us) >= 3
+    assert any(n.startswith("the light phase started again after a recompilation") for n in record.notes)

@@ -20,6 +20,7 @@ from gpudoctor.doctor.pipeline import AnalyzeOptions, diagnose_loaded
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.runner import rundir
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
+from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.launch import ScriptEnd, check_runnable, print_script_traceback, run_script
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
@@ -152,7 +153,12 @@ def capture_script(
     argv = [target, *args]
     live = None if rank is not None else RunDir(out, argv, started, dict(vars(options))).open()
     on_phase = rank.on_phase if rank is not None else None
-    capture = LiveCapture(out, options, script_files(target, module), on_phase=on_phase).install()
+    # one process: a recompilation inside the light phase (a compiled model meeting an epoch's last,
+    # smaller batch) starts the phase again; under ranks the phases go by agreed step counts
+    compiling = CompileTime().install() if rank is None else None
+    disturbed = compiling.seconds if compiling is not None and compiling.available else None
+    files = script_files(target, module)
+    capture = LiveCapture(out, options, files, on_phase=on_phase, disturbed=disturbed).install()
     if live is not None:
         live.watch(capture.result)
         capture.on_change = live.update
@@ -162,6 +168,8 @@ def capture_script(
         if rank is not None:  # torchrun's SIGTERM from here on must not cut the writing of results short
             rank.script_ended = True
         capture.uninstall()  # also on Ctrl-C in our own code: no hook or profiler stays behind
+        if compiling is not None:
+            compiling.uninstall()
     if end.outcome == "stopped":  # stopped at a step boundary: end its process group as its end would
         from gpudoctor.runner.ranks import end_process_group
 

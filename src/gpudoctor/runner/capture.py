@@ -454,6 +454,12 @@ class LiveCapture:
 
         self.restarted_s.append(moved)
         self._light_mark += moved
+        n = len(self.restarted_s)
+        note = (
+            f"the light phase started again after a recompilation ({sum(self.restarted_s):.1f} s compiling"
+            f"{f', {n} times' if n > 1 else ''}): a one-off cost, as the first compilation is, not the step's"
+        )
+        self.notes[:] = [x for x in self.notes if not x.startswith("the light phase started again")] + [note]
         self._light_start = time.perf_counter()
         self._planned_s, self._settle_checked = None, 0.0
         self._light_calls = self._detector.calls if self._detector else 0
