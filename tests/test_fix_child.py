@@ -5,6 +5,7 @@ observed, and every change undone — also when the script or a patch fails."""
 from __future__ import annotations
 
 import sys
+import warnings
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -342,6 +343,19 @@ def test_a_light_phase_in_which_the_process_recompiled_starts_again(tmp_path: Pa
     assert len(r.restarted_s) == 1 and r.restarted_s[0] > 0
     assert r.compile_timed_s == 0.0 and len(r.step_times_us) == 4
     assert max(r.step_times_us) < 1e6 * r.restarted_s[0]
+
+
+def test_pinned_batches_on_top_of_workers_are_timed_in_blocks(tmp_path: Path) -> None:
+    # GIVEN pinned batches tried on top of kept loader workers (no accelerator here: the loader cannot
+    # pin, and says so; the switching and the blocks are what is checked)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "workers:2,pin_memory", "--switch",
+                  "pin_memory", *BLOCKS)  # fmt: skip
+    # THEN the blocks ran in one process, switched at their boundaries
+    assert r.failure is None and r.switch_error is None and r.switch == ("pin_memory",)
+    assert r.block_layout is not None and [b.candidate for b in r.blocks] == sides(r.block_layout.b_first)
+    assert r.patches["workers:2"].applied and r.patches["pin_memory"].applied
 
 
 def test_float16_autocast_records_the_loss_before_it_is_scaled(tmp_path: Path) -> None:

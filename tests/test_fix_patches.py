@@ -14,7 +14,7 @@ from torch.nn.modules import module as nn_module
 from torch.optim.optimizer import _global_optimizer_post_hooks, _global_optimizer_pre_hooks
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from gpudoctor.fixes.catalog import build_patch
+from gpudoctor.fixes.catalog import build_patch, can_switch
 from gpudoctor.fixes.patches.base import FixPatch, PatchContext
 from gpudoctor.runner.hooks import Restorer, RootFinder, patched
 
@@ -285,6 +285,40 @@ def test_pinned_batches_on_top_of_workers_rewrite_the_same_loader() -> None:
     lo = loaders[0]
     assert (lo.num_workers, lo.persistent_workers, lo.pin_memory) == (2, True, True)
     assert workers.outcome().applied and pin.outcome().applied
+
+
+def test_pinned_batches_switch_in_a_running_process_and_settle_the_batches_made_ahead(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # GIVEN DataLoader's pinning (here a stand-in that marks what it pinned: no accelerator to pin on),
+    # and pinned batches on top of two workers, switched off and on as an A/B in blocks does
+    from torch.utils.data._utils import pin_memory as pinning
+
+    pinned: list[object] = []
+    monkeypatch.setattr(
+        pinning, "pin_memory", lambda data, device=None: pinned.append(data) or ("pinned", data)
+    )
+    c = ctx(__file__)
+    workers, pin = build_patch("workers:2", c), build_patch("pin_memory", c)
+    assert type(pin).switchable and can_switch(("pin_memory",))
+    c.finder.install()
+    try:
+        with warnings.catch_warnings(), patched([workers, pin]):
+            warnings.simplefilter("ignore")
+            DataLoader(_dataset(), batch_size=4)
+            # THEN on, the loader's pinning pins; off, each batch goes on as it came (the script's
+            # blocking copies); on again, pinned again
+            assert pinning.pin_memory("a") == ("pinned", "a")
+            pin.switch(False)
+            assert pinning.pin_memory("b") == "b"
+            pin.switch(True)
+            assert pinning.pin_memory("c") == ("pinned", "c") and pinned == ["a", "c"]
+            # AND the batches in flight when it switches (2 workers × prefetch_factor 4, and one) settle
+            assert pin.lag() == 2 * 4 + 1
+    finally:
+        c.finder.uninstall()
+    # AND undone, DataLoader's own pinning is back
+    assert pinning.pin_memory("d") == ("pinned", "d")
 
 
 def test_larger_batch_doubles_the_batch_size() -> None:

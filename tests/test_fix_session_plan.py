@@ -119,14 +119,14 @@ def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them()
 def test_shared_baseline_leaves_switchable_fixes_to_their_blocks() -> None:
     clock = FakeClock()
     launcher = FakeLauncher(
-        clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0, "pin_memory": 85.0}
+        clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0, "workers:4": 85.0}
     )
     report = session(
-        launcher, clock, "tf32,fused_optimizer,pin_memory", shared_baseline=True, stack=False
+        launcher, clock, "tf32,fused_optimizer,workers:4", shared_baseline=True, stack=False
     ).run()
     by_fix = {v.fix: v for v in report.verdicts}
     assert by_fix["tf32"].unit == "block pair"
-    assert by_fix["fused_optimizer"].unit == by_fix["pin_memory"].unit == "process pair"
+    assert by_fix["fused_optimizer"].unit == by_fix["workers:4"].unit == "process pair"
     assert sum(1 for label, *_ in launcher.calls if label.startswith("base-a")) == 4
 
 

@@ -248,3 +248,23 @@ def test_compilations_past_the_redo_limit_are_the_loops_own() -> None:
 def test_without_a_compile_clock_nothing_is_redone() -> None:
     schedule = run(LoaderLoop(1, 1.0), replace(PLAN, seed=3))
     assert schedule.redone == [] and len(schedule.blocks) == 2 * PLAN.pairs
+
+
+def test_a_switch_that_reaches_the_loop_late_settles_its_lag_before_every_block() -> None:
+    """Pinned batches switched with 8 workers × prefetch 4 ahead: the 33 steps after a switch still get
+    the batches made before it, so that many untimed steps come before every block, switched or not."""
+
+    def steps_run(lag: int | None) -> tuple[int, BlockSchedule]:
+        loop = RecompilingLoop(set())
+        schedule = BlockSchedule(
+            replace(PLAN, seed=3), loop.switch, host=loop, lag=(lambda: lag) if lag else None
+        )
+        while not schedule.boundary():
+            loop.run_one_step()
+        return loop.step, schedule
+
+    plain, a = steps_run(None)
+    lagged, b = steps_run(33)
+    assert b.settle_steps() == 33 and a.settle_steps() == PLAN.settle
+    assert lagged - plain == (33 - PLAN.settle) * 2 * PLAN.pairs
+    assert [blk.steps for blk in a.blocks] == [blk.steps for blk in b.blocks]

@@ -28,7 +28,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from gpudoctor.fixes.catalog import build_patch, wraps_forward
 from gpudoctor.fixes.observe import Observer
@@ -115,6 +115,11 @@ class Switched(Protocol):
     def switch(self, on: bool) -> None: ...
 
 
+@runtime_checkable
+class Lagging(Protocol):
+    def lag(self) -> int: ...
+
+
 class Switcher:
     """Turns the switched fixes off (in reverse order) and on again (in order) at a block boundary; the
     first fix that cannot be switched is remembered (and stops the blocks)."""
@@ -130,6 +135,11 @@ class Switcher:
         except Exception as err:
             self.error = self.error or f"{type(err).__name__}: {err}"
             raise
+
+    def lag(self) -> int:
+        """Steps a switch takes to reach the loop: the largest of the switched fixes' (a loader's
+        batches made ahead), 0 where none says."""
+        return max((s.lag() for s in self.switched if isinstance(s, Lagging)), default=0)
 
 
 def forward_variants(
@@ -189,7 +199,9 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     # Installed in every round (a script that compiles its own model recompiles too: the light phase
     # starts again), reported where a fix compiles.
     clock = CompileClock(lambda: capture.timing)
-    capture = LiveCapture(Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds)
+    capture = LiveCapture(
+        Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds, switch_lag=switcher.lag
+    )
     end: ScriptEnd | None = None
     failed: str | None = None
     kind, values, observations = "none", [], None

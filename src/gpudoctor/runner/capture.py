@@ -114,9 +114,11 @@ class LiveCapture:
         on_phase: Callable[[str, LiveCapture], None] | None = None,
         on_switch: Callable[[bool], None] | None = None,
         disturbed: Callable[[], float] | None = None,
+        switch_lag: Callable[[], int] | None = None,
     ) -> None:
         self.out_dir = out_dir
         self.on_switch = on_switch
+        self.switch_lag = switch_lag  # with blocks: steps a switch takes to reach the loop (settled out)
         # seconds spent compiling so far: a block during which it moved is timed again, a light phase
         # without blocks starts again (not under ranks, whose phases go by agreed step counts)
         self.disturbed = disturbed
@@ -434,6 +436,7 @@ class LiveCapture:
                 cuda=self._cuda,
                 sync=sync,
                 disturbed=self.disturbed,
+                lag=self.switch_lag,
             )
             self._blocks.boundary()
             return

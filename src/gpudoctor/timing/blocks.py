@@ -16,6 +16,9 @@ A/A blocks of three workloads on the H100: `benchmarks/aa_blocks_replay.py`):
   it began at; one of 8 took 79–81 ms whatever the phase.
 - **The same steps in a block, whatever the order.** `settle` untimed steps before every block, switched
   or not, so which of the loop's steps fall in a block does not depend on which configuration it runs.
+- **Batches made ahead are settled out.** A switch that changes how a loader makes its batches (pinned
+  or not) reaches the loop only after the batches already in flight: `lag` (the loader's workers ×
+  prefetch_factor, and one) untimed steps come before every block, where it is larger than `settle`.
 - **A block that compiled is timed again.** A recompilation inside a block (a compiled model meeting an
   epoch's last, smaller batch: 20 s in a block of 0.5 s, under Lightning on the H200) is a one-off cost
   like the first compilation, not the configuration's pace: where `disturbed` (the seconds the process
@@ -163,8 +166,10 @@ class BlockSchedule:
         host: HostClock | None = None,
         sync: Callable[[], None] | None = None,
         disturbed: Callable[[], float] | None = None,
+        lag: Callable[[], int] | None = None,
     ) -> None:
         self.plan = plan
+        self.lag = lag  # steps a switch takes to reach the loop (batches made ahead): settled out
         self._switch = switch
         self.cuda = cuda
         self.host = host or PerfCounterClock()
@@ -209,7 +214,7 @@ class BlockSchedule:
                 self._start_clock("calibrate")
             return False
         if self._phase == "settle":
-            if self._count >= self.plan.settle:
+            if self._count >= self.settle_steps():
                 self._start_clock("timing")
             return False
         assert self._steps is not None
@@ -250,10 +255,14 @@ class BlockSchedule:
 
     def _begin(self, index: int) -> None:
         self._set(self.order[index])
-        if self.plan.settle > 0:  # switched or not: the same steps fall in a block whatever the order
+        if self.settle_steps() > 0:  # switched or not: the same steps fall in a block whatever the order
             self._phase, self._count = "settle", 0
             return
         self._start_clock("timing")
+
+    def settle_steps(self) -> int:
+        """Untimed steps before every block: `settle`, or the switch's lag where larger."""
+        return max(self.plan.settle, self.lag() if self.lag is not None else 0)
 
     def _start_clock(self, phase: str) -> None:
         self.sync()

@@ -46,6 +46,7 @@ class _LoaderPatch(FixPatch):
                 patch.snippet = f"loader = DataLoader(dataset, ..., {shown})"
                 patch.changed(f"DataLoader({shown})", edit)
             init(loader, **{**given, **extra, **{k: ast.literal_eval(v) for k, v in new.items()}})
+            patch._built(loader)
 
         self.restorer.replace(DataLoader, "__init__", __init__)
         self.not_applicable = "no DataLoader was built"
@@ -53,6 +54,9 @@ class _LoaderPatch(FixPatch):
     def _rewrite(self, args: dict[str, Any]) -> dict[str, str]:
         """The keywords to set, as source text of literals; empty to leave this loader alone."""
         raise NotImplementedError
+
+    def _built(self, loader: Any) -> None:
+        """A loader the script built, as built (after every loader patch's rewrite)."""
 
 
 class Workers(_LoaderPatch):
@@ -100,18 +104,53 @@ class LargerBatch(_LoaderPatch):
 
 class PinMemory(_LoaderPatch):
     """Pinned batches, and `non_blocking=True` on every host-to-device copy from pinned memory (safe:
-    the copy is ordered on the stream before any kernel that reads it, and the batch is not reused)."""
+    the copy is ordered on the stream before any kernel that reads it, and the batch is not reused).
+
+    Switchable: the loaders keep `pin_memory=True`, and switched off, DataLoader's pinning (its
+    `_utils.pin_memory.pin_memory`, in the pin thread or, without workers, on the training thread)
+    hands each batch on as it came, so the copies are the script's blocking ones again. With workers the
+    pin thread stays on the A side, taking the batches off the workers' queue there (the script's own
+    loader does that on the training thread): what the blocks measure is the pinning and the
+    non-blocking copies alone, the thread's own gain left out. Batches already queued when it switches
+    were made the other way: `lag()` steps (the loaders' workers × prefetch_factor) settle first."""
 
     fix_id = "pin_memory"
+    switchable = True
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._on = True
+        self._queued = 0  # batches a loader keeps in flight: its workers × prefetch_factor
 
     def _apply(self) -> None:
         import torch
+        from torch.utils.data._utils import pin_memory as pinning
 
         super()._apply()
         for method in ("to", "cuda"):
             self.restorer.replace(
                 torch.Tensor, method, self._non_blocking(method, getattr(torch.Tensor, method))
             )
+        original = pinning.pin_memory
+        patch = self
+
+        @functools.wraps(original)
+        def pin_memory(data: Any, *args: Any, **kwargs: Any) -> Any:
+            return original(data, *args, **kwargs) if patch._on else data
+
+        self.restorer.replace(pinning, "pin_memory", pin_memory)
+
+    def switch(self, on: bool) -> None:
+        self._on = on
+
+    def lag(self) -> int:
+        """Steps after a switch whose batches may have been pinned (or not) before it."""
+        return self._queued + 1 if self._queued else 0
+
+    def _built(self, loader: Any) -> None:
+        workers = int(getattr(loader, "num_workers", 0) or 0)
+        if workers and getattr(loader, "pin_memory", False):
+            self._queued = max(self._queued, workers * int(getattr(loader, "prefetch_factor", None) or 2))
 
     def _rewrite(self, args: dict[str, Any]) -> dict[str, str]:
         if args.get("pin_memory"):
