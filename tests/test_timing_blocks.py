@@ -266,5 +266,7 @@ def test_a_switch_that_reaches_the_loop_late_settles_its_lag_before_every_block(
     plain, a = steps_run(None)
     lagged, b = steps_run(33)
     assert b.settle_steps() == 33 and a.settle_steps() == PLAN.settle
-    assert lagged - plain == (33 - PLAN.settle) * 2 * PLAN.pairs
+    # before every block, and before the calibration (the warm-up's batches were made ahead too)
+    assert b.prewarm_steps() == 33 and a.prewarm_steps() == PLAN.prewarm
+    assert lagged - plain == (33 - PLAN.settle) * 2 * PLAN.pairs + (33 - PLAN.prewarm)
     assert [blk.steps for blk in a.blocks] == [blk.steps for blk in b.blocks]

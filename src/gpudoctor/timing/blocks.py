@@ -18,7 +18,8 @@ A/A blocks of three workloads on the H100: `benchmarks/aa_blocks_replay.py`):
   or not, so which of the loop's steps fall in a block does not depend on which configuration it runs.
 - **Batches made ahead are settled out.** A switch that changes how a loader makes its batches (pinned
   or not) reaches the loop only after the batches already in flight: `lag` (the loader's workers ×
-  prefetch_factor, and one) untimed steps come before every block, where it is larger than `settle`.
+  prefetch_factor, and one) untimed steps come before every block, where it is larger than `settle`,
+  and before the calibration, where it is larger than `prewarm`.
 - **A block that compiled is timed again.** A recompilation inside a block (a compiled model meeting an
   epoch's last, smaller batch: 20 s in a block of 0.5 s, under Lightning on the H200) is a one-off cost
   like the first compilation, not the configuration's pace: where `disturbed` (the seconds the process
@@ -205,12 +206,12 @@ class BlockSchedule:
         if self._phase == "start":
             self._set(False)
             self._phase, self._count = "prewarm", 0
-            if self.plan.prewarm == 0:
+            if self.prewarm_steps() == 0:
                 self._start_clock("calibrate")
             return False
         self._count += 1
         if self._phase == "prewarm":
-            if self._count >= self.plan.prewarm:
+            if self._count >= self.prewarm_steps():
                 self._start_clock("calibrate")
             return False
         if self._phase == "settle":
@@ -259,6 +260,11 @@ class BlockSchedule:
             self._phase, self._count = "settle", 0
             return
         self._start_clock("timing")
+
+    def prewarm_steps(self) -> int:
+        """Untimed steps of the baseline before the calibration: `prewarm`, or the switch's lag where
+        larger (the calibration times the baseline's batches, not those made ahead for the warm-up)."""
+        return max(self.plan.prewarm, self.lag() if self.lag is not None else 0)
 
     def settle_steps(self) -> int:
         """Untimed steps before every block: `settle`, or the switch's lag where larger."""
