@@ -104,3 +104,65 @@ def test_two_compiled_forwards_with_cuda_graphs_switch_in_blocks(
         c.test,
         f"compile {r.compile_s:.1f} s, {r.wall_s:.1f} s",
     )
+
+
+PINNED = """\
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Images(Dataset):
+    def __init__(self):
+        self.pool = torch.randn(8, 3, 224, 224)
+
+    def __len__(self):
+        return 1_000_000
+
+    def __getitem__(self, index):
+        return self.pool[index % 8], index % 10
+
+
+model = torch.nn.Sequential(
+    torch.nn.Conv2d(3, 8, 3, stride=4), torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+    torch.nn.Linear(8, 10),
+).cuda()
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Images(), batch_size=64, num_workers=4, persistent_workers=True)
+for images, labels in loader:
+    print("PINNED", images.is_pinned())
+    images, labels = images.cuda(), labels.cuda()
+    loss = torch.nn.functional.cross_entropy(model(images), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_pinned_batches_switch_in_blocks_and_reach_the_loop_after_their_lag(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a loop copying 38 MB batches from 4 workers, pinned batches switched in blocks (the
+    # loader's 4 × 2 batches in flight: a lag of 9 steps after each switch)
+    from gpudoctor.timing.paired import sides
+
+    script = tmp_path / "train.py"
+    script.write_text(PINNED)
+    r = run_round(parse(["--out", str(tmp_path / "r.json"), "--fixes", "pin_memory", "--switch", "pin_memory",
+                         "--warmup", "5", "--pairs", "4", "--block-s", "0.2", "--order-seed", "1", "--",
+                         str(script)]))  # fmt: skip
+    assert r.failure is None and r.switch_error is None, r.failure
+    assert r.block_layout is not None and len(r.blocks) == 8
+    assert all(b.clock == "cuda_events" for b in r.blocks)
+    # THEN the batches the loop got were pinned in the warm-up, not in the calibration, and in each
+    # block as its side has it: the batches made before a switch were used up in the untimed steps
+    flags = [
+        line.split()[1] == "True"
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("PINNED")
+    ]
+    runs = [v for i, v in enumerate(flags) if i == 0 or v != flags[i - 1]]
+    expected = [True, False, *sides(r.block_layout.b_first)]
+    expected = [v for i, v in enumerate(expected) if i == 0 or v != expected[i - 1]]
+    assert runs[: len(expected)] == expected, (runs, expected)
+    c = paired_compare(block_pairs(r.blocks))
+    print("pin_memory", c.verdict, f"{100 * c.saving:.1f}%", c.test)
