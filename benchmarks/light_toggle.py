@@ -43,6 +43,7 @@ SETTLE = 3  # untimed steps before an A block (a B block: until every rank's cap
 MAX_SETTLE = 200  # a B block's untimed steps at most (the capture's warm-up is capped at 53)
 CALIBRATE = 10  # steps timed after the warm-up: the pace that sizes the blocks
 SCHEMA = "gpudoctor.bench.light_toggle/1"
+SCRIPT_FILES = (str(HERE / "light_toggle.py"), str(HERE / "multi_gpu_train.py"))  # the loop's code
 CASES: dict[str, dict[str, str]] = {
     "ddp": {"PARALLEL": "ddp"},
     "straggler": {"PARALLEL": "ddp", "STRAGGLE_MS": "15"},
@@ -64,40 +65,13 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
     import numpy as np
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
-    from multi_gpu_train import BATCH, SHARED, STRAGGLE_S, UNEVEN, build, parallel, pin_to_gpu_cores
+    from multi_gpu_train import setup
 
     from gpudoctor.runner.capture import LiveCapture
     from gpudoctor.timing.paired import random_orders, sides
 
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
-    cores = pin_to_gpu_cores(local)
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    torch.manual_seed(0)
-    model = parallel(build(device), local, cuda)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    size = 224 if os.environ.get("MODEL", "resnet50") != "tiny" else 64
-    batch = round(BATCH * UNEVEN) if rank == 1 else BATCH
-    if SHARED != 1:
-        batch = round(BATCH * (1 + SHARED) / 2)
-    images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
-    labels = torch.randint(0, 1000, (batch,), device=device)
-    straggle = STRAGGLE_S if rank == 1 else 0.0
-
-    def step() -> None:
-        if straggle:
-            end = time.perf_counter() + straggle
-            while time.perf_counter() < end:
-                pass
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            loss = F.cross_entropy(model(images), labels)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
+    loop = setup()
+    rank, cuda, device, step = loop.rank, loop.cuda, loop.device, loop.step
 
     def sync() -> None:
         if cuda:
@@ -125,7 +99,7 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
     for k, on in enumerate(sides(b_first)):
         capture = None
         if on:
-            capture = LiveCapture(tmp / f"block{k}", light_options(), (str(Path(__file__).resolve()),))
+            capture = LiveCapture(tmp / f"block{k}", light_options(), SCRIPT_FILES)
             capture.install()
         settle = 0
         while True:  # untimed: every rank ready (its capture in the light phase), the same step on each
@@ -148,7 +122,7 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
         blocks.append({"candidate": on, "steps": steps, "elapsed_us": 1e6 * elapsed, "settle": settle,
                        "phase": phase})  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
-    doc = {"rank": rank, "batch": batch, "cores": cores, "pace_us": 1e6 * pace, "block_steps": steps,
+    doc = {"rank": rank, "batch": loop.batch, "cores": loop.cores, "pace_us": 1e6 * pace, "block_steps": steps,
            "b_first": list(b_first), "blocks": blocks}  # fmt: skip
     (out / f"rank{rank}.json").write_text(json.dumps(doc))
     dist.barrier()  # every rank tears down together (gloo aborted one that did so alone, 1 run in 6)
@@ -157,6 +131,8 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
 
 def compare(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The block pairs (each block's time the slowest rank's) and the paired test on them. Pure."""
+    from multi_gpu import paired_row
+
     from gpudoctor.timing.paired import paired_compare, pairs_in_order
 
     n = len(ranks[0]["blocks"])
@@ -175,12 +151,7 @@ def compare(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     a = [m for on, m in blocks if not on]
     b = [m for on, m in blocks if on]
     return {
-        "ratio": cmp.ratio,
-        "ci95": [cmp.ci_low, cmp.ci_high],
-        "p_value": cmp.p_value,
-        "verdict": cmp.verdict,
-        "test": cmp.test,
-        "within_5pct": cmp.ci_low >= 0.95 and cmp.ci_high <= 1.05,
+        **paired_row(cmp),
         "pairs": len(pairs),
         "plain_block_mean_us": statistics.fmean(a),
         "light_block_mean_us": statistics.fmean(b),
@@ -216,7 +187,7 @@ def main() -> int:
     unknown = [c for c in args.cases.split(",") if c not in CASES]
     if unknown:
         p.error(f"--cases: unknown {', '.join(unknown)} (of {', '.join(CASES)})")
-    from multi_gpu import environment, run_env
+    from multi_gpu import environment, run_env, torchrun
 
     table: dict[str, Any] = {}
     failed: dict[str, str] = {}
@@ -226,10 +197,10 @@ def main() -> int:
             folder = Path(name) / case
             cmd = [str(Path(__file__).resolve()), "--worker", str(folder), "--pairs", str(args.pairs),
                    "--block-s", str(args.block_s), "--seed", str(args.seed)]  # fmt: skip
-            why = torchrun_group(cmd, env, args.nproc, args.case_timeout_s)
-            if why is not None:  # the group is gone, its GPUs free; the other cases would fail alike
-                failed[case] = why
-                print(f"{case:10s} failed: {why[-300:]}", flush=True)
+            done = torchrun(cmd, env, timeout=args.case_timeout_s, nproc=args.nproc)
+            if done.returncode:  # its ranks are gone, their GPUs free; the other cases would fail alike
+                failed[case] = f"exit {done.returncode}: {(done.stdout + done.stderr)[-2000:]}"
+                print(f"{case:10s} failed: {failed[case][-300:]}", flush=True)
                 break
             ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(args.nproc)]
             table[case] = {**compare(ranks), "ranks": ranks}
@@ -244,33 +215,6 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"light_toggle_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")
     return 1 if failed else 0
-
-
-def torchrun_group(cmd: list[str], env: dict[str, str], nproc: int, timeout_s: float) -> str | None:
-    """torchrun in a process group of its own; past `timeout_s` the whole group is killed (a rank left
-    hanging in a collective would hold its GPU for what runs next). Why it failed, or None. The first
-    failure ends the benchmark, with what was measured before it."""
-    import signal
-    import subprocess
-
-    run = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        *cmd,
-    ]
-    proc = subprocess.Popen(run, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)  # fmt: skip
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        return f"no end after {timeout_s:.0f} s (killed): {out[-2000:]}"
-    return None if proc.returncode == 0 else f"exit {proc.returncode}: {out[-2000:]}"
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,9 +84,24 @@ dist.destroy_process_group()
 """
 
 
+def paired_row(cmp: Any) -> dict[str, Any]:
+    """A paired comparison (`timing.paired.PairedComparison`) as the results files hold it: the ratio
+    B/A, its 95% interval, the test, and whether the interval lies within ±5%."""
+    return {
+        "ratio": cmp.ratio,
+        "ci95": [cmp.ci_low, cmp.ci_high],
+        "p_value": cmp.p_value,
+        "verdict": cmp.verdict,
+        "test": cmp.test,
+        "within_5pct": cmp.ci_low >= 0.95 and cmp.ci_high <= 1.05,
+    }
+
+
 def torchrun(
-    args: list[str], env: dict[str, str], timeout: int = 480, nproc: int = 2
+    args: list[str], env: dict[str, str], timeout: float = 480, nproc: int = 2
 ) -> subprocess.CompletedProcess[str]:
+    """torchrun in a process group of its own; past `timeout` seconds the whole group is killed (a rank
+    left hanging in a collective would hold its GPU for what runs next) and the run ends with -9."""
     cmd = [
         sys.executable,
         "-m",
@@ -95,7 +111,16 @@ def torchrun(
         str(nproc),
         *args,
     ]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        err += f"\nno end after {timeout:.0f} s: killed with its ranks"
+        return subprocess.CompletedProcess(cmd, -9, out, err)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 FAILURE_LOGS: Path | None = None  # where the whole output of a failed torchrun goes (--out)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from multi_gpu import TRAIN, checked, environment, run_env, settled_mean_us, torchrun
+from multi_gpu import TRAIN, checked, environment, paired_row, run_env, settled_mean_us, torchrun
 
 # a 3 s warm-up, as the plain timing has (multi_gpu_train.py's WARMUP_S; multi_gpu.py's runs alike): these
 # DDP steps take seconds to settle, and the two must time the same stretch of the run to isolate
@@ -150,12 +150,7 @@ def main() -> int:
         table[variant] = {
             "compared": "settled means (each side's unsettled head left out, as the light phase does)",
             "every_step": {"ratio": raw.ratio, "ci95": [raw.ci_low, raw.ci_high], "verdict": raw.verdict},
-            "ratio": cmp.ratio,
-            "ci95": [cmp.ci_low, cmp.ci_high],
-            "p_value": cmp.p_value,
-            "verdict": cmp.verdict,
-            "test": cmp.test,
-            "within_5pct": cmp.ci_low >= 0.95 and cmp.ci_high <= 1.05,
+            **paired_row(cmp),
             "plain_spread_pct": 100
             * (max(q := [r["plain"]["mean_us"] for r in pairs]) - min(q))
             / statistics.median(q),

@@ -39,6 +39,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
@@ -144,7 +145,20 @@ def pin_to_gpu_cores(local: int) -> list[int] | None:
     return share
 
 
-def main() -> None:
+@dataclass(frozen=True)
+class Loop:
+    """One rank's training loop, set up as the environment says (also benchmarks/light_toggle.py's)."""
+
+    rank: int
+    cuda: bool
+    device: torch.device
+    batch: int
+    cores: list[int] | None
+    step: Callable[[], None]  # one training step: the straggler's host work, forward, backward, update
+
+
+def setup() -> Loop:
+    """The process group, this rank's model, optimizer and batch, and its step."""
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, local = dist.get_rank(), int(os.environ.get("LOCAL_RANK", "0"))
@@ -162,12 +176,8 @@ def main() -> None:
     images = torch.randn(batch, 3, size, size, device=device).contiguous(memory_format=torch.channels_last)
     labels = torch.randint(0, 1000, (batch,), device=device)
     straggle = STRAGGLE_S if rank == 1 else 0.0
-    tick = _window_clock(rank)
-    out = os.environ.get("TIMES_OUT")  # without it (under gpudoctor run) no sync and no event: a plain loop
-    marks: list[object] = []
-    window: list[float] = []
-    started, step, timed = time.perf_counter(), 0, -1  # timed: the step the timed window starts after
-    while (out and timed < 0) or step - max(timed, 0) < STEPS:
+
+    def step() -> None:
         if straggle:  # host work before the step on one rank: logging, a slow data pipeline, ...
             end = time.perf_counter() + straggle
             while time.perf_counter() < end:
@@ -177,6 +187,20 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+
+    return Loop(rank, cuda, device, batch, cores, step)
+
+
+def main() -> None:
+    loop = setup()
+    rank, cuda, batch, cores = loop.rank, loop.cuda, loop.batch, loop.cores
+    tick = _window_clock(rank)
+    out = os.environ.get("TIMES_OUT")  # without it (under gpudoctor run) no sync and no event: a plain loop
+    marks: list[object] = []
+    window: list[float] = []
+    started, step, timed = time.perf_counter(), 0, -1  # timed: the step the timed window starts after
+    while (out and timed < 0) or step - max(timed, 0) < STEPS:
+        loop.step()
         step += 1
         tick()
         if not out:
