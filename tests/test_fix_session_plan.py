@@ -655,3 +655,17 @@ def test_workers_that_free_the_training_thread_are_kept_only_where_no_slower(
     # training thread no longer makes the batches
     assert v.kept is kept and v.verdict == ("slower" if not kept else "same")
     assert ("frees the training thread" in v.reason) is kept
+
+
+def test_pinned_batches_switched_on_top_of_many_workers_count_their_lag_before_they_start() -> None:
+    # GIVEN 32 loader workers kept on a starved loop (609 → 106 ms on the H200), pinned batches next in
+    # one process: the 32 × 4 batches in flight settle before each of its 17 blocks and its calibration
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 609_000.0, "workers:32": 106_000.0})
+    s = session(launcher, clock, "workers:32", blocks=8)
+    s.run()
+    assert s.final == ("workers:32",)
+    # THEN its A/B is expected to take (2 × 8 + 1) × 129 steps of ~106 ms more than a flag's
+    lag = s._lag_s(("workers:32", "pin_memory"), ("pin_memory",))
+    assert lag == pytest.approx(17 * 129 * 0.106, rel=0.1)
+    assert s._lag_s(("workers:32", "tf32"), ("tf32",)) == 0.0
