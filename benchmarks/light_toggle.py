@@ -29,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -121,6 +122,7 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
             capture.uninstall()
         blocks.append({"candidate": on, "steps": steps, "elapsed_us": 1e6 * elapsed, "settle": settle,
                        "phase": phase})  # fmt: skip
+    shutil.rmtree(tmp, ignore_errors=True)  # the captures' run folders: their memory files, nothing measured
     out.mkdir(parents=True, exist_ok=True)
     doc = {"rank": rank, "batch": loop.batch, "cores": loop.cores, "pace_us": 1e6 * pace, "block_steps": steps,
            "b_first": list(b_first), "blocks": blocks}  # fmt: skip
