@@ -113,10 +113,8 @@ def time_config(
     target.with_suffix(".log").write_text(proc.stdout + proc.stderr)
     try:
         return json.loads(target.read_text())
-    except (
-        OSError,
-        ValueError,
-    ) as err:  # none written, or not whole: the round has no figure, the rest go on
+    # none written, or not whole: this round has no figure, the others go on
+    except (OSError, ValueError) as err:
         why = f"{type(err).__name__}: {err}; exit {proc.returncode}"
         return {"step_s": None, "error": f"{why}: {(proc.stdout + proc.stderr)[-800:]}"}
 

@@ -73,3 +73,28 @@ def test_the_goal_is_a_share_of_the_experts_gain_and_no_slower_where_it_has_none
     # the control meets its goal by keeping nothing
     assert judged("tuned_control", [], 1.0, 1.0) == (None, True)
     assert judged("tuned_control", ["tf32"], 1.0, 1.05) == (None, False)
+
+
+def test_a_timing_process_that_leaves_an_empty_result_is_that_rounds_error_with_its_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a timer process that opened its result and wrote nothing (torchvision_augment's plain round
+    # on the H200: the whole workload failed on a JSONDecodeError)
+    import argparse
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fve", REPO / "benchmarks" / "fix_vs_expert.py")
+    assert spec is not None and spec.loader is not None
+    fve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fve)
+
+    def empty_result(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+        Path(cmd[cmd.index("--out") + 1]).write_text("")
+        return subprocess.CompletedProcess(cmd, 1, "", "OSError: [Errno 28] No space left on device\n")
+
+    monkeypatch.setattr(fve.subprocess, "run", empty_result)
+    a = argparse.Namespace(timer_warmup=8, window_s=1.0, windows=3, smoke=False)
+    r = fve.time_config("torchvision_augment", "plain", [], False, tmp_path, a, 0)
+    # THEN the round has no figure and says why, and the timer's output is kept beside it
+    assert r["step_s"] is None and "JSONDecodeError" in r["error"] and "No space left" in r["error"]
+    assert "No space left" in (tmp_path / "timing" / "torchvision_augment-plain-0.log").read_text()
