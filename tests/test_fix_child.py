@@ -347,10 +347,12 @@ def test_a_light_phase_in_which_the_process_recompiled_starts_again(tmp_path: Pa
 
 def test_pinned_batches_on_top_of_workers_are_timed_in_blocks(tmp_path: Path) -> None:
     # GIVEN pinned batches tried on top of kept loader workers (no accelerator here: the loader cannot
-    # pin, and says so; the switching and the blocks are what is checked)
+    # pin, and says so; the switching and the blocks are what is checked). Each block settles the
+    # batches made ahead first (2 workers × 4 + 1 steps): the four blocks need about 80 steps, so the
+    # script runs ten epochs, not five (at five, one step more of warm-up on a slow host ended it early)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "workers:2,pin_memory", "--switch",
+        r = child(tmp_path, TRAIN.format(extra="pass").replace("range(5)", "range(10)"), "--fixes", "workers:2,pin_memory", "--switch",
                   "pin_memory", *BLOCKS)  # fmt: skip
     # THEN the blocks ran in one process, switched at their boundaries
     assert r.failure is None and r.switch_error is None and r.switch == ("pin_memory",)
