@@ -209,6 +209,40 @@ def test_a_gpu_bound_loop_whose_batches_are_made_on_the_training_thread_is_still
     assert not any(c.fix.startswith("workers:") for c in choose(d, light, steps=30, step_s=0.105)[0])
 
 
+def test_a_validation_loader_is_not_the_training_threads_loader() -> None:
+    # GIVEN a Lightning fit on the CPU as gpudoctor fix saw it: its training loader handed out 167 batches
+    # in 167 steps of 17.7 ms, 0.7 ms each; its validation loader 2 (the sanity check), 7.6 ms each
+    o = obs(cuda=False, free=1)
+    train = replace(o.loaders[0], fetches=167, fetch_wall_s=0.118, fetch_cpu_s=0.118, taken=167)
+    check = replace(o.loaders[0], site=CallSite("train.py", 9, "<module>"), fetches=2, fetch_wall_s=0.0153,
+                    fetch_cpu_s=0.0153, taken=2)  # fmt: skip
+    both = replace(o, loaders=(train, check))
+    # THEN no loader paces the loop (0.7 of 17.7 ms, not the validation batches' 7.6), and no worker count
+    # is offered for it
+    cands, _ = choose(diagnosis(finding("optimizer_unfused", 5.0)), both, steps=167, step_s=0.0177)
+    assert not any(c.fix.startswith("workers:") for c in cands)
+    # AND a loop that takes four batches a step (gradient accumulation) spends four batches' time on them
+    accumulating = replace(o, loaders=(replace(train, fetch_wall_s=0.5, fetch_cpu_s=0.5, taken=668), check))
+    workers = [c for c in choose(diagnosis(finding("optimizer_unfused", 5.0)), accumulating, steps=167,
+                                 step_s=0.0177)[0] if c.fix.startswith("workers:")]  # fmt: skip
+    assert (
+        workers and workers[0].why == "the training thread spends 68% of the step on the DataLoader's batches"
+    )
+
+
+def test_a_loader_made_anew_each_epoch_feeds_the_steps_from_its_one_call_site() -> None:
+    from gpudoctor.fixes.candidates import training_loaders
+
+    o = obs()
+    epochs = [replace(o.loaders[0], taken=10) for _ in range(5)]  # 5 epochs of 10 batches, one line
+    other = replace(o.loaders[0], site=CallSite("train.py", 9, "<module>"), taken=3)
+    fed = training_loaders([*epochs, other], steps=50)
+    assert len(fed) == 5 and all(n == 1.0 for _, n in fed)
+    # two made on one line (`tl = DataLoader(tr, 64); vl = DataLoader(va, 256)`): their batch sizes differ
+    train, validation = replace(o.loaders[0], taken=50), replace(o.loaders[0], batch_size=256, taken=2)
+    assert [lo for lo, _ in training_loaders([train, validation], 50)] == [train]
+
+
 def test_a_model_already_under_autocast_is_not_offered_bfloat16_or_tf32() -> None:
     # GIVEN BERT under the Trainer's bf16=True: float32 parameters, its layers run under bfloat16 autocast
     o = obs()

@@ -81,6 +81,7 @@ def test_a_baseline_round_times_steps_records_losses_and_observes(tmp_path: Path
     assert obs is not None and obs.root is not None
     assert (obs.root.cls, obs.root.dropout, obs.root.names) == ("Sequential", True, ("model",))
     assert obs.samples_per_step == 16 and obs.loaders[0].site is not None and obs.loaders[0].site.line == 5
+    assert obs.loaders[0].taken == r.steps_seen  # a batch a step: the loader feeds the steps
     assert obs.optimizers[0].cls == "AdamW" and obs.optimizers[0].foreach is False
     assert obs.zero_grad_keep[0].site is not None and obs.zero_grad_keep[0].site.line == 11
     assert 14 in [s.site.line for s in obs.item_syncs if s.site]  # print(loss.item())

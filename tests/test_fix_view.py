@@ -124,3 +124,24 @@ def test_a_loader_fix_held_only_to_stay_finite_is_not_called_too_far() -> None:
     assert numerics_cell(numerics(1.3e-6, None, True)) == "0.00013% (finite)"
     assert numerics_cell(numerics(1.3e-6, None, False)) == "0.00013% (too far)"
     assert numerics_cell(numerics(0.002, 0.01, True)) == "0.2% ≤ 1%"
+
+
+def test_a_script_that_timed_no_step_gets_no_baseline_figure_and_no_empty_table() -> None:
+    from dataclasses import replace
+
+    from gpudoctor.report.fix_view import headline, render_fix_markdown, status_cell
+
+    # GIVEN a script that failed before its first timed step (a syntax error, a crash in its set-up)
+    failed = replace(REPORT, baseline_us=None, baseline_rounds=0, verdicts=(), combination=None, final=(),
+                     final_saving_pct=None, notes=("the baseline did not run: exception: RuntimeError: NaN",))  # fmt: skip
+    out = StringIO()
+    render_fix_terminal(failed, Console(file=out, width=120, force_terminal=False, color_system=None))
+    text = out.getvalue()
+    # THEN it says nothing was measured, not "baseline n/a over 0 processes; no fix was faster"
+    assert "nothing was measured" in headline(failed) and "n/a" not in text and "0 processes" not in text
+    assert "predicted" not in text and "| fix |" not in render_fix_markdown(failed)  # no empty table
+    assert "the baseline did not run: exception: RuntimeError: NaN" in text
+    # AND one process is one process; a fix never applied was not run, not reverted
+    assert "over 1 process;" in headline(replace(REPORT, baseline_rounds=1, baseline_spread_pct=None))
+    never = replace(REPORT.verdicts[3], verdict=None, rounds=0, reason="does not apply: no CUDA device")
+    assert status_cell(never) == "not run" and status_cell(REPORT.verdicts[2]) == "reverted"

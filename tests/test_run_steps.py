@@ -106,7 +106,7 @@ def test_a_training_loop_steps_at_each_optimizer_step(tmp_path: Path) -> None:
 
 
 def test_gradient_accumulation_counts_one_step_per_optimizer_step(tmp_path: Path) -> None:
-    record, _ = run_script(
+    record, output = run_script(
         tmp_path,
         f"""
         import torch
@@ -121,6 +121,8 @@ def test_gradient_accumulation_counts_one_step_per_optimizer_step(tmp_path: Path
     )
     assert record.step is not None and record.step.source == "optimizer"
     assert record.step.calls_per_step == pytest.approx(4.0)  # four micro-batches in each step
+    # the module called in the step is named, though the step is the optimizer's
+    assert record.step.module == "Sequential" and "4.0 calls of Sequential.forward per step" in output
 
 
 def test_two_optimizers_make_one_step(tmp_path: Path) -> None:

@@ -59,6 +59,7 @@ class LoaderInfo:
     # with workers: the training thread's mean wait per batch for them, over the later half of the
     # batches it took (the workers' start-up left out); None without workers or batches
     wait_s: float | None = None
+    taken: int = 0  # batches the process asked it for (an epoch's end too), with workers or without
 
     @property
     def waits(self) -> bool:
@@ -160,6 +161,7 @@ class Observer:
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
+        self._taken: dict[int, int] = {}  # id(loader) -> batches taken from it
         self._hook: Any = None
 
     def apply(self) -> None:
@@ -217,12 +219,13 @@ class Observer:
 
         base = dataloader._BaseDataLoaderIter
         following = base.__next__
-        fetch, waits = self._fetch, self._waits
+        fetch, waits, taken = self._fetch, self._waits, self._taken
 
         def timed_next(it: Any) -> Any:
             owner = getattr(it, "_gpudoctor_loader", None)
             if owner is None:
                 return following(it)
+            taken[owner] = taken.get(owner, 0) + 1
             if getattr(it, "_num_workers", 0) > 0:  # the training thread waits for the workers
                 wall = time.perf_counter()
                 try:
@@ -339,7 +342,12 @@ class Observer:
             root=root,
             loaders=tuple(
                 _loader_info(
-                    lo, site, id(lo) in self._iterated, self._fetch.get(id(lo)), self._waits.get(id(lo))
+                    lo,
+                    site,
+                    id(lo) in self._iterated,
+                    self._fetch.get(id(lo)),
+                    self._waits.get(id(lo)),
+                    self._taken.get(id(lo), 0),
                 )
                 for lo, site in self._loaders
             ),
@@ -369,6 +377,7 @@ def _loader_info(
     iterated: bool,
     fetch: list[float] | None,
     waits: deque[float] | None = None,
+    taken: int = 0,
 ) -> LoaderInfo:
     from torch.utils.data import IterableDataset
 
@@ -387,6 +396,7 @@ def _loader_info(
         fetch_wall_s=wall,
         fetch_cpu_s=cpu,
         wait_s=sum(later) / len(later) if later else None,
+        taken=taken,
     )
 
 

@@ -54,7 +54,15 @@ def numerics_cell(n: NumericsCheck | None) -> str:
 
 
 def status_cell(v: FixVerdict) -> str:
-    return "kept" if v.kept else "reverted"
+    """kept; reverted (applied, timed or tried, and taken back); not run (it does not apply, or the
+    budget ran out before it: nothing was applied, nothing to take back)."""
+    if v.kept:
+        return "kept"
+    return (
+        "not run"
+        if v.verdict is None and v.rounds == 0 and v.numerics is None and v.stalled is None
+        else "reverted"
+    )
 
 
 def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
@@ -64,7 +72,10 @@ def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
 
 
 def headline(report: FixReport) -> str:
-    base = f"baseline {fmt_us(report.baseline_us)} per step over {report.baseline_rounds} processes"
+    if not report.baseline_rounds or report.baseline_us is None:
+        return "the script as written timed no step: nothing was measured (see below for why)."
+    n = report.baseline_rounds
+    base = f"baseline {fmt_us(report.baseline_us)} per step over {n} process{'es' if n > 1 else ''}"
     if report.baseline_spread_pct is not None:
         base += f" (up to {report.baseline_spread_pct:.1f}% apart)"
     if not report.final:
@@ -176,7 +187,8 @@ def _fix_rows(report: FixReport, console: Console) -> None:
 def render_fix_terminal(report: FixReport, console: Console) -> None:
     section(console, f"gpudoctor fix: {' '.join(report.argv)}")
     console.print(Text(f"  {report.device} · torch {report.torch} · {headline(report)}"))
-    _fix_rows(report, console)
+    if rows(report):
+        _fix_rows(report, console)
     for note in [*compile_lines(report), *report.notes]:
         dim_line(console, note)
     if report.diff:
@@ -201,8 +213,9 @@ def render_fix_terminal(report: FixReport, console: Console) -> None:
 def render_fix_markdown(report: FixReport) -> str:
     out = [f"## gpudoctor fix: `{_code(' '.join(report.argv))}`", "",
            f"{md_text(report.device)} · torch {md_text(str(report.torch))}", "", f"**{md_text(headline(report))}**", ""]  # fmt: skip
-    out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
-    out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for _, cells in rows(report)]
+    if rows(report):
+        out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
+        out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for _, cells in rows(report)]
     out += [""] + [f"- {md_text(line)}" for line in [*compile_lines(report), *report.notes]]
     if report.diff:
         out += ["", "### The change", "", "```diff", _fence(report.diff.rstrip("\n")), "```"]
@@ -245,7 +258,9 @@ def render_fix_html(report: FixReport) -> str:
         f"<header><h1>gpudoctor fix: <code>{escape(' '.join(report.argv))}</code></h1>"
         f'<p class="meta">{escape(report.device)} · torch {escape(str(report.torch))}</p></header>',
         f'<p class="bound">{escape(headline(report))}</p>',
-        f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>',
+        f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+        if body
+        else "",
         "".join(f'<p class="meta">{escape(n)}</p>' for n in [*compile_lines(report), *report.notes]),
     ]
     if report.diff:

@@ -537,6 +537,11 @@ class LiveCapture:
         self._clock = StepClock(self._cuda)
         self.phase = "traced"
 
+    def _root_name(self) -> str | None:
+        """The class of the module the script calls each step (a compiled one's original), if known."""
+        root = self._detector.root_module if self._detector is not None else None
+        return None if root is None else type(getattr(root, "_orig_mod", None) or root).__name__
+
     def _label_modules(self) -> None:
         detector = self._detector
         if detector is None:
@@ -659,7 +664,9 @@ class LiveCapture:
             "trace_files": self.trace_files,
             "steps_seen": self.steps_seen,
             "notes": tuple(self.notes),
-            "step": None if definition is None else StepFound.of(definition, self.calls_per_step),
+            "step": None
+            if definition is None
+            else StepFound.of(definition, self.calls_per_step, self._root_name()),
         }
 
 

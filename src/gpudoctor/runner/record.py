@@ -60,8 +60,10 @@ class StepFound:
     calls_per_step: float | None = None  # root module calls per step, as measured in the light phase
 
     @classmethod
-    def of(cls, definition: Any, calls_per_step: float | None) -> StepFound:
-        return cls(definition.source, definition.description, definition.module, calls_per_step)
+    def of(cls, definition: Any, calls_per_step: float | None, root: str | None = None) -> StepFound:
+        """`root`: the root module's class where the definition names none (a step of the optimizer,
+        with the root module called in it, several times under gradient accumulation)."""
+        return cls(definition.source, definition.description, definition.module or root, calls_per_step)
 
 
 @dataclass(frozen=True)
