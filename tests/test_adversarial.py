@@ -521,6 +521,18 @@ def test_a_missing_module_or_script_is_a_usage_error_and_makes_no_run_directory(
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_script_that_does_not_compile_is_a_usage_error_of_every_command_that_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a script with a syntax error (a colon left out)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("import torch\nfor i in range(3)\n    print(i)\n")
+    # THEN run, fix and batch say so in one line, where Python would point, before starting anything
+    for command in ("run", "fix", "batch"):
+        one_line_error(run(command, "train.py"), "does not compile", "SyntaxError", "train.py, line 2")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.py"]
+
+
 def test_a_trace_that_cannot_be_gzipped_is_kept_raw(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpudoctor.runner import rundir
 

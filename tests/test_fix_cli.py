@@ -120,9 +120,13 @@ def test_item_in_the_loop_is_reported_with_its_line(starved: Path, tmp_path: Pat
     assert sync.where.endswith("train.py:25")
 
 
-def test_ctrl_c_writes_the_results_so_far_and_exits_130(
-    starved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_writes_the_results_so_far_and_exits_130_or_143(
+    starved: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
+    import os
+    import signal
+
     from gpudoctor.fixes import launch
     from gpudoctor.fixes.observe import Observations
     from gpudoctor.fixes.round import RoundResult
@@ -134,7 +138,9 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
         self: object, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
     ) -> RoundResult:
         calls.append(label)
-        if len(calls) == 4:  # the second round of the fix: Ctrl-C
+        if len(calls) == 4:  # the second round of the fix: Ctrl-C, or a scheduler's SIGTERM
+            if how == "sigterm":
+                os.kill(os.getpid(), signal.SIGTERM)
             raise KeyboardInterrupt
         return RoundResult(fixes, "stopped", 0, "perf_counter", (10.0, 11.0, 10.5), 5, observations=seen,
                            patches={f: PatchOutcome(True, changes=(f,)) for f in fixes})  # fmt: skip
@@ -144,12 +150,16 @@ def test_ctrl_c_writes_the_results_so_far_and_exits_130(
     result = fix(
         "--no-diagnose", "--no-fork", "--blocks", "0", "--only", "tf32", "--out", str(out), "train.py"
     )
-    assert result.exit_code == 130
+    assert result.exit_code == (130 if how == "ctrl-c" else 143)
     report = report_of(out)
     assert report.interrupted and not report.complete
     (tf32,) = report.verdicts
-    assert not tf32.kept and tf32.reason == "interrupted (Ctrl-C) after 1 rounds" and tf32.rounds == 1
+    said = "Ctrl-C" if how == "ctrl-c" else "SIGTERM"
+    assert not tf32.kept and tf32.reason == f"interrupted ({said}) after 1 rounds" and tf32.rounds == 1
     assert (out / "fix.md").exists()
+    assert signal.getsignal(signal.SIGTERM) is not None and "stop" not in repr(
+        signal.getsignal(signal.SIGTERM)
+    )
 
 
 def test_a_script_that_does_not_run_as_written_is_an_error_with_its_output_kept(

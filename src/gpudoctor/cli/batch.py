@@ -46,11 +46,13 @@ def batch_command(
     from gpudoctor.analysis.batch_plan import SweepPlan, sweep
     from gpudoctor.doctor.run import default_out
     from gpudoctor.report.batch_view import render_html, render_sweep
+    from gpudoctor.runner.launch import check_runnable
     from gpudoctor.runner.rundir import write_batch
     from gpudoctor.runner.sweep import measure_in_process
 
     set_debug(ctx, debug)
     target, args = command[0], command[1:]
+    check_runnable(target, module=module)  # a missing or broken script: one line, before any batch
     out = out or default_out(target, "-batch")
     child = ["--warmup", str(warmup), "--light-steps", str(light_steps)]
     child += ["--batch-arg", batch_arg] if batch_arg else []

@@ -3,7 +3,8 @@ candidate fix to the unmodified script — switched in blocks of one process whe
 processes — keep it only if it is faster beyond noise with the same results, combine the kept ones, and
 print the table and the diff. Writes the fix directory as it
 goes (fix.json after every fix; fix.md, fix.html, fix.diff, calibration.json at the end); Ctrl-C keeps
-the results so far and exits 130; a script that does not run as written exits 1, its output kept."""
+the results so far and exits 130 (SIGTERM and SIGHUP likewise, exiting 128 + the signal); a script that
+does not compile is a usage error (exit 2); one that does not run as written exits 1, its output kept."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpudoctor.cli.common import DebugOption, own_options_after_script, set_debug, stdout_console
+from gpudoctor.runner.launch import check_runnable
 from gpudoctor.runner.ranks import RankEnv
 from gpudoctor.util.errors import UsageError
+from gpudoctor.util.signals import signals_interrupt
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -111,8 +114,8 @@ def fix_command(
         script = FixTarget(command[0], tuple(command[1:]), module)
     else:
         raise UsageError("give a script (gpudoctor fix train.py ...) or a run directory (--from RUN_DIR)")
-    if not script.module and not Path(script.target).is_file():
-        raise UsageError(f"no such script: {script.target}")
+    if not script.module:
+        check_runnable(script.target)
     options = FixOptions(
         rounds=rounds, warmup=warmup, warmup_s=warmup_s, steps=steps, steps_s=steps_s, record=record, seed=seed,
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
@@ -128,12 +131,15 @@ def fix_command(
     if aa:
         _run_aa(script, out, options, console)
         return
-    report = _run(script, out, options, inputs, diagnose, console)
+    # a scheduler's SIGTERM (or a closed terminal's SIGHUP) stops it as Ctrl-C does: the rounds ended,
+    # the results so far written
+    with signals_interrupt() as received:
+        report = _run(script, out, options, inputs, diagnose, console)
     _write_all(out, report)
     render_fix_terminal(report, console)
     console.print(f"\nfix directory: {out}")
     if report.interrupted:
-        raise typer.Exit(130)
+        raise typer.Exit(128 + received[0] if received else 130)
     if not report.baseline_rounds:  # the script as written did not run: nothing to compare fixes with
         why = next((n for n in report.notes if n.startswith("the baseline did not run")), "no baseline")
         print(

@@ -58,6 +58,7 @@ from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.rules.finding import Diagnosis
+from gpudoctor.util.signals import interruption
 
 FIRST_VERDICTS = 4  # candidates judged before time is kept back for the check against the script
 NOISY_SPREAD_PCT = 10.0  # the baseline's processes further apart than this: the report says so
@@ -100,11 +101,12 @@ class FixSession:
         try:
             self._run()
             self.complete = True
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             self.interrupted = True
-            self.notes.append("interrupted (Ctrl-C): the results so far")
+            how = interruption(err)
+            self.notes.append(f"interrupted ({how}): the results so far")
             for at in self._open:
-                at.failure = at.failure or f"interrupted (Ctrl-C) after {len(at.runs)} rounds"
+                at.failure = at.failure or f"interrupted ({how}) after {len(at.runs)} rounds"
                 tried = self._tried(at)
                 if at.cand is not None:
                     self.tried.append(tried)

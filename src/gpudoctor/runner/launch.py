@@ -63,6 +63,7 @@ def check_runnable(target: str, *, module: bool = False) -> ModuleSpec | None:
     if not module:
         if not Path(target).is_file():
             raise UsageError(f"no such script: {target}")
+        check_syntax(target)
         return None
     saved = sys.path[:]
     sys.path.insert(0, str(Path.cwd()))
@@ -73,6 +74,19 @@ def check_runnable(target: str, *, module: bool = False) -> ModuleSpec | None:
     if spec is None:
         raise UsageError(f"no module named {target!r}")
     return spec
+
+
+def check_syntax(target: str) -> None:
+    """A `UsageError` where the script does not compile: said before any process starts or waits on
+    it, as the line Python would point to."""
+    try:
+        compile(Path(target).read_bytes(), target, "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as err:  # ValueError: a null byte in the source
+        where = f"{target}, line {err.lineno}" if isinstance(err, SyntaxError) and err.lineno else target
+        what = err.msg if isinstance(err, SyntaxError) else str(err)
+        raise UsageError(f"the script does not compile: {type(err).__name__}: {what} ({where})") from None
+    except OSError as err:
+        raise UsageError(f"cannot read the script: {err}") from None
 
 
 def _find_module(name: str) -> ModuleSpec | None:
