@@ -80,6 +80,13 @@ def test_a_small_gain_inside_the_noise_is_reverted() -> None:
             "a saving of +3.0%, CI +1.0% to +5.0%: the rank test does not confirm it, p=0.2",
         ),
         (0.99, 0.97, 1.02, 0.03, "too noisy to tell: 95% CI of the saving -2.0% to +3.0%"),
+        (  # the test holds (p=0.026), but a 0.9% saving, the interval's near end, is drift
+            0.961,
+            0.931,
+            0.991,
+            0.026,
+            "a saving of +3.9%, CI +0.9% to +6.9%: p=0.026, but the interval reaches into the ±1% that counts as drift",
+        ),
     ],
 )
 def test_an_ambiguous_comparison_says_why_it_is_no_reason_to_keep(

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from gpudoctor.timing.compare import SAME_WITHIN, Verdict
+from gpudoctor.timing.compare import ALPHA, SAME_WITHIN, Verdict
 from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
 
 NOISE_FACTOR = 3.0  # a fix may differ from the baseline by this many times the baseline's own spread
@@ -159,8 +159,11 @@ def ambiguous_reason(timing: Judged) -> str:
     ci = f"{saving(timing.ci_high):+.1f}% to {saving(timing.ci_low):+.1f}%"
     if timing.ci_low <= 1 <= timing.ci_high:
         return f"no significant difference (too noisy to tell: 95% CI of the saving {ci})"
+    drift = f"±{100 * timing.same_within:g}% that counts as drift"
     if abs(1 - timing.ratio) < timing.same_within:
-        why = f"under the ±{100 * timing.same_within:g}% that counts as drift"
-    else:
+        why = f"under the {drift}"
+    elif timing.p_value >= ALPHA:
         why = f"the rank test does not confirm it, p={timing.p_value:.2g}"
+    else:  # the test holds, but the interval's near end is a change too small to tell from drift
+        why = f"p={timing.p_value:.2g}, but the interval reaches into the {drift}"
     return f"no significant difference (a saving of {saving(timing.ratio):+.1f}%, CI {ci}: {why})"
