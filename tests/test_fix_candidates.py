@@ -278,6 +278,10 @@ def test_what_does_not_apply_is_said_and_why() -> None:
         why_not("pin_memory", obs(cuda=False), 25)
         == "does not apply: no CUDA device: nothing is copied to a GPU"
     )
+    assert why_not("cudnn_benchmark", obs(cuda=False, conv=True), 25) == (
+        "does not apply: no CUDA device: cuDNN is not used"
+    )
+    assert why_not("cudnn_benchmark", obs(conv=True), 25) is None
     assert all(
         why_not(f, o, 25) is None
         for f in ("tf32", "autocast", "compile", "fused_optimizer", "workers:4", "noop")

@@ -36,6 +36,8 @@ def why_not(fix: str, obs: Observations, steps: int) -> str | None:
         reason = f"the root module's parameters are {root.dtype}, not float32"
     elif kind in ("channels_last", "cudnn_benchmark") and root is not None and not root.conv2d:
         reason = f"{root.cls} has no Conv2d"
+    elif kind == "cudnn_benchmark" and not obs.cuda:
+        reason = "no CUDA device: cuDNN is not used"
     elif kind == "cudnn_benchmark" and obs.cudnn_benchmark:
         reason = "torch.backends.cudnn.benchmark is already on"
     elif kind == "sdpa" and root is not None and root.hf_attention != "eager":
