@@ -90,6 +90,11 @@ def test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest(starved: Pa
         assert (out / name).exists()
     assert "DataLoader workers (2)" in result.output and "kept" in result.output
     assert starved.read_text() == STARVED  # the script itself is never edited
+    # piped (no terminal, no progress bar): a line as each stage starts and as each fix is judged
+    progress = result.output[: result.output.index("gpudoctor fix: ")]
+    assert "  baseline…" in progress and "  fix 1/3 — DataLoader workers (2)…" in progress
+    assert "  zero_grad(set_to_none=True): -, not run" in progress  # it does not apply
+    assert f"  DataLoader workers (2): {workers.measured_saving_pct:.1f}%" in progress
 
 
 @pytest.mark.slow

@@ -161,11 +161,17 @@ def _run(
 
     from gpudoctor.fixes.api import run_fix
     from gpudoctor.fixes.session import Progress as Step
+    from gpudoctor.report.fix_view import saving_cell, status_cell
     from gpudoctor.runner.rundir import write_fix_progress
 
     bars = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
                     console=console, transient=True)  # fmt: skip
     task = bars.add_task("starting", total=None)
+
+    # piped to a log (a batch job, CI) the bar is not drawn: a line per stage and per fix verdict instead,
+    # so that ten minutes of rounds are not ten minutes of nothing
+    lines = not console.is_terminal
+    shown, started = [0], [""]
 
     def progress(p: Step) -> None:
         if p.together:  # every fix in each round, beside one baseline
@@ -175,6 +181,9 @@ def _run(
             bars.update(task, description=what, total=p.rounds, completed=p.round - 1)
             return
         what = "baseline" if p.stage == "baseline" else f"{p.stage} {p.index}/{p.count} — {_titles(p.fix)}"
+        if lines and what != started[0]:
+            console.print(f"  {what}…", markup=False, highlight=False, style="dim")
+            started[0] = what
         rounds = "" if p.stage == "baseline" else f" — round {p.round}/{p.rounds} ({p.side})"
         done = 0 if p.stage == "baseline" else 2 * (p.round - 1) + (p.side == "candidate")
         bars.update(
@@ -184,10 +193,23 @@ def _run(
             completed=done,
         )
 
+    def updated(report: FixReport) -> None:
+        write_fix_progress(out, report.to_json())
+        if lines:
+            for v in report.verdicts[shown[0] :]:
+                console.print(
+                    f"  {v.title}: {saving_cell(v)}, {status_cell(v)}", markup=False, highlight=False
+                )
+            shown[0] = len(report.verdicts)
+
+    def stage(what: str) -> None:
+        bars.update(task, description=what)
+        if lines:
+            console.print(f"  {what}…", markup=False, highlight=False, style="dim")
+
     with bars:
         return run_fix(script, out, options, inputs=inputs, diagnose=diagnose, on_progress=progress,
-                       on_update=lambda r: write_fix_progress(out, r.to_json()),
-                       on_stage=lambda s: bars.update(task, description=s))  # fmt: skip
+                       on_update=updated, on_stage=stage)  # fmt: skip
 
 
 def _run_aa(script: FixTarget, out: Path, options: FixOptions, console: Console) -> None:
