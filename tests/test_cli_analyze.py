@@ -333,3 +333,25 @@ def test_without_shapes_the_roofline_says_how_to_get_it() -> None:
     result = run("analyze", fixture("inference"))
     section = " ".join(result.stdout.split("Roofline")[1].split("Launches")[0].split())
     assert "record_shapes=True" in section
+
+
+def test_ops_of_a_cpu_only_trace_are_ranked_by_cpu_time_without_empty_gpu_columns() -> None:
+    from io import StringIO
+
+    from gpudoctor.analysis.cpu import OpStat
+    from gpudoctor.report.tables import render_ops
+
+    def shown(ops: tuple[OpStat, ...]) -> str:
+        out = StringIO()
+        render_ops(ops, Console(file=out, width=120, force_terminal=False, color_system=None), top=5)
+        return out.getvalue()
+
+    cpu = shown(
+        (
+            OpStat("aten::gru", 10, 9_000.0, 2_000.0, 0.0, 0.0, 0),
+            OpStat("aten::mm", 40, 3_000.0, 3_000.0, 0.0, 0.0, 0),
+        )
+    )
+    assert "Top ops (by CPU time: no GPU work)" in cpu and "GPU self" not in cpu and "kernels" not in cpu
+    gpu = shown((OpStat("aten::mm", 40, 3_000.0, 3_000.0, 2_500.0, 2_500.0, 40),))
+    assert "Top ops (by GPU time)" in gpu and "GPU self" in gpu and "kernels" in gpu

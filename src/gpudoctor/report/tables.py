@@ -195,22 +195,19 @@ def render_syncs(s: SyncReport, console: Console) -> None:
 
 
 def render_ops(ops: tuple[OpStat, ...], console: Console, top: int) -> None:
-    section(console, "Top ops (by GPU time)")
+    # ranked by GPU time, then CPU time (`analysis.cpu`): where no op launched GPU work (a CPU run), by
+    # CPU time, and the GPU's columns would be zeros
+    gpu = any(o.gpu_total_us or o.kernels for o in ops)
+    section(console, "Top ops (by GPU time)" if gpu or not ops else "Top ops (by CPU time: no GPU work)")
     if not ops:
         not_available(console, "no PyTorch ops recorded")
         return
-    t = table("op", "calls", "GPU self", "GPU total", "CPU self", "CPU total", "kernels", flexible=0)
+    head = ("op", "calls", *(("GPU self", "GPU total") if gpu else ()), "CPU self", "CPU total")
+    t = table(*head, *(("kernels",) if gpu else ()), flexible=0)
     for o in ops[:top]:
-        t.add_row(
-            cut(o.name),
-            count(o.calls),
-            dur(o.gpu_self_us),
-            dur(o.gpu_total_us),
-            dur(o.cpu_self_us),
-            dur(o.cpu_total_us),
-            count(o.kernels),
-        )
+        gpu_cells = (dur(o.gpu_self_us), dur(o.gpu_total_us)) if gpu else ()
+        kernels = (count(o.kernels),) if gpu else ()
+        t.add_row(cut(o.name), count(o.calls), *gpu_cells, dur(o.cpu_self_us), dur(o.cpu_total_us), *kernels)
     console.print(t)
-    dim_line(
-        console, "self: the op alone; total: with its child ops; kernels: GPU activities the op launched"
-    )
+    said = "; kernels: GPU activities the op launched" if gpu else ""
+    dim_line(console, f"self: the op alone; total: with its child ops{said}")
