@@ -222,7 +222,8 @@ class LiveCapture:
             self._memory_rows = 0
             self.memory_recorder.restart()
             self.notes.append(
-                f"the step is {definition.description}, not {previous.description}: started again"
+                f"the step is {definition.description}, not {previous.description}: the warm-up and the "
+                "timing started again from there"
             )
         else:
             self.notes.append(f"the step became {definition.description} after tracing had begun")
