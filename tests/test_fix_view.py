@@ -145,3 +145,6 @@ def test_a_script_that_timed_no_step_gets_no_baseline_figure_and_no_empty_table(
     assert "over 1 process;" in headline(replace(REPORT, baseline_rounds=1, baseline_spread_pct=None))
     never = replace(REPORT.verdicts[3], verdict=None, rounds=0, reason="does not apply: no CUDA device")
     assert status_cell(never) == "not run" and status_cell(REPORT.verdicts[2]) == "reverted"
+    late = replace(never, reason="the time budget ran out after 0 of 4 rounds")
+    failed = replace(never, reason="exception: RuntimeError: CUDA out of memory")  # applied, and it failed
+    assert status_cell(late) == "not run" and status_cell(failed) == "reverted"

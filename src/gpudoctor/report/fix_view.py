@@ -15,6 +15,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from gpudoctor.fixes.budget import RAN_OUT
 from gpudoctor.fixes.result import FixReport, FixVerdict
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.report.html_style import CSS
@@ -23,6 +24,7 @@ from gpudoctor.report.style import dim_line, section
 from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_us
 
+NEVER_RUN = ("does not apply", RAN_OUT)  # reasons of fixes never applied
 HEAD = ("fix", "predicted saving", "measured saving (95% CI)", "numerics", "", "why")
 
 
@@ -54,15 +56,12 @@ def numerics_cell(n: NumericsCheck | None) -> str:
 
 
 def status_cell(v: FixVerdict) -> str:
-    """kept; reverted (applied, timed or tried, and taken back); not run (it does not apply, or the
-    budget ran out before it: nothing was applied, nothing to take back)."""
+    """kept; reverted (applied, and taken back: timed and not kept, or failed); not run (it does not
+    apply, or the budget ran out before its first round: nothing was applied, nothing to take back)."""
     if v.kept:
         return "kept"
-    return (
-        "not run"
-        if v.verdict is None and v.rounds == 0 and v.numerics is None and v.stalled is None
-        else "reverted"
-    )
+    never = v.reason.startswith(NEVER_RUN) and v.rounds == 0 and v.verdict is None
+    return "not run" if never else "reverted"
 
 
 def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
