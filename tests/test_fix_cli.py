@@ -195,6 +195,9 @@ def test_a_script_that_does_not_run_as_written_is_an_error_with_its_output_kept(
         (["--budget", "soon", "train.py"], "not a duration"),
         (["--compile-mode", "fast", "train.py"], "--compile-mode must be one of"),
         (["missing.py"], "no such script"),
+        (["--skip", "warp_speed", "train.py"], "unknown fix 'warp_speed'"),
+        (["--budget", "0", "train.py"], "give a time to spend"),
+        (["--out", "train.py", "train.py"], "a file is there, not a fix directory"),
     ],
 )
 def test_bad_options_are_one_line_errors(starved: Path, args: list[str], message: str) -> None:

@@ -148,3 +148,20 @@ def test_a_script_that_timed_no_step_gets_no_baseline_figure_and_no_empty_table(
     late = replace(never, reason="the time budget ran out after 0 of 4 rounds")
     failed = replace(never, reason="exception: RuntimeError: CUDA out of memory")  # applied, and it failed
     assert status_cell(late) == "not run" and status_cell(failed) == "reverted"
+
+
+def test_a_fix_not_kept_has_no_payback_and_nothing_tried_is_not_nothing_faster() -> None:
+    from dataclasses import replace
+
+    from gpudoctor.report.fix_view import compile_lines, headline
+
+    compiled = replace(REPORT.verdicts[2], compile_s=3.1, payback_steps=66_589.0)  # autocast, not kept
+    lines = compile_lines(replace(REPORT, verdicts=(compiled,), combination=None))
+    assert lines == ["bfloat16 autocast: compiling took 3.1 s (not in the step times)"]
+    kept = replace(compiled, kept=True)
+    assert (
+        "paid back after 66,589 steps"
+        in compile_lines(replace(REPORT, verdicts=(kept,), combination=None))[0]
+    )
+    nothing = replace(REPORT, verdicts=(), combination=None, final=(), final_saving_pct=None)
+    assert headline(nothing).endswith("no fix applies to this script (see below for what is left to you).")

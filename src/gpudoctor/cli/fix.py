@@ -19,6 +19,7 @@ import typer
 from gpudoctor.cli.common import DebugOption, own_options_after_script, set_debug, stdout_console
 from gpudoctor.runner.launch import check_runnable
 from gpudoctor.runner.ranks import RankEnv
+from gpudoctor.runner.rundir import prepare_fix_dir
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.signals import signals_interrupt
 
@@ -42,13 +43,29 @@ def parse_duration(text: str) -> float:
     if not m:
         raise UsageError(f"not a duration: {text!r} (e.g. 90s, 10m, 1h)")
     scale = {"s": 1, None: 1, "m": 60, "min": 60, "h": 3600}[m.group(2)]
-    return float(m.group(1)) * scale
+    seconds = float(m.group(1)) * scale
+    if seconds <= 0:
+        raise UsageError(
+            f"--budget {text}: give a time to spend, e.g. 5m (the diagnosis alone takes seconds)"
+        )
+    return seconds
 
 
 def _ids(text: str | None) -> tuple[str, ...]:
     from gpudoctor.fixes.catalog import validate
 
     return tuple(validate(f.strip()) for f in (text or "").split(",") if f.strip())
+
+
+def _skipped(text: str | None) -> tuple[str, ...]:
+    """--skip: fix ids or kinds (`workers` skips every worker count); an unknown one is a usage error,
+    not a silent no-op."""
+    from gpudoctor.fixes.catalog import spec_of
+
+    items = tuple(s.strip() for s in (text or "").split(",") if s.strip())
+    for item in items:
+        spec_of(item)  # a UsageError naming it where it is no fix
+    return items
 
 
 SEVERAL_RANKS = (
@@ -120,13 +137,13 @@ def fix_command(
         rounds=rounds, warmup=warmup, warmup_s=warmup_s, steps=steps, steps_s=steps_s, record=record, seed=seed,
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
-        skip=tuple(s.strip() for s in (skip or "").split(",") if s.strip()), fork=fork,
+        skip=_skipped(skip), fork=fork,
         shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s,
     )  # fmt: skip
     if blocks == 1:
         raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
     out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_fix_dir(out)
     console = stdout_console()
     if aa:
         _run_aa(script, out, options, console)

@@ -77,6 +77,8 @@ def headline(report: FixReport) -> str:
     base = f"baseline {fmt_us(report.baseline_us)} per step over {n} process{'es' if n > 1 else ''}"
     if report.baseline_spread_pct is not None:
         base += f" (up to {report.baseline_spread_pct:.1f}% apart)"
+    if not report.final and not rows(report):
+        return f"{base}; no fix applies to this script (see below for what is left to you)."
     if not report.final:
         return f"{base}; no fix was faster beyond noise with the same results."
     saving = report.final_saving_pct
@@ -88,7 +90,8 @@ def compile_lines(report: FixReport) -> list[str]:
     out = []
     for v in [*report.verdicts, *([report.combination] if report.combination else []), *report.stacked]:
         if v.compile_s:
-            payback = f", paid back after {v.payback_steps:,.0f} steps" if v.payback_steps else ""
+            # what a kept fix's compile costs, against what it saves; a fix not kept saves nothing
+            payback = f", paid back after {v.payback_steps:,.0f} steps" if v.payback_steps and v.kept else ""
             out.append(f"{v.title}: compiling took {v.compile_s:.1f} s (not in the step times){payback}")
     return out
 

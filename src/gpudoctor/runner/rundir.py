@@ -84,6 +84,24 @@ def prepare_run_dir(out: Path) -> None:
         raise OutputError(f"cannot make the run directory {shown}: {err.strerror or err}") from None
 
 
+def prepare_fix_dir(out: Path) -> None:
+    """Make `out` ready for `gpudoctor fix`: a new or empty directory, or an earlier fix's (its files
+    replaced as this one goes); a file there, or a directory of other files, is a one-line error."""
+    shown = printable(str(out))
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {shown}: a file is there, not a fix directory; choose another path")
+    ours = (FIX_FILE, ROUNDS_DIR, AA_FILE, DIAGNOSIS_RUN)
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).exists() for name in ours):
+        raise UsageError(
+            f"--out {shown}: this directory holds other files and no gpudoctor fix; "
+            f"choose a new or empty directory"
+        )
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise OutputError(f"cannot make the fix directory {shown}: {err.strerror or err}") from None
+
+
 def _holds_only_runs(folder: Path) -> bool:
     """A folder of gpudoctor runs alone (the demo's recorded run beside its own)."""
     return all(child.is_dir() and is_run_dir(child) for child in folder.iterdir())
