@@ -167,12 +167,22 @@ class _Tracing:
         self.last_line: dict[int, int] = {}  # id(frame) -> its last line
         self.keys: dict[tuple[CodeType, int], LoopKey] = {}
         self.installed = False
+        self.running: list[FrameType] = []  # the user's frames that were running at the start, traced
 
     def start(self) -> str | None:
         if sys.gettrace() is not None:
             return "another tracer (a debugger or coverage) is installed"
         sys.settrace(self._on_call)
         self.installed = True
+        # sys.settrace reaches the frames called from now on; the user's frames already running (the one
+        # whose `with gpudoctor.profile():` block holds the loop) get the line tracer themselves
+        frame = sys._getframe(1)
+        while frame is not None:
+            if self.watcher.user_code(frame.f_code.co_filename):
+                self.last_line[id(frame)] = frame.f_lineno
+                frame.f_trace = self._on_line
+                self.running.append(frame)
+            frame = frame.f_back
         return None
 
     def _on_call(self, frame: FrameType, event: str, arg: Any) -> Any:
@@ -200,4 +210,8 @@ class _Tracing:
     def stop(self) -> None:
         if self.installed and sys.gettrace() == self._on_call:
             sys.settrace(None)
+        for frame in self.running:
+            if frame.f_trace == self._on_line:
+                frame.f_trace = None
+        self.running.clear()
         self.installed = False
