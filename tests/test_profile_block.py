@@ -25,7 +25,9 @@ def test_a_loop_in_the_block_itself_is_the_step(tmp_path: Path) -> None:
     # THEN its iterations are the steps, found in this very frame
     record = p.run_report.record
     assert record is not None and record.step is not None and record.step.source == "loop", record.notes
-    assert "test_profile_block.py:21 in test_a_loop_in_the_block_itself_is_the_step()" in record.step.description
+    assert (
+        "test_profile_block.py:21 in test_a_loop_in_the_block_itself_is_the_step()" in record.step.description
+    )
     assert record.steps_seen >= 13  # 10 timed without the profiler and 3 traced, at least
     # AND nothing stays installed: no tracer, no frame left with ours
     assert capture._ACTIVE is None and sys.gettrace() is None
