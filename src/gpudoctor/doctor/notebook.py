@@ -52,6 +52,12 @@ class ProfileOptions:
         )  # fmt: skip
 
 
+NESTED = (
+    "gpudoctor.profile(): this block ran inside another capture of this process (gpudoctor run, gpudoctor "
+    "fix, or an outer profile()), which recorded it: its report is that one's"
+)
+
+
 class Profile:
     """A block of the caller's code under the doctor (`gpudoctor.profile()`); one use."""
 
@@ -70,6 +76,7 @@ class Profile:
         self._live: Any = None
         self._started = ""
         self._report: RunReport | None = None
+        self._nested = False  # entered while another capture held this process: a pass-through
 
     def __enter__(self) -> Profile:
         from gpudoctor.runner import capture as capture_module
@@ -78,7 +85,11 @@ class Profile:
         if self._started:
             raise UsageError("a gpudoctor.profile() runs once: start another for another block")
         if capture_module._ACTIVE is not None:
-            raise UsageError("gpudoctor is already capturing here (gpudoctor run, or another profile())")
+            # inside `gpudoctor run` or `fix` (or another profile()), which capture this process already:
+            # the block runs as it is, theirs is the capture; the script is not stopped for using us
+            self._nested = True
+            self._started = now_utc()
+            return self
         self._started = now_utc()
         live = self.options.live()
         caller = sys._getframe(1).f_code.co_filename  # the block's own loops are the script's
@@ -91,6 +102,8 @@ class Profile:
     def __exit__(
         self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if self._nested:
+            return
         capture, live = self._capture, self._live
         assert capture is not None and live is not None
         capture.uninstall()
@@ -104,6 +117,8 @@ class Profile:
     @property
     def run_report(self) -> RunReport:
         """The doctor's report of the block (after it ended)."""
+        if self._nested:
+            raise UsageError(NESTED)
         if self._report is None:
             raise UsageError("the profiled block has not ended yet: read .report after the with block")
         return self._report
@@ -111,6 +126,8 @@ class Profile:
     @property
     def report(self) -> Any:
         """The report, presented: text in a console, the HTML report inline in Jupyter."""
+        if self._nested:
+            return NESTED
         report = self.run_report
         return self._present(report) if self._present is not None else report
 
