@@ -117,3 +117,19 @@ def test_markdown_escapes_names_from_the_trace(tmp_path: Path) -> None:
     md = render_markdown(analysis, diagnose(analysis))
     assert "<script" not in md and "<img" not in md
     assert md_text("a|b<c>") == "a\\|b&lt;c&gt;"
+
+
+def test_the_step_without_the_profiler_leads_the_figures_and_the_traced_median_is_named_so() -> None:
+    # GIVEN a run's trace with its step measured without the profiler (the traced steps are slower)
+    trace = load_trace(TRACES / "sync_every_step.json.gz")
+    analysis = analyze(trace, unprofiled_step_us=6_949.0)
+    diagnosis = diagnose(analysis)
+    page = render_html(analysis, diagnosis, step_timeline(trace))
+    markdown = render_markdown(analysis, diagnosis)
+    # THEN the HTML and Markdown reports headline the step the loop pays, not the profiled one
+    assert "<b>6.95 ms</b><span>step time, no profiler</span>" in page
+    assert page.index("step time, no profiler") < page.index("traced step (median)")
+    assert "| step time, no profiler | 6.95 ms |" in markdown and "traced step (median)" in markdown
+    # AND a bare trace (no unprofiled step known) keeps its one step time
+    bare = analyze(trace)
+    assert "step time (median)" in render_html(bare, diagnose(bare), step_timeline(trace))
