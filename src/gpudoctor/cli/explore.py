@@ -54,7 +54,7 @@ def explore_command(
     size_list = _parse_sizes(sizes) if sizes else None
     if plot and not matplotlib_available():  # say so before minutes of measuring, not after
         raise UsageError(
-            "--plot needs matplotlib (pip install matplotlib); the table and --json work without it"
+            "--plot needs matplotlib (pip install matplotlib, or gpudoctor[plot]); the table and --json work without it"
         )
     for target in (json_path, plot):
         if target is not None:  # before minutes of measuring, not after

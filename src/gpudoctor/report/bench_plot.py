@@ -22,7 +22,7 @@ def plot_explore(result: ExploreResult, path: str | Path) -> Path:
     """Write the plot; the format follows the file's suffix (.png, .svg, .pdf)."""
     if not matplotlib_available():
         raise UsageError(
-            "--plot needs matplotlib (pip install matplotlib); the table and --json work without it"
+            "--plot needs matplotlib (pip install matplotlib, or gpudoctor[plot]); the table and --json work without it"
         )
     from matplotlib.figure import Figure  # not pyplot: no global figure state, no display needed
 
