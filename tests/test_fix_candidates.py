@@ -282,6 +282,12 @@ def test_what_does_not_apply_is_said_and_why() -> None:
         "does not apply: no CUDA device: cuDNN is not used"
     )
     assert why_not("cudnn_benchmark", obs(conv=True), 25) is None
+    compiled = replace(o, root=replace(o.root, compiled=True, autocast="bfloat16"))
+    assert (
+        why_not("compile", compiled, 25)
+        == "does not apply: the script compiles the model itself (torch.compile)"
+    )
+    assert why_not("autocast", compiled, 25) == "does not apply: Net already runs under bfloat16 autocast"
     assert all(
         why_not(f, o, 25) is None
         for f in ("tf32", "autocast", "compile", "fused_optimizer", "workers:4", "noop")

@@ -375,3 +375,19 @@ def test_float16_autocast_with_loss_scaling_cannot_leave_from_beneath_compile(tm
               "autocast:float16", "--compile-backend", "eager", *BLOCKS)  # fmt: skip
     assert r.switch_error is not None and "loss scaling" in r.switch_error
     assert r.failure is not None and r.failure.startswith("could not be switched in the running process")
+
+
+def test_a_model_the_script_compiles_and_runs_under_autocast_is_seen_so(tmp_path: Path) -> None:
+    from gpudoctor.fixes.applies import why_not
+
+    # GIVEN a script that compiles its model and calls it under bfloat16 autocast (a compiled root hides
+    # its layers from the observer's hooks: the autocast is seen at the call)
+    body = TRAIN.format(extra="pass").replace(
+        "optimizer = torch.optim", "model = torch.compile(model, backend='eager')\noptimizer = torch.optim"
+    ).replace("        loss = torch.nn.functional", "        with torch.autocast('cpu', dtype=torch.bfloat16):\n            loss = torch.nn.functional")  # fmt: skip
+    r = child(tmp_path, body)
+    root = r.observations.root if r.observations else None
+    # THEN neither compile nor autocast is tried on it: both are the script's already
+    assert r.failure is None and root is not None and root.compiled and root.autocast == "bfloat16"
+    assert why_not("compile", r.observations, r.steps_seen) is not None
+    assert why_not("autocast", r.observations, r.steps_seen) is not None

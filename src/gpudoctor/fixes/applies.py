@@ -32,6 +32,10 @@ def why_not(fix: str, obs: Observations, steps: int) -> str | None:
         reason = f"float32 matmul precision is already {obs.float32_matmul_precision!r}"
     elif kind in ("compile", "autocast", "channels_last", "cudnn_benchmark", "sdpa") and root is None:
         reason = "no nn.Module with parameters was called"
+    elif kind == "compile" and root is not None and root.compiled:
+        reason = "the script compiles the model itself (torch.compile)"
+    elif kind == "autocast" and root is not None and root.autocast is not None:
+        reason = f"{root.cls} already runs under {root.autocast} autocast"
     elif kind == "autocast" and root is not None and root.dtype != "float32":
         reason = f"the root module's parameters are {root.dtype}, not float32"
     elif kind in ("channels_last", "cudnn_benchmark") and root is not None and not root.conv2d:

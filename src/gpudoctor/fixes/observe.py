@@ -39,6 +39,7 @@ class RootInfo:
     # the dtype autocast computes its layers in (bfloat16, float16), seen inside its first call; None
     # without autocast or where not seen (a compiled root): the Trainer's bf16=True wraps the forward
     autocast: str | None = None
+    compiled: bool = False  # the script compiles it itself (torch.compile(model), model.compile())
 
 
 @dataclass(frozen=True)
@@ -292,7 +293,13 @@ class Observer:
             "hf_attention": getattr(config, "_attn_implementation", None),
             "names": self.finder.names,
             "site": self.finder.site,
+            # torch.compile(model), or model.compile(): compiled by the script itself
+            "compiled": type(module).__name__ == "OptimizedModule"
+            or getattr(module, "_compiled_call_impl", None) is not None,
         }
+        device = first.device.type
+        if torch.is_autocast_enabled(device):  # entered around the call (a compiled root shows it only here)
+            self._root["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
         self._shapes.append(_shapes(args, {}))
         self._hook = module.register_forward_pre_hook(self._on_call, with_kwargs=True)
         self._watch_autocast(module, first.device.type)
