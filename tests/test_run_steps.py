@@ -511,3 +511,19 @@ def test_a_recompilation_inside_the_light_phase_starts_it_again(tmp_path: Path) 
     # THEN the light phase started again after it and says so; its steps hold no compilation
     assert record.light is not None and len(record.light.times_us) >= 3
     assert any(n.startswith("the light phase started again after a recompilation") for n in record.notes)
+
+
+def test_the_module_view_goes_as_deep_as_the_run_labelled_the_modules(tmp_path: Path) -> None:
+    body = f"""
+        import torch
+        model = torch.nn.Sequential(torch.nn.Sequential({MLP}), torch.nn.ReLU())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        for i in range(400):
+            model(torch.randn(8, 32)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+        """
+    for depth in (1, 3):
+        run_script(tmp_path, body, "--module-depth", str(depth))
+        view = analysis_of(tmp_path).modules
+        assert view is not None and view.depth == depth

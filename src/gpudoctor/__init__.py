@@ -33,7 +33,7 @@ def profile(*, out: Any = None, **options: Any) -> Any:
     unknown = sorted(set(options) - known)
     if unknown:
         raise UsageError(
-            f"gpudoctor.profile(): no option {', '.join(unknown)} (options: {', '.join(sorted(known))})"
+            f"gpudoctor.profile(): no option {', '.join(unknown)} (options: {', '.join(sorted(known | {'out'}))})"
         )
     return Profile(ProfileOptions(**options), out=out, present=Shown)
 

@@ -201,8 +201,11 @@ def diagnose_run(out: Path, record: RunRecord) -> RunReport:
     trace_path = out / record.trace_files[0]
     try:
         trace = load_trace(trace_path)
+        # the module view as deep as the run labelled the modules (its --module-depth)
+        depth = (record.options or {}).get("module_depth")
+        deep = {"module_depth": depth} if isinstance(depth, int) and depth >= 1 else {}
         analysis, diagnosis = diagnose_loaded(
-            trace, AnalyzeOptions(unprofiled_us=unprofiled_step_us(record)), memory=memory
+            trace, AnalyzeOptions(unprofiled_us=unprofiled_step_us(record), **deep), memory=memory
         )
     except GpudoctorError as err:
         return replace(report, notes=(*notes, f"the trace could not be analyzed: {err}"))

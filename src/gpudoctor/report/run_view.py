@@ -104,10 +104,11 @@ def render_run_header(report: RunReport, console: Console) -> None:
             f"peak reserved {fmt_bytes(record.memory.get('reserved_bytes.all.peak', 0))}, "
             f"allocator retries {record.memory.get('num_alloc_retries', 0)}"
         )
-    if record.nvml_missing is None:
+    if record.nvml_missing is None and record.nvml_samples:
         console.print(f"  NVML: {len(record.nvml_samples)} samples")
-    else:
-        console.print(Text(f"  NVML: not recorded ({printable(record.nvml_missing)})", style="dim"))
+    else:  # no reason given, and no sample: say so rather than "0 samples"
+        why = record.nvml_missing or "no sample was taken in the light phase"
+        console.print(Text(f"  NVML: not recorded ({printable(why)})", style="dim"))
 
 
 def steps_sentence(record: RunRecord, report: RunReport) -> str:

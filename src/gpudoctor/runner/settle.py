@@ -125,6 +125,7 @@ def notes(light: StepTimes, *, agreed: bool) -> list[str]:
         out.append(
             f"the light phase did not settle ({how}): the quarters of its steps took {lo / 1e3:.1f}–"
             f"{hi / 1e3:.1f} ms a step, more than ±{100 * settling.tolerance:.0f}% apart; the unprofiled "
-            f"step ({kept_mean / 1e3:.1f} ms) is their mean — time it again, or longer (--light-seconds)"
+            f"step ({kept_mean / 1e3:.1f} ms) is their mean — time it again, or longer (--light-seconds; "
+            "light_seconds= in gpudoctor.profile())"
         )
     return out
