@@ -1,13 +1,16 @@
 """The processes left in a round's process group after its leader ended: DataLoader workers, compile
 workers or anything else the user's script started and did not stop. Left running they compete for the
 cores with the next round (a source of spread between processes), so a round's group is ended with it.
-Read from /proc (Linux); elsewhere nothing is found."""
+What ends by itself within a moment of its leader (multiprocessing's resource tracker, which leaves when
+its pipe closes) is not counted as left, nor is a zombie (dead already, waiting for a reaper that a
+container without an init may never run). Read from /proc (Linux); elsewhere nothing is found."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import time
 from pathlib import Path
 
 PROC = Path("/proc")
@@ -29,14 +32,23 @@ def group_members(pgid: int, proc: Path = PROC) -> list[int]:
             continue
         # pid (comm) state ppid pgrp …: comm may hold spaces and parentheses, so split after its end
         fields = stat[stat.rfind(")") + 2 :].split()
-        if len(fields) > 2 and fields[2] == str(pgid):
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in DEAD:
             found.append(int(entry.name))
     return found
 
 
-def end_group(pgid: int, proc: Path = PROC) -> int:
-    """Kill what is left in the group; how many processes were."""
+DEAD = ("Z", "X")  # zombie, dead: /proc's states of a process that has exited
+GRACE_S = 0.5  # how long what is left may take to end by itself before it is killed
+
+
+def end_group(pgid: int, proc: Path = PROC, grace_s: float = GRACE_S) -> int:
+    """Kill what is left in the group after `grace_s` (what ends by itself meanwhile is not counted);
+    how many processes were killed."""
     left = group_members(pgid, proc)
+    deadline = time.monotonic() + grace_s
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = group_members(pgid, proc)
     if left:
         with contextlib.suppress(OSError):
             os.killpg(pgid, signal.SIGKILL)
