@@ -181,3 +181,22 @@ def test_flops_are_judged_against_the_cached_ceiling_of_the_setups_dtype(
     assert m["dtype"] == "float32"
     assert m["ceilings"]["matmul_flops"] == {"float32": 1e11}
     assert m["summary"]["flops_share"] > 0
+
+
+def test_a_significant_slowdown_under_the_threshold_is_said_not_to_be_a_regression() -> None:
+    from io import StringIO
+
+    from rich.console import Console
+
+    from gpudoctor.report.bench_table import render_regressions
+    from gpudoctor.timing.compare import Comparison, RegressionCheck, Verdict
+
+    slower = Comparison("base", "loop", 1.011, 1.004, 1.018, 0.001, Verdict.SLOWER, 0.01, 50, 50)
+    out = StringIO()
+    render_regressions(
+        [RegressionCheck(slower, 0.05, False)], Console(file=out, width=120, color_system=None)
+    )
+    assert (
+        "loop: slower by 1.1%, under the 5% that counts as a regression (--threshold): not one"
+        in out.getvalue()
+    )

@@ -136,6 +136,15 @@ def render_regressions(checks: list[RegressionCheck], console: Console) -> None:
     for check in checks:
         if check.regressed:
             console.print(Text(f"  {check.message}", style="bold red"))
+        elif check.comparison.verdict is Verdict.SLOWER:  # significant, but within what counts as one
+            slower = 100 * (check.comparison.ratio - 1)
+            console.print(
+                Text(
+                    f"  {check.comparison.candidate}: slower by {slower:.1f}%, under the "
+                    f"{100 * check.threshold:g}% that counts as a regression (--threshold): not one",
+                    style="dim",
+                )
+            )
 
 
 def render_explore(result: ExploreResult, console: Console) -> None:
