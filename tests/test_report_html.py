@@ -133,3 +133,15 @@ def test_the_step_without_the_profiler_leads_the_figures_and_the_traced_median_i
     # AND a bare trace (no unprofiled step known) keeps its one step time
     bare = analyze(trace)
     assert "step time (median)" in render_html(bare, diagnose(bare), step_timeline(trace))
+
+
+def test_a_compiled_model_is_why_the_trace_has_no_module_view() -> None:
+    from gpudoctor.report.modules_view import COMPILED, NO_MODULES, why_no_modules
+
+    compiled = analyze(load_trace(ZOO / "control_cnn.json.gz"))  # torch.compile'd: modules in the graph
+    assert compiled.modules is None and why_no_modules(compiled.trace.compiled) == COMPILED
+    page, _ = render(ZOO / "control_cnn.json.gz")
+    assert "the model runs compiled (torch.compile)" in page
+    assert (
+        why_no_modules(analyze(load_trace(TRACES / "sync_every_step.json.gz")).trace.compiled) == NO_MODULES
+    )

@@ -51,6 +51,8 @@ class TraceSummary:
     accelerator: Accelerator | None = None
     # Where the trace has no CUDA/ROCm GPU activity: what it holds instead, and why it is not analyzed.
     no_gpu_reason: str | None = None
+    # torch.compile ran in it (its compiled regions): the modules inside a graph make no module calls
+    compiled: bool = False
 
 
 @dataclass(frozen=True)
@@ -228,6 +230,9 @@ def _launched_within(trace: Trace, step: Step) -> np.ndarray:
     return gpu[(when >= step.start_us) & (when < step.end_us)]
 
 
+COMPILED_OPS = ("Torch-Compiled Region", "CompiledFunction")  # torch.compile's ops in a trace
+
+
 def _summary(trace: Trace) -> TraceSummary:
     span = float((trace.ts + trace.dur).max()) if len(trace) else 0.0
     gpu = trace.rows(*GPU_ACTIVITY_KINDS)
@@ -244,6 +249,7 @@ def _summary(trace: Trace) -> TraceSummary:
         skipped=dict(trace.skipped),
         accelerator=accelerator(trace),
         no_gpu_reason=None if len(gpu) else no_gpu_activity_reason(trace),
+        compiled=any(n.startswith(COMPILED_OPS) for n in trace.names),
     )
 
 

@@ -19,7 +19,7 @@ from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
 from gpudoctor.report.html_style import CSS, SORT_JS
 from gpudoctor.report.memory_view import html_section
-from gpudoctor.report.modules_view import modules_html
+from gpudoctor.report.modules_view import modules_html, why_no_modules
 from gpudoctor.report.ranks_svg import rank_distribution
 from gpudoctor.report.ranks_view import (
     COLLECTIVE_HEAD,
@@ -61,7 +61,11 @@ def render_html(
         _ranks(ranks) if ranks is not None else "",
         _step_chart(analysis),
         _timeline(analysis, timeline),
-        _section("Where in the model", modules_html(analysis.modules), "modules"),
+        _section(
+            "Where in the model",
+            modules_html(analysis.modules, why_no_modules(analysis.trace.compiled)),
+            "modules",
+        ),
         _kernels(analysis),
         _roofline(analysis),
         _ops(analysis),

@@ -15,6 +15,13 @@ from gpudoctor.util.units import fmt_pct, fmt_us
 
 MAX_ROWS = 40  # terminal rows: the modules with the most GPU and host time, kept in tree order
 NO_MODULES = "no module calls in this trace (record with with_stack=True, or run under gpudoctor run)"
+# a compiled model runs its modules inside the compiled graph: there are no module calls to see
+COMPILED = "the model runs compiled (torch.compile): its modules run inside the compiled graph, unseen"
+
+
+def why_no_modules(compiled: bool) -> str:
+    """Why a trace has no module view: a compiled model, else no module calls recorded."""
+    return COMPILED if compiled else NO_MODULES
 
 
 def leaf(m: ModuleStat, view: ModuleView) -> str:
@@ -37,10 +44,10 @@ def shown_rows(view: ModuleView, limit: int = MAX_ROWS) -> tuple[ModuleStat, ...
     return tuple(m for i, m in enumerate(view.modules) if i in keep)
 
 
-def render_modules(view: ModuleView | None, console: Console) -> None:
+def render_modules(view: ModuleView | None, console: Console, why: str = NO_MODULES) -> None:
     section(console, "Where in the model")
     if view is None:
-        not_available(console, NO_MODULES)
+        not_available(console, why)
         return
     per = "per step" if view.per == "step" else "in the traced time"
     t = table("module", "calls", "GPU fwd", "GPU bwd", "GPU share", "host", "kernels", flexible=0)
@@ -73,10 +80,10 @@ def render_modules(view: ModuleView | None, console: Console) -> None:
         not_available(console, "backward per module: no autograd sequence numbers in this trace")
 
 
-def modules_html(view: ModuleView | None) -> str:
+def modules_html(view: ModuleView | None, why: str = NO_MODULES) -> str:
     """The section body: a sortable table, indented by depth; the module's full path on hover."""
     if view is None:
-        return f'<p class="na">not available: {escape(NO_MODULES)}</p>'
+        return f'<p class="na">not available: {escape(why)}</p>'
     head = ("module", "calls", "GPU fwd", "GPU bwd", "GPU total", "GPU share", "host", "kernels")
     body = []
     for m in view.modules:

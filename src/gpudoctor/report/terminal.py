@@ -16,7 +16,7 @@ from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
 from gpudoctor.report.findings_view import render_diagnosis, render_findings
 from gpudoctor.report.memory_view import render_memory_run
-from gpudoctor.report.modules_view import render_modules
+from gpudoctor.report.modules_view import render_modules, why_no_modules
 from gpudoctor.report.ranks_view import (
     COLLECTIVE_HEAD,
     WORK_NOTE,
@@ -66,7 +66,7 @@ def render_analysis(
     render_step_time(analysis, console)
     if gpu:
         render_gpu_time(analysis, console)
-    render_modules(analysis.modules, console)
+    render_modules(analysis.modules, console, why_no_modules(analysis.trace.compiled))
     if gpu:
         tables.render_kernels(analysis.kernels, console, top)
         tables.render_roofline(analysis.roofline, console, top)
