@@ -389,5 +389,6 @@ def test_a_model_the_script_compiles_and_runs_under_autocast_is_seen_so(tmp_path
     root = r.observations.root if r.observations else None
     # THEN neither compile nor autocast is tried on it: both are the script's already
     assert r.failure is None and root is not None and root.compiled and root.autocast == "bfloat16"
+    assert root.cls == "Sequential"  # the compiled module's own class, not OptimizedModule
     assert why_not("compile", r.observations, r.steps_seen) is not None
     assert why_not("autocast", r.observations, r.steps_seen) is not None

@@ -280,7 +280,7 @@ class Observer:
         first = next(module.parameters())
         config = getattr(module, "config", None)
         self._root = {
-            "cls": type(module).__name__,
+            "cls": type(getattr(module, "_orig_mod", None) or module).__name__,  # a compiled one's own class
             "params": sum(p.numel() for p in module.parameters()),
             "dtype": str(first.dtype).removeprefix("torch."),
             "device": first.device.type,
