@@ -217,6 +217,31 @@ def test_a_script_without_a_batch_size_is_a_usage_error() -> None:
         sweep(lambda b: {"batch": b, "status": "error", "error": "boom"}, SweepPlan(), ["x.py"])
 
 
+def test_a_size_that_fails_is_not_measured_again_and_a_first_size_that_fails_is_an_error() -> None:
+    knob = {"kind": "option", "option": "--batch-size", "default": 16}
+
+    def failing(b: int) -> dict[str, Any]:  # on the CPU (no memory budget), an error past 300
+        if b > 300:
+            return {"batch": b, "knob": knob, "status": "error", "error": "RuntimeError: cuDNN error"}
+        return {"batch": b, "knob": knob, "status": "ok", "step_times_us": [1000.0 + 10 * b] * 5}
+
+    s = sweep(failing, SweepPlan(start=300), ["train.py"])
+    tried = [p.batch for p in s.points]
+    # THEN no size is measured twice (it once spent every run on 600, failing alike)
+    assert len(tried) == len(set(tried)) and 600 in tried
+    # AND a script that times no step at its first size (an argparse error, say) is an error saying why
+    no_step = {"knob": knob, "status": "no_steps", "error": "no step was timed; its last output: error: bad"}
+    with pytest.raises(UsageError, match="failed at batch 8: no step was timed; its last output: error: bad"):
+        sweep(lambda b: {**no_step, "batch": b}, SweepPlan(start=8), ["train.py"])
+
+
+def test_a_runtime_error_out_of_memory_is_out_of_memory() -> None:
+    from gpudoctor.runner.batch import _out_of_memory
+
+    assert _out_of_memory(RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"))
+    assert not _out_of_memory(RuntimeError("cuDNN error: CUDNN_STATUS_EXECUTION_FAILED"))
+
+
 def test_next_batch_stops_at_the_run_limit() -> None:
     pts = _points([1, 2, 4], _saturating(1000, 1))
     assert next_batch(pts, SweepPlan(max_runs=3), None) is None

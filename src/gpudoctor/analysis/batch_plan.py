@@ -126,6 +126,9 @@ def sweep(
         batch = next_batch(points, plan, budget)
         if batch is None:
             break
+        if any(p.batch == batch for p in points):  # measured already, and it failed: again would too
+            notes.append(f"batch {batch} was measured already: the sweep stops there")
+            break
         model = fit_memory(points)
         if tried_prediction is None and model is not None and budget and batch == model.largest(budget):
             tried_prediction = batch
@@ -137,6 +140,8 @@ def sweep(
                 "no batch size to sweep: the script has no --batch-size-like option and builds no "
                 "DataLoader with a batch_size (name the option with --batch-arg)"
             )
+        if not points and raw.get("status") in ("error", "no_steps"):  # the first size: nothing to go on
+            raise UsageError(f"the script failed at batch {batch}: {raw.get('error') or 'no step was timed'}")
         raws.append(raw)
         points.append(point_of(raw))
         if raw.get("status") in ("error", "no_steps"):

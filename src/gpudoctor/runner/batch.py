@@ -56,6 +56,14 @@ def measure_batch(
     return _point(batch, end, captured, knob.applied)
 
 
+def _out_of_memory(error: BaseException) -> bool:
+    """torch's OutOfMemoryError, or the RuntimeError that older torch and other libraries raise for it
+    ("CUDA out of memory. Tried to allocate …")."""
+    return type(error).__name__ == "OutOfMemoryError" or (
+        isinstance(error, RuntimeError) and "out of memory" in str(error).lower()
+    )
+
+
 def _point(batch: int, end: Any, captured: dict[str, Any], knob: dict[str, Any] | None) -> dict[str, Any]:
     light = captured.get("light")
     times = list(light.times_us) if light is not None else []
@@ -63,7 +71,7 @@ def _point(batch: int, end: Any, captured: dict[str, Any], knob: dict[str, Any] 
     steps = [s for s in memory.get("steps") or () if s.get("phase") == "light"]
     env = captured.get("environment")
     error = None if end.error is None else f"{type(end.error).__name__}: {end.error}"
-    if end.error is not None and type(end.error).__name__ == "OutOfMemoryError":
+    if end.error is not None and _out_of_memory(end.error):
         status = "oom"
     elif times:
         status = "ok"  # the light phase ended (and stopped the script) or the script ended after it

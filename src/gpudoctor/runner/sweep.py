@@ -31,6 +31,10 @@ def measure_in_process(
             if run.result is None:
                 tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
                 return {"batch": batch, "status": "error", "error": f"exit {run.exit_code}: {tail[0]}"}
+            if run.result.get("status") == "no_steps" and not run.result.get("error"):
+                # the script ended before a step (an argparse error, an exit): what it said last is why
+                tail = run.log_tail.strip().splitlines()[-1:] or ["no output"]
+                return {**run.result, "error": f"no step was timed; its last output: {tail[0]}"}
             return run.result
 
     return measure
