@@ -4,6 +4,8 @@ process as `python script.py` would, and leave a run directory and nothing else 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -315,3 +317,24 @@ def test_a_built_in_workload_runs_under_gpudoctor_run(tmp_path: Path) -> None:
     record = record_of(out)
     assert record.outcome == "stopped" and record.steps_seen >= 5 and (out / "analysis.json").exists()
     assert record.step is not None and record.step.source == "explicit"
+
+
+def test_a_reader_that_stops_reading_does_not_cost_the_run_its_report(tmp_path: Path) -> None:
+    # GIVEN `gpudoctor run train.py | head -3`: the pipe closes after three lines
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\nmodel = torch.nn.Linear(32, 32)\nopt = torch.optim.SGD(model.parameters(), lr=0.01)\n"
+        "for i in range(3000):\n    model(torch.randn(16, 32)).sum().backward()\n    opt.step()\n"
+    )
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "gpudoctor", "run", "--out", str(out), str(script)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent / "src")}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=tmp_path)
+    assert proc.stdout is not None
+    for _ in range(3):
+        proc.stdout.readline()
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=300)
+    # THEN the run directory is whole, report.html included, and no traceback is shown
+    assert (out / "report.html").is_file() and (out / "analysis.json").is_file()
+    assert b"Traceback" not in err, err.decode()

@@ -3,10 +3,12 @@ options of several commands (--workers, --engine, --max-trace-size, --step-time-
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
 import shlex
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -151,3 +153,19 @@ def own_options_after_script(ctx: typer.Context, command: Sequence[str]) -> str 
         f"warning: {', '.join(names)} {'comes' if one else 'come'} after the script, so {script} gets "
         f"{'it' if one else 'them'}, not {where}; {where}'s own options go before the script: {right}"
     )
+
+
+def mute(console: Console) -> None:
+    """The reader of stdout is gone (`gpudoctor run train.py | head`): print nothing more, to a console
+    or at the interpreter's exit, and let the work go on (a run still writes its directory)."""
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    console.file = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+
+
+def shown(console: Console, *objects: object, **options: object) -> None:
+    """`console.print`, muted for good once the reader is gone (a BrokenPipeError), not raised."""
+    try:
+        console.print(*objects, **options)  # type: ignore[arg-type]
+    except BrokenPipeError:
+        mute(console)

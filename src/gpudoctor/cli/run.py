@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.cli.common import DebugOption, mute, set_debug, shown, stdout_console
 from gpudoctor.runner.capture import LiveOptions
 
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def run_and_report(
     from gpudoctor.doctor.run import RunOptions, run_and_diagnose
 
     def note(text: str) -> None:
-        console.print(text, style="dim")
+        shown(console, text, style="dim")
 
     report = run_and_diagnose(target, args, RunOptions(options, module, out, rerun), on_note=note)
     record = report.record
@@ -152,10 +152,14 @@ def run_and_report(
     from gpudoctor.runner.ranks import sigterm_held
 
     with sigterm_held() if report.rank is not None else contextlib.nullcontext():
-        render_report(report, console)
-        console.file.flush()
+        # report.html first: a reader that stops reading (`| head`) must not cost the run its report
         if report.run_dir is not None and report.analysis is not None:
             _write_html(Path(report.run_dir), report, console)
+        try:
+            render_report(report, console)
+            console.file.flush()
+        except BrokenPipeError:
+            mute(console)
     return record.exit_code
 
 
