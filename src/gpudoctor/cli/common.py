@@ -4,6 +4,7 @@ options of several commands (--workers, --engine, --max-trace-size, --step-time-
 from __future__ import annotations
 
 import contextlib
+import io
 import math
 import os
 import re
@@ -160,7 +161,14 @@ def mute(console: Console) -> None:
     or at the interpreter's exit, and let the work go on (a run still writes its directory)."""
     with contextlib.suppress(OSError, ValueError, AttributeError):
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-    console.file = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the process
+    console.file = _Discard()
+
+
+class _Discard(io.TextIOBase):
+    """A text stream that keeps nothing."""
+
+    def write(self, text: str) -> int:
+        return len(text)
 
 
 def shown(console: Console, *objects: object, **options: object) -> None:
