@@ -152,3 +152,15 @@ def test_gpu_selection_by_index_and_unknown_gpu(replaying) -> None:
     replaying("idle")
     result = run("monitor", "--once", "-g", "3")
     assert result.exit_code == 2 and "no GPU 3" in result.stderr
+
+
+def test_without_nvidia_ml_py_a_machine_with_no_nvidia_driver_is_told_so_first(tmp_path: Path) -> None:
+    from gpudoctor.monitor.nvml import missing_pynvml
+
+    assert missing_pynvml(tmp_path / "no-driver").startswith(
+        "no NVIDIA driver on this machine (no GPU to watch)"
+    )
+    (tmp_path / "driver").mkdir()
+    assert (
+        missing_pynvml(tmp_path / "driver") == "nvidia-ml-py is not installed (pip install 'gpudoctor[nvml]')"
+    )

@@ -10,6 +10,7 @@ import math
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -56,10 +57,17 @@ def import_pynvml() -> ModuleType:
     try:
         import pynvml
     except ImportError:
-        raise NvmlUnavailable(
-            "NVML is not available: nvidia-ml-py is not installed (pip install 'gpudoctor[nvml]')"
-        ) from None
+        raise NvmlUnavailable(f"NVML is not available: {missing_pynvml()}") from None
     return pynvml
+
+
+def missing_pynvml(driver: Path = Path("/proc/driver/nvidia")) -> str:
+    """Why NVML cannot be read without nvidia-ml-py: on a machine with no NVIDIA driver, that first
+    (installing the package would not help), else the package to install."""
+    extra = "pip install 'gpudoctor[nvml]'"
+    if not driver.exists():
+        return f"no NVIDIA driver on this machine (no GPU to watch); on one with a GPU: {extra}"
+    return f"nvidia-ml-py is not installed ({extra})"
 
 
 @dataclass
