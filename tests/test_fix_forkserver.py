@@ -247,6 +247,39 @@ def test_a_round_ends_as_an_interpreter_does(launcher: ForkLauncher, tmp_path: P
     assert done.read_text() == "ran"
 
 
+HUNG_EXIT = """
+import threading
+threading.Thread(target=threading.Event().wait, name="never-ends").start()  # not a daemon: exit waits
+"""
+
+
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "fresh"])
+def test_a_round_whose_way_out_hangs_is_ended_soon_after_its_result(tmp_path: Path, fork: bool) -> None:
+    """Once a round has written its result, its exit gets EXIT_GRACE_S: a thread of the script's that
+    never ends (on an H100, pinned-memory loaders held rounds 40–76 s past their result) does not hold
+    the session, and the round's log says where its threads were."""
+    from gpudoctor.runner.child import EXIT_GRACE_S
+
+    script = write(tmp_path, HUNG_EXIT + LOOP)
+    options = FixOptions(warmup=2, steps=5, record=2, warmup_s=0.0, steps_s=0.0, child_timeout_s=120.0)
+    made, how = start_launcher(
+        str(script), [], module=False, options=options, rounds_dir=tmp_path / "rounds", fork=fork
+    )
+    try:
+        assert isinstance(made, ForkLauncher) == fork, how
+        t0 = time.monotonic()
+        result = made("baseline-0", (), False)
+        took = time.monotonic() - t0
+    finally:
+        if isinstance(made, ForkLauncher):
+            made.close()
+    assert result.outcome == "stopped" and result.failure is None
+    assert took < EXIT_GRACE_S + 30, took  # not the 120 s time limit
+    log = (tmp_path / "rounds" / "baseline-0.log").read_text()
+    assert "had not ended 5 s after writing its result" in log
+    assert "never-ends" in log or "in wait" in log  # faulthandler's stack of the hung thread
+
+
 def test_the_server_will_not_fork_beside_a_thread_a_library_started(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 

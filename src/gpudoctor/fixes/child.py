@@ -37,6 +37,7 @@ from gpudoctor.fixes.patches.forward import ForwardVariants, ForwardWrapper
 from gpudoctor.fixes.patches.loader import PREFETCH, Workers
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
+from gpudoctor.runner.child import end_within
 from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
 from gpudoctor.runner.launch import ScriptEnd, run_script
@@ -295,6 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     if result.error and result.outcome == "exception":
         print(f"gpudoctor fix: the script raised {result.error}", file=sys.stderr)
     write_child_result(args.out, result.to_json())  # the one writer: whole or not at all
+    end_within()  # the round is measured: its way out may not cost the session
     return 0
 
 

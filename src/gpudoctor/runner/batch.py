@@ -122,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         warmup_seconds=ns.warmup_seconds,
         option=ns.batch_arg,
     )
+    from gpudoctor.runner.child import end_within
     from gpudoctor.runner.rundir import write_child_result
 
     write_child_result(ns.result, point)
+    end_within()  # the point is measured: its way out may not cost the sweep
     return 0
 
 
