@@ -458,6 +458,7 @@ def test_an_alternative_in_a_kept_fixs_place_is_timed_against_what_is_kept() -> 
     # forwards held at once; switched off alone, it would be timed against eager), slower, not kept
     assert plain.fix == "compile" and plain.on_top_of == ("compile:reduce-overhead",)
     assert plain.unit == "block pair" and not plain.kept and plain.reason.endswith("slower beyond noise")
+    assert plain.reason.startswith("in place of torch.compile (reduce-overhead): ")  # not "on top of" it
     (call,) = [c for c in launcher.calls if c[0].startswith("02-")]
     assert call == ("02-compile-blocks", ("compile",), False, ("compile", "compile:reduce-overhead"))
     assert report.final == ("compile:reduce-overhead",)

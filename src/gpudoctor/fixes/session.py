@@ -215,7 +215,7 @@ class FixSession:
             elif tried.failure is not None and tried.failure.startswith(RAN_OUT):
                 reason = v.reason
             else:
-                reason = f"on top of {on}: {v.reason}"
+                reason = f"{against(base, fixes)}: {v.reason}"
             # its row names the candidate; the reason, what it was timed against
             tried.verdict = replace(v, reason=reason, title=title_of(cand.fix))
         else:
@@ -672,6 +672,17 @@ class FixSession:
             elapsed_s=self.clock() - self.start,
             baseline_spread_pct=spread,
         )
+
+
+def against(base: tuple[str, ...], fixes: tuple[str, ...]) -> str:
+    """What a configuration was timed against, said as it was: "on top of A + B", or where it takes a
+    kept fix's place (plain compile for compile:reduce-overhead) "in place of C, on top of A"."""
+    out = [f for f in base if f not in fixes]
+    kept = " + ".join(title_of(f) for f in base if f in fixes)
+    if not out:
+        return f"on top of {kept}"
+    instead = f"in place of {' + '.join(title_of(f) for f in out)}"
+    return f"{instead}, on top of {kept}" if kept else instead
 
 
 def _workers(n: int) -> str:
