@@ -186,6 +186,27 @@ def test_a_script_that_does_not_run_as_written_is_an_error_with_its_output_kept(
     assert report_of(out).verdicts == () and (out / "fix.md").exists()
 
 
+def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(starved: Path, tmp_path: Path) -> None:
+    # GIVEN a script that raises at its fourth step, every time
+    starved.write_text(
+        "import torch\nprint('STARTED', flush=True)\nm = torch.nn.Linear(4, 4)\n"
+        "opt = torch.optim.SGD(m.parameters(), lr=0.1)\nfor i in range(50):\n"
+        "    m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()\n"
+        "    if i == 3:\n        raise ValueError('bad batch')\n"
+    )
+    out = tmp_path / "fix"
+    result = CliRunner().invoke(app, ["fix", "--out", str(out), "train.py"])
+    # THEN the diagnosis run's failure ends it: one line with the script's error, the step and its output
+    assert result.exit_code == 1
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("gpudoctor fix: the baseline did not run: the script failed by itself under the doctor")
+    assert "ValueError: bad batch after 4 steps" in line and str(out / "run.log") in line
+    # AND no round ran it again (the script started once), and the report is written
+    assert (out / "run.log").read_text().count("STARTED") == 1
+    assert not (out / "rounds").exists() or not any((out / "rounds").glob("baseline-*"))
+    assert report_of(out).verdicts == () and (out / "fix.md").exists()
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -159,10 +159,8 @@ def fix_command(
         raise typer.Exit(128 + received[0] if received else 130)
     if not report.baseline_rounds:  # the script as written did not run: nothing to compare fixes with
         why = next((n for n in report.notes if n.startswith("the baseline did not run")), "no baseline")
-        print(
-            f"gpudoctor fix: {why}; its output: {round_files(out / ROUNDS_DIR, 'baseline-0')[1]}",
-            file=sys.stderr,
-        )
+        log = round_files(out / ROUNDS_DIR, "baseline-0")[1]
+        print(f"gpudoctor fix: {why}" + (f"; its output: {log}" if log.exists() else ""), file=sys.stderr)
         raise typer.Exit(1)
 
 

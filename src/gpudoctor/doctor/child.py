@@ -15,28 +15,32 @@ from typing import Any
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner import rundir
 from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 
 
 @dataclass(frozen=True)
 class ChildDiagnosis:
-    """What the child sends back: the findings (None: `note` says why) and the command line run."""
+    """What the child sends back: the findings (None: `note` says why), the command line run, and where
+    the script itself failed (raised, or exited with a non-zero status) why, at which step."""
 
     diagnosis: Diagnosis | None
     argv: tuple[str, ...]
     note: str | None = None
+    script_error: str | None = None  # "ValueError: bad batch after 4 steps"; None where it did not fail
 
     def to_json(self) -> dict[str, Any]:
         return {
             "diagnosis": self.diagnosis.to_json() if self.diagnosis else None,
             "argv": list(self.argv),
             "note": self.note,
+            "script_error": self.script_error,
         }
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ChildDiagnosis:
         diagnosis = Diagnosis.from_json(data["diagnosis"]) if data.get("diagnosis") else None
-        return cls(diagnosis, tuple(data.get("argv") or ()), data.get("note"))
+        return cls(diagnosis, tuple(data.get("argv") or ()), data.get("note"), data.get("script_error"))
 
 
 def child_argv(
@@ -78,10 +82,24 @@ def diagnose_in_child(
         report = run_and_diagnose(command[0], command[1:], RunOptions(live, module=module, out=out))
     except GpudoctorError as err:
         return ChildDiagnosis(None, argv, str(err))
+    failed = script_failure(report.record)
     if report.diagnosis is None:
         why = next(iter(report.notes), None) or f"{out} has no analysis.json (the run traced no steps)"
-        return ChildDiagnosis(None, argv, why)
-    return ChildDiagnosis(report.diagnosis, argv)
+        return ChildDiagnosis(None, argv, why, failed)
+    return ChildDiagnosis(report.diagnosis, argv, script_error=failed)
+
+
+def script_failure(record: RunRecord | None) -> str | None:
+    """Where the script itself failed under the doctor — raised, or exited with a non-zero status —
+    what it said and after how many steps; None where it ran (or was stopped by gpudoctor)."""
+    if record is None:
+        return None
+    steps = f"after {record.steps_seen} step{'s' if record.steps_seen != 1 else ''}"
+    if record.outcome == "exception":
+        return f"{record.error or 'an exception'} {steps}"
+    if record.outcome == "exit" and record.exit_code:
+        return f"it exited with status {record.exit_code} {steps}"
+    return None
 
 
 if __name__ == "__main__":

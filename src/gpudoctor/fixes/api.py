@@ -15,6 +15,7 @@ from gpudoctor.fixes.diagnose import RunInputs, diagnose_script, load_run
 from gpudoctor.fixes.forkserver import ForkLauncher, start_launcher
 from gpudoctor.fixes.launch import SubprocessLauncher
 from gpudoctor.fixes.result import FixReport
+from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession, Progress
 from gpudoctor.runner import rundir
 
@@ -49,6 +50,9 @@ def run_fix(
         w, light, traced = DIAGNOSE_STEPS
         inputs = diagnose_script(script.target, list(script.args), module=script.module, out=out / rundir.DIAGNOSIS_RUN,
                                  warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
+    if inputs is not None and inputs.script_error is not None and inputs.diagnosis is None:
+        # the script fails by itself: every round would fail alike, each running it once more
+        return _failed_under_doctor(script, options, inputs, started, notes)
     if inputs is not None and inputs.note:
         notes.append(f"no diagnosis: {inputs.note}; fixes chosen from what the script does")
     if on_stage:
@@ -68,6 +72,25 @@ def run_fix(
     finally:
         if isinstance(launcher, ForkLauncher):
             launcher.close()
+
+
+def _failed_under_doctor(
+    script: FixTarget, options: FixOptions, inputs: RunInputs, started: str, notes: list[str]
+) -> FixReport:
+    """The report of a session that starts no round: the script failed by itself in the diagnosis run."""
+
+    def no_round(*_: object) -> RoundResult:
+        raise AssertionError("no round is started for a script that fails by itself")
+
+    session = FixSession(no_round, options, None, argv=(script.target, *script.args), started_at=started)
+    where = f" (its output: {inputs.log})" if inputs.log else ""
+    session.notes.extend(notes)
+    session.notes.append(
+        f"the baseline did not run: the script failed by itself under the doctor — {inputs.script_error}"
+        f"{where}; every round would fail alike, so none was started: fix the script first"
+    )
+    session.complete = True
+    return session.report()
 
 
 def run_aa_fix(

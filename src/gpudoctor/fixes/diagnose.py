@@ -22,6 +22,9 @@ class RunInputs:
     diagnosis: Diagnosis | None
     argv: tuple[str, ...]  # the script's command line, as the run recorded it
     note: str | None = None  # why there is no diagnosis
+    # the script failed under the doctor (its exception, after how many steps): every round would too
+    script_error: str | None = None
+    log: Path | None = None  # the diagnosis run's output
 
 
 def diagnose_script(
@@ -52,8 +55,9 @@ def diagnose_script(
     if child.diagnosis is None:
         tail = run.log_tail.strip().splitlines()[-1:]
         note = child.note or "no diagnosis"
-        return RunInputs(None, tuple(command), note + (f" ({tail[0][:200]})" if tail else ""))
-    return RunInputs(child.diagnosis, tuple(command))
+        return RunInputs(None, tuple(command), note + (f" ({tail[0][:200]})" if tail else ""),
+                         child.script_error, log)  # fmt: skip
+    return RunInputs(child.diagnosis, tuple(command), script_error=child.script_error, log=log)
 
 
 def load_run(run_dir: Path) -> RunInputs:

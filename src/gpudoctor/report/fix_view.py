@@ -70,6 +70,13 @@ def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
             for v in verdicts]  # fmt: skip
 
 
+def machine(report: FixReport) -> tuple[str, ...]:
+    """The device and torch the rounds ran on, as far as any round ran (none where the script failed
+    before its first round)."""
+    parts = [] if report.device in (None, "", "unknown") else [str(report.device)]
+    return (*parts, f"torch {report.torch}") if report.torch else tuple(parts)
+
+
 def headline(report: FixReport) -> str:
     if not report.baseline_rounds or report.baseline_us is None:
         return "the script as written timed no step: nothing was measured (see below for why)."
@@ -188,7 +195,7 @@ def _fix_rows(report: FixReport, console: Console) -> None:
 
 def render_fix_terminal(report: FixReport, console: Console) -> None:
     section(console, f"gpudoctor fix: {' '.join(report.argv)}")
-    console.print(Text(f"  {report.device} · torch {report.torch} · {headline(report)}"))
+    console.print(Text(f"  {' · '.join((*machine(report), headline(report)))}"))
     if rows(report):
         _fix_rows(report, console)
     for note in [*compile_lines(report), *report.notes]:
@@ -213,8 +220,14 @@ def render_fix_terminal(report: FixReport, console: Console) -> None:
 
 # -- Markdown ------------------------------------------------------------------------------------------
 def render_fix_markdown(report: FixReport) -> str:
-    out = [f"## gpudoctor fix: `{_code(' '.join(report.argv))}`", "",
-           f"{md_text(report.device)} · torch {md_text(str(report.torch))}", "", f"**{md_text(headline(report))}**", ""]  # fmt: skip
+    meta = [md_text(" · ".join(machine(report))), ""] if machine(report) else []
+    out = [
+        f"## gpudoctor fix: `{_code(' '.join(report.argv))}`",
+        "",
+        *meta,
+        f"**{md_text(headline(report))}**",
+        "",
+    ]
     if rows(report):
         out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
         out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for _, cells in rows(report)]
@@ -258,7 +271,7 @@ def render_fix_html(report: FixReport) -> str:
     )
     parts = [
         f"<header><h1>gpudoctor fix: <code>{escape(' '.join(report.argv))}</code></h1>"
-        f'<p class="meta">{escape(report.device)} · torch {escape(str(report.torch))}</p></header>',
+        f'<p class="meta">{escape(" · ".join(machine(report)))}</p></header>',
         f'<p class="bound">{escape(headline(report))}</p>',
         f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
         if body
