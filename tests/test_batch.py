@@ -293,6 +293,52 @@ for _ in range(300):
 """
 
 
+SHORT_TRAIN = """\
+import torch
+model = torch.nn.Linear(16, 1)
+for _ in range(60):  # ends inside the light phase: no memory record (the label flipped on that)
+    loss = model(torch.randn(8, 16)).square().mean()
+    loss.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.01 * p.grad
+            p.grad = None
+"""
+
+INFERENCE = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+loader = DataLoader(TensorDataset(torch.randn(256, 16)), batch_size=8)
+model = torch.nn.Linear(16, 1).eval()
+with torch.{mode}():
+    for _ in range(2):
+        for (x,) in loader:
+            model(x)
+"""
+
+
+@pytest.mark.parametrize(
+    ("source", "training"),
+    [
+        (LOADER_SCRIPT, True),  # optimizer.step()
+        (ARG_SCRIPT, True),  # optimizer.step(), no DataLoader: read "inference" when it ended first
+        (SHORT_TRAIN, True),  # backward() and a hand-written update, no optimizer, script ends early
+        (INFERENCE.format(mode="no_grad"), False),
+        (INFERENCE.format(mode="inference_mode"), False),
+    ],
+)
+def test_training_is_backward_or_an_optimizer_step_however_far_the_light_phase_got(
+    tmp_path: Path, source: str, training: bool
+) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    original = (torch.Tensor.backward, torch.autograd.backward)
+    for light_steps in (2, 1000):  # the light phase ends and stops the script, or the script ends first
+        point = measure_batch(str(script), [], 8, warmup=1, light_steps=light_steps, light_seconds=0.0)
+        assert point["status"] == "ok" and point["training"] is training, (light_steps, point)
+    assert (torch.Tensor.backward, torch.autograd.backward) == original  # the watch is undone
+
+
 @pytest.mark.slow
 def test_gpudoctor_batch_sweeps_a_script_in_fresh_processes(tmp_path: Path) -> None:
     script = tmp_path / "train.py"

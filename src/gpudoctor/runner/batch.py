@@ -2,7 +2,13 @@
 --result FILE [options] -- script.py [args]` runs the script with its batch size set to B
 (`runner.batch_knob`), through a warm-up and a light phase only (step times from CUDA events, each
 step's peak memory; no profiler, no allocator history), stops it, and writes what it measured as JSON
-(schema `gpudoctor.batch-point/1`). A script that runs out of memory gives status `oom`."""
+(schema `gpudoctor.batch-point/1`). A script that runs out of memory gives status `oom`.
+
+`training` is whether the script, from its start to where the point ended it, called backward
+(`Tensor.backward`, `torch.autograd.backward`) or stepped a torch optimizer (`TrainingWatch`): a loop
+under `torch.no_grad()`/`inference_mode()` that does neither is inference. It does not depend on how
+far the light phase got (it once came from the memory record, which a script that ended inside its
+light phase did not have: the same script read "training" in one run and "inference" in the next)."""
 
 from __future__ import annotations
 
@@ -43,7 +49,9 @@ def measure_batch(
         settle=False,  # a point is its --light-steps and --light-seconds, as every other point
     )
     knob = BatchKnob(batch, option).install()
+    watch = TrainingWatch()
     try:
+        watch.install()
         with tempfile.TemporaryDirectory(prefix="gpudoctor-batch-") as tmp:
             capture = LiveCapture(Path(tmp), options).install()
             try:
@@ -52,8 +60,55 @@ def measure_batch(
                 capture.uninstall()
             captured = capture.result()
     finally:
+        watch.uninstall()
         knob.uninstall()
-    return _point(batch, end, captured, knob.applied)
+    return _point(batch, end, captured, knob.applied, training=watch.training)
+
+
+class TrainingWatch:
+    """Whether the script trains: it called backward or stepped an optimizer (torch's global step
+    post-hook). `Tensor.backward` and `torch.autograd.backward` are wrapped while installed (a flag
+    is set, nothing else changes) and put back by `uninstall()`, also after a failure."""
+
+    def __init__(self) -> None:
+        from gpudoctor.runner.hooks import Restorer
+
+        self.backward = False
+        self.stepped = False
+        self._restorer = Restorer()
+
+    @property
+    def training(self) -> bool:
+        return self.backward or self.stepped
+
+    def install(self) -> TrainingWatch:
+        import torch
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
+        watch = self
+
+        def wrap(original: Any) -> Any:
+            def backward(*args: Any, **kwargs: Any) -> Any:
+                watch.backward = True
+                return original(*args, **kwargs)
+
+            return backward
+
+        try:
+            self._restorer.replace(torch.Tensor, "backward", wrap(torch.Tensor.backward))
+            self._restorer.replace(torch.autograd, "backward", wrap(torch.autograd.backward))
+            handle = register_optimizer_step_post_hook(self._on_step)
+            self._restorer.on_restore(handle.remove)
+        except BaseException:
+            self._restorer.restore()
+            raise
+        return self
+
+    def _on_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.stepped = True
+
+    def uninstall(self) -> None:
+        self._restorer.restore()
 
 
 def _out_of_memory(error: BaseException) -> bool:
@@ -64,7 +119,9 @@ def _out_of_memory(error: BaseException) -> bool:
     )
 
 
-def _point(batch: int, end: Any, captured: dict[str, Any], knob: dict[str, Any] | None) -> dict[str, Any]:
+def _point(
+    batch: int, end: Any, captured: dict[str, Any], knob: dict[str, Any] | None, *, training: bool
+) -> dict[str, Any]:
     light = captured.get("light")
     times = list(light.times_us) if light is not None else []
     memory = captured.get("memory_run") or {}
@@ -88,7 +145,7 @@ def _point(batch: int, end: Any, captured: dict[str, Any], knob: dict[str, Any] 
         "peak_reserved": max((s["peak_reserved"] for s in steps), default=None),
         "capacity": memory.get("capacity"),
         "budget": memory.get("budget"),
-        "training": bool(memory.get("training")),
+        "training": training,
         "device": getattr(env, "gpu_name", None) or getattr(env, "device", None),
         "knob": knob,
         "error": error,
