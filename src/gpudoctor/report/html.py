@@ -63,7 +63,11 @@ def render_html(
         _timeline(analysis, timeline),
         _section(
             "Where in the model",
-            modules_html(analysis.modules, why_no_modules(analysis.trace.compiled)),
+            modules_html(
+                analysis.modules,
+                why_no_modules(analysis.trace.compiled),
+                gpu=bool(analysis.trace.gpu_activities),
+            ),
             "modules",
         ),
         _kernels(analysis),

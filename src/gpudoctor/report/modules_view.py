@@ -44,47 +44,61 @@ def shown_rows(view: ModuleView, limit: int = MAX_ROWS) -> tuple[ModuleStat, ...
     return tuple(m for i, m in enumerate(view.modules) if i in keep)
 
 
-def render_modules(view: ModuleView | None, console: Console, why: str = NO_MODULES) -> None:
+def render_modules(
+    view: ModuleView | None, console: Console, why: str = NO_MODULES, gpu: bool = True
+) -> None:
+    """The module view; `gpu` False (a trace with no GPU activity): its host time alone, without the
+    GPU's columns, which would be empty."""
     section(console, "Where in the model")
     if view is None:
         not_available(console, why)
         return
     per = "per step" if view.per == "step" else "in the traced time"
-    t = table("module", "calls", "GPU fwd", "GPU bwd", "GPU share", "host", "kernels", flexible=0)
+    gpu_head = ("GPU fwd", "GPU bwd", "GPU share") if gpu else ()
+    t = table("module", "calls", *gpu_head, "host", *(("kernels",) if gpu else ()), flexible=0)
     rows = shown_rows(view)
     for m in rows:
-        t.add_row(
-            cut("  " * m.depth + leaf(m, view)),
-            f"{m.calls:.3g}",
-            dur(m.gpu_forward_us),
-            dur(m.gpu_backward_us) if view.backward else "n/a",
-            pct(m.gpu_us / view.gpu_us) if view.gpu_us > 0 else "-",
-            dur(m.host_us),
-            count(round(m.kernels)),
+        gpu_cells = (
+            (
+                dur(m.gpu_forward_us),
+                dur(m.gpu_backward_us) if view.backward else "n/a",
+                pct(m.gpu_us / view.gpu_us) if view.gpu_us > 0 else "-",
+            )
+            if gpu
+            else ()
         )
+        kernels = (count(round(m.kernels)),) if gpu else ()
+        t.add_row(cut("  " * m.depth + leaf(m, view)), f"{m.calls:.3g}", *gpu_cells, dur(m.host_us), *kernels)
     console.print(t)
     if len(rows) < len(view.modules):
         dim_line(
             console,
             f"{len(view.modules) - len(rows)} lighter modules left out (all in --json and the HTML report)",
         )
+    outside = (
+        f" Outside any module: {fmt_us(view.unattributed_gpu_us)} of GPU time (optimizer, loss, copies)."
+        if gpu
+        else ""
+    )
     console.print(
         Text(
             f"  {per}, children included; from {view.source}, {view.depth} level(s) below the root "
-            f"(--module-depth). Outside any module: {fmt_us(view.unattributed_gpu_us)} of GPU time "
-            f"(optimizer, loss, copies).",
+            f"(--module-depth).{outside}",
             style="dim",
         )
     )
-    if not view.backward:
+    if not view.backward and gpu:
         not_available(console, "backward per module: no autograd sequence numbers in this trace")
 
 
-def modules_html(view: ModuleView | None, why: str = NO_MODULES) -> str:
-    """The section body: a sortable table, indented by depth; the module's full path on hover."""
+def modules_html(view: ModuleView | None, why: str = NO_MODULES, gpu: bool = True) -> str:
+    """The section body: a sortable table, indented by depth; the module's full path on hover. `gpu`
+    False (a trace with no GPU activity): the host time alone, without the GPU's columns."""
     if view is None:
         return f'<p class="na">not available: {escape(why)}</p>'
     head = ("module", "calls", "GPU fwd", "GPU bwd", "GPU total", "GPU share", "host", "kernels")
+    if not gpu:
+        head = ("module", "calls", "host")
     body = []
     for m in view.modules:
         name = escape(leaf(m, view))
@@ -100,14 +114,15 @@ def modules_html(view: ModuleView | None, why: str = NO_MODULES) -> str:
             _num(m.host_us, _dur(m.host_us)),
             _num(m.kernels, f"{round(m.kernels):,}"),
         ]
+        if not gpu:
+            cells = [*cells[:2], cells[6]]
         body.append(f"<tr>{''.join(cells)}</tr>")
     ths = "".join(f"<th>{escape(h)}</th>" for h in head)
     per = "per step" if view.per == "step" else "in the traced time"
-    note = (
-        f"{per}, children included; from {view.source}, {view.depth} level(s) below the root. "
-        f"GPU time outside any module (optimizer, loss, copies): {fmt_us(view.unattributed_gpu_us)}."
-    )
-    if not view.backward:
+    note = f"{per}, children included; from {view.source}, {view.depth} level(s) below the root."
+    if gpu:
+        note += f" GPU time outside any module (optimizer, loss, copies): {fmt_us(view.unattributed_gpu_us)}."
+    if not view.backward and gpu:
         note += " Backward per module not available: no autograd sequence numbers in this trace."
     return (
         f'<p class="note">{escape(note)}</p><div class="scroll"><table class="sortable modules"><thead><tr>'

@@ -66,7 +66,7 @@ def render_analysis(
     render_step_time(analysis, console)
     if gpu:
         render_gpu_time(analysis, console)
-    render_modules(analysis.modules, console, why_no_modules(analysis.trace.compiled))
+    render_modules(analysis.modules, console, why_no_modules(analysis.trace.compiled), gpu)
     if gpu:
         tables.render_kernels(analysis.kernels, console, top)
         tables.render_roofline(analysis.roofline, console, top)

@@ -1,0 +1,68 @@
+"""The reports of a trace torch.profiler recorded on the CPU alone, as a user without a GPU makes one:
+no GPU wording where the trace has no GPU activity — no empty GPU columns, no GPU sections, no verdict
+that nothing is wrong where nothing was judged."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner, Result
+
+from gpudoctor.cli.main import app
+
+
+def run(*args: str | Path) -> Result:
+    return CliRunner(env={"COLUMNS": "160"}).invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small model trained three profiled steps on the CPU, recorded with with_stack (module view)."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    path = tmp_path_factory.mktemp("cpu") / "cpu_train.json"
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns that each profiler cycle clears its events
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            schedule=schedule(wait=0, warmup=1, active=3),
+            on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+            with_stack=True,
+        ) as prof:
+            for _ in range(4):
+                model(torch.randn(8, 16)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+    return path
+
+
+def _section(out: str, title: str) -> str:
+    """The text of one terminal section, up to the next section's rule."""
+    after = out.split(f"{title} ─", 1)[1]
+    return re.split(r"\n\S[^\n]* ─{5,}", after, maxsplit=1)[0]
+
+
+def test_module_view_of_a_cpu_only_trace_has_no_gpu_columns(cpu_trace: Path) -> None:
+    result = run("analyze", cpu_trace)
+    assert result.exit_code == 0, result.output
+    modules = _section(result.stdout, "Where in the model")
+    assert "Sequential" in modules and "host" in modules
+    assert "GPU" not in modules and "kernels" not in modules
+
+
+def test_html_module_view_of_a_cpu_only_trace_has_no_gpu_columns(cpu_trace: Path, tmp_path: Path) -> None:
+    out = tmp_path / "r.html"
+    result = run("report", cpu_trace, "-o", out)
+    assert result.exit_code == 0, result.output
+    html = out.read_text()
+    modules = html.split('id="modules"', 1)[1].split("</section>", 1)[0]
+    assert "Sequential" in modules
+    assert "GPU" not in modules and "kernels" not in modules
