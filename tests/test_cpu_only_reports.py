@@ -66,3 +66,22 @@ def test_html_module_view_of_a_cpu_only_trace_has_no_gpu_columns(cpu_trace: Path
     modules = html.split('id="modules"', 1)[1].split("</section>", 1)[0]
     assert "Sequential" in modules
     assert "GPU" not in modules and "kernels" not in modules
+
+
+def test_html_report_of_a_cpu_only_trace_shows_its_steps_and_leaves_the_gpu_sections_out(
+    cpu_trace: Path, tmp_path: Path
+) -> None:
+    # GIVEN a CPU-only trace with three steps WHEN the HTML report is written
+    out = tmp_path / "r.html"
+    assert run("report", cpu_trace, "-o", out).exit_code == 0
+    html = out.read_text()
+    # THEN its steps are a table (the terminal shows them; they are not "not available")
+    steps = html.split('id="steps"', 1)[1].split("</section>", 1)[0]
+    assert "not available" not in steps and "<table" in steps and "duration" in steps
+    # AND the GPU sections are left out, said once, not each "not available"
+    assert html.count("for want of GPU activity") == 1
+    for title in ("GPU timeline", "Top kernels", "Roofline", "Transfers and synchronizations", "GPU memory"):
+        assert f"<h2>{title}" not in html
+    # AND the ops table has no empty GPU columns
+    ops = html.split('id="ops"', 1)[1].split("</section>", 1)[0]
+    assert "aten::" in ops and "GPU" not in ops.replace("no GPU work", "") and "kernels" not in ops

@@ -31,7 +31,7 @@ from gpudoctor.report.ranks_view import (
     rank_table,
     slowest_sentence,
 )
-from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
+from gpudoctor.report.traced import GPU_SECTIONS, per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 from gpudoctor.util.version import __version__
@@ -53,6 +53,13 @@ def render_html(
     `nvml`: one GPU's NVML samples of the run, where `gpudoctor run` recorded them. `ranks`: with
     several ranks, all of them side by side (the analysis is then of `ranks.detailed`)."""
     name = Path(analysis.trace.path).name
+    # a trace with no GPU activity: its GPU sections are left out and named once, as in the terminal
+    gpu = bool(analysis.trace.gpu_activities)
+    modules = _section(
+        "Where in the model",
+        modules_html(analysis.modules, why_no_modules(analysis.trace.compiled), gpu=gpu),
+        "modules",
+    )
     body = [
         _header(analysis, name),
         f'<p class="bound">{escape(diagnosis.bound)}</p>',
@@ -60,21 +67,14 @@ def render_html(
         _diagnosis(diagnosis),
         _ranks(ranks) if ranks is not None else "",
         _step_chart(analysis),
-        _timeline(analysis, timeline),
-        _section(
-            "Where in the model",
-            modules_html(
-                analysis.modules,
-                why_no_modules(analysis.trace.compiled),
-                gpu=bool(analysis.trace.gpu_activities),
-            ),
-            "modules",
+        *(
+            (_timeline(analysis, timeline), modules, _kernels(analysis), _roofline(analysis))
+            if gpu
+            else (f'<p class="na">left out, for want of GPU activity: {escape(GPU_SECTIONS)}</p>', modules)
         ),
-        _kernels(analysis),
-        _roofline(analysis),
         _ops(analysis),
-        _transfers_syncs(analysis),
-        _memory(analysis),
+        *((_transfers_syncs(analysis),) if gpu else ()),
+        _memory(analysis) if gpu or analysis.memory is not None else _memory_run(analysis),
         _nvml(nvml) if nvml else "",
         _environment(analysis),
     ]
@@ -295,10 +295,48 @@ def _step_chart(a: Analysis) -> str:
             body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in whole)
             note = '<p class="note">No repeating step: the figures cover the traced time.</p>'
             return _section("Traced time", f'{note}<table class="kv">{body}</table>', "steps")
-        return _section("Step time", _na("no GPU time per step: the trace has no steps or no GPU activity"))
+        if a.steps:
+            return _section("Step time", _step_table(a), "steps")
+        return _section(
+            "Step time",
+            _na("no step markers and no repeating iteration (use torch.profiler's schedule and prof.step())"),
+        )
     per_call = per_call_sentence(a)
     note = f'<p class="note">{escape(per_call)}</p>' if per_call else ""
     return _section("Where each step's time goes", note + chart + svg.legend(keys), "steps")
+
+
+# The host's share of a step where the trace has no GPU time per step (no GPU activity): header, value.
+_CPU_STEP_COLUMNS = (
+    ("CPU DataLoader", lambda s: s.cpu.dataloader_us),
+    ("CPU optimizer", lambda s: s.cpu.optimizer_us),
+    ("CPU launch", lambda s: s.cpu.launch_us),
+    ("CPU sync", lambda s: s.cpu.sync_us),
+)
+
+
+def _step_table(a: Analysis) -> str:
+    """Each step's duration and host figures (the columns some step has), where there is no GPU time
+    per step to chart."""
+    d = a.step_time_us
+    lead = ""
+    if d is not None:
+        lead = (
+            f'<p class="note">{d.count} step{"s" if d.count != 1 else ""}: median {escape(fmt_us(d.p50))}, '
+            f"p90 {escape(fmt_us(d.p90))}, max {escape(fmt_us(d.max))}</p>"
+        )
+    columns = [(h, f) for h, f in _CPU_STEP_COLUMNS if any(f(s) for s in a.steps)]
+    rows = [
+        [
+            _num(s.number, str(s.number)),
+            _num(s.duration_us, fmt_us(s.duration_us)),
+            *(_num(f(s), _dur(f(s))) for _, f in columns),
+        ]
+        for s in a.steps[:TOP_ROWS]
+    ]
+    more = len(a.steps) - len(rows)
+    tail = f'<p class="note">{more:,} more steps (all in --json)</p>' if more > 0 else ""
+    return lead + _table(("step", "duration", *(h for h, _ in columns)), rows) + tail
 
 
 def _timeline(a: Analysis, view: StepTimeline | None) -> str:
@@ -387,20 +425,28 @@ def _roofline(a: Analysis) -> str:
 def _ops(a: Analysis) -> str:
     if not a.ops:
         return _section("Top ops", _na("no PyTorch ops in this trace"))
+    # where no op launched GPU work (a CPU run) the GPU's columns would be empty: left out
+    gpu = any(o.gpu_total_us or o.kernels for o in a.ops)
     rows = [
         [
             _text(o.name, cls="name"),
             _num(o.calls, f"{o.calls:,}"),
-            _num(o.gpu_total_us, _dur(o.gpu_total_us)),
-            _num(o.gpu_self_us, _dur(o.gpu_self_us)),
+            *(
+                (_num(o.gpu_total_us, _dur(o.gpu_total_us)), _num(o.gpu_self_us, _dur(o.gpu_self_us)))
+                if gpu
+                else ()
+            ),
             _num(o.cpu_total_us, _dur(o.cpu_total_us)),
             _num(o.cpu_self_us, _dur(o.cpu_self_us)),
-            _num(o.kernels, f"{o.kernels:,}"),
+            *((_num(o.kernels, f"{o.kernels:,}"),) if gpu else ()),
         ]
         for o in a.ops[:TOP_ROWS]
     ]
     head = ("op", "calls", "GPU total", "GPU self", "CPU total", "CPU self", "kernels")
-    return _section("Top ops", _table(head, rows), "ops")
+    if not gpu:
+        head = ("op", "calls", "CPU total", "CPU self")
+    title = "Top ops" if gpu else "Top ops (by CPU time: no GPU work)"
+    return _section(title, _table(head, rows), "ops")
 
 
 def _transfers_syncs(a: Analysis) -> str:
@@ -436,8 +482,13 @@ def _transfers_syncs(a: Analysis) -> str:
 
 
 def _memory(a: Analysis) -> str:
-    run = _section("GPU memory by category", html_section(a.memory_run), "memory-run") if a.memory_run else ""
-    return run + _trace_memory(a)
+    return _memory_run(a) + _trace_memory(a)
+
+
+def _memory_run(a: Analysis) -> str:
+    return (
+        _section("GPU memory by category", html_section(a.memory_run), "memory-run") if a.memory_run else ""
+    )
 
 
 def _trace_memory(a: Analysis) -> str:

@@ -40,7 +40,7 @@ from gpudoctor.report.style import (
     section,
     table,
 )
-from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
+from gpudoctor.report.traced import GPU_SECTIONS, per_call_sentence, per_second, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
@@ -48,8 +48,6 @@ from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 MAX_STEP_ROWS = 12
 
 
-# What a trace without GPU activity cannot fill: left out, and said once in the header.
-GPU_SECTIONS = "GPU time, top kernels, roofline, launches, transfers, host synchronizations and GPU memory"
 _GPU_MEMORY_NOTES = ("memory events only for the CPU", "no GPU memory events")  # said with what is left out
 
 

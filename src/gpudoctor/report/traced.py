@@ -6,6 +6,9 @@ from __future__ import annotations
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.util.units import fmt_pct, fmt_us
 
+# What a trace without GPU activity cannot fill: left out of every report, and said once.
+GPU_SECTIONS = "GPU time, top kernels, roofline, launches, transfers, host synchronizations and GPU memory"
+
 
 def steps_sentence(a: Analysis) -> str | None:
     """'steps: ProfilerStep#N annotations', 'steps: inferred: …'; None in an analysis saved before
