@@ -4,6 +4,7 @@ that nothing is wrong where nothing was judged."""
 
 from __future__ import annotations
 
+import json
 import re
 import warnings
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from typer.testing import CliRunner, Result
 
 from gpudoctor.cli.main import app
+from gpudoctor.rules.finding import Diagnosis
 
 
 def run(*args: str | Path) -> Result:
@@ -85,3 +87,25 @@ def test_html_report_of_a_cpu_only_trace_shows_its_steps_and_leaves_the_gpu_sect
     # AND the ops table has no empty GPU columns
     ops = html.split('id="ops"', 1)[1].split("</section>", 1)[0]
     assert "aten::" in ops and "GPU" not in ops.replace("no GPU work", "") and "kernels" not in ops
+
+
+def test_a_trace_with_nothing_to_diagnose_is_not_said_to_have_no_bottleneck(
+    cpu_trace: Path, tmp_path: Path
+) -> None:
+    # GIVEN a trace with no GPU activity: the rules had nothing to judge
+    result = run("analyze", cpu_trace)
+    assert "nothing to diagnose" in result.stdout
+    # THEN no report claims that no bottleneck was found
+    assert "No bottleneck found" not in result.stdout
+    for fmt in ("md", "html"):
+        out = tmp_path / f"r.{fmt}"
+        assert run("report", cpu_trace, "-f", fmt, "-o", out).exit_code == 0
+        text = out.read_text()
+        assert "nothing to diagnose" in text and "No bottleneck found" not in text
+    # AND the JSON says the time was not judged, and reads back so
+    doc = json.loads(run("analyze", cpu_trace, "--json").stdout)
+    assert doc["judged"] is False
+    doc.pop("analysis")
+    assert Diagnosis.from_json(doc).judged is False
+    doc.pop("judged")  # a document saved before the field existed was judged
+    assert Diagnosis.from_json(doc).judged is True

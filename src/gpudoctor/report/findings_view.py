@@ -25,7 +25,10 @@ def render_diagnosis(diagnosis: Diagnosis, console: Console) -> None:
     section(console, "Diagnosis")
     console.print(Text(f"  {printable(diagnosis.bound)}", style="bold"))
     if not diagnosis.findings:
-        console.print(Text("  No bottleneck found that a change would shorten by 2% or more.", style="green"))
+        if diagnosis.judged:
+            console.print(
+                Text("  No bottleneck found that a change would shorten by 2% or more.", style="green")
+            )
         return
     for i, finding in enumerate(diagnosis.findings):
         _render_finding(finding, console, with_snippet=i < SNIPPETS_SHOWN, of=diagnosis.saving_of)

@@ -160,7 +160,7 @@ def _header(a: Analysis, name: str) -> str:
 
 def _diagnosis(d: Diagnosis) -> str:
     out = ['<section id="diagnosis">']
-    if not d.findings:
+    if not d.findings and d.judged:
         out.append('<p class="ok">No bottleneck found that a change would shorten by 2% or more.</p>')
     out.extend(_finding(f, open_=i < 3, of=d.saving_of) for i, f in enumerate(d.findings))
     out.append("</section>")

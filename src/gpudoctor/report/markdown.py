@@ -57,7 +57,7 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis, ranks: RanksView |
             if f.est_memory_bytes:
                 saving = f"frees {fmt_bytes(f.est_memory_bytes)}"
             out.append(f"| {f.severity.value} | {md_text(f.title)} | {saving} | `{f.id}` |")
-    else:
+    elif diagnosis.judged:
         out.append("No bottleneck found that a change would shorten by 2% or more.")
     if ranks is not None:
         out += _ranks(ranks)

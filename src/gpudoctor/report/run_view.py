@@ -145,7 +145,7 @@ def render_memory_only(report: RunReport, console: Console) -> None:
         if memory.oom is not None
         else "No trace to judge the step's time by: memory only."
     )
-    render_diagnosis(Diagnosis(FINDINGS_SCHEMA, report.memory_findings, bound, {}), console)
+    render_diagnosis(Diagnosis(FINDINGS_SCHEMA, report.memory_findings, bound, {}, judged=False), console)
     render_memory_run(memory, console)
 
 

@@ -61,6 +61,9 @@ class Diagnosis(Serialized):
     summary: dict[str, float | None]
     # What `est_saving_pct` is a share of: "step", or "traced time" where the trace has no steps.
     saving_of: str = "step"
+    # Whether the time rules ran: False where there was nothing to judge (no GPU activity, too little
+    # GPU work, no trace), so that no report says "no bottleneck found" of what it did not look at.
+    judged: bool = True
 
     def get(self, finding_id: str) -> Finding | None:
         return next((f for f in self.findings if f.id == finding_id), None)

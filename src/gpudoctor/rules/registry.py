@@ -73,13 +73,13 @@ def diagnose(analysis: Analysis) -> Diagnosis:
         said = "No GPU activity in this trace: nothing to diagnose on the GPU."
         if reason and not reason.startswith("no GPU activity"):
             said = f"No GPU activity to diagnose: {reason}."
-        return Diagnosis(SCHEMA, memory, said, {})
+        return Diagnosis(SCHEMA, memory, said, {}, judged=False)
     if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
         too_little = (
             f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no repeating step "
             f"(profile a few steps with torch.profiler's schedule and prof.step())."
         )
-        return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts))
+        return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts), judged=False)
     # A trace alone: each host-side finding's severity is judged again on the step without what the
     # profiler may have added (the high end of its estimated cost); its saving stays the trace's bound.
     bare = None
