@@ -32,6 +32,7 @@ from gpudoctor.trace.steps import Step, steps_from_spans
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.serial import Serialized
+from gpudoctor.util.units import fmt_us
 
 SCHEMA = "gpudoctor.analysis/1"
 
@@ -168,6 +169,8 @@ def _analyze(
         notes.append("memory events only for the CPU: no GPU memory to analyze")
     elif memory is None:
         notes.append("no GPU memory events: record with profile_memory=True for the memory analysis")
+    if unprofiled_step_us:
+        notes.extend(_unprofiled_notes(unprofiled_step_us, step_rows))
     durations = np.array([s.duration_us for s in steps])
     return Analysis(
         schema=SCHEMA,
@@ -207,6 +210,26 @@ def _step_summaries(
         StepSummary(s.number, s.duration_us, timeline.steps[i] if timeline.steps else None, cpu[i])
         for i, s in enumerate(steps)
     )
+
+
+# The step measured without the profiler may fall this far below the GPU's busy time in a traced step
+# (noise, a GPU-bound step) before the two cannot both be right.
+UNPROFILED_BELOW_BUSY = 0.9
+
+
+def _unprofiled_notes(unprofiled_us: float, steps: tuple[StepSummary, ...]) -> list[str]:
+    """Where the step time measured without the profiler cannot be right: shorter than the GPU's work
+    in a traced step (a typo, or a step of another shape). Nothing without steps or GPU activity."""
+    given = f"the step time measured without the profiler ({fmt_us(unprofiled_us)})"
+    busy = [s.gpu.busy_us for s in steps if s.gpu is not None]
+    median = float(np.median(busy)) if busy else 0.0
+    if median and unprofiled_us < UNPROFILED_BELOW_BUSY * median:
+        return [
+            f"{given} is shorter than the GPU's busy time in a traced step ({fmt_us(median)}, median): "
+            "the GPU cannot do that work in it, so GPU shares of it are capped at 100%; check the step "
+            "time given"
+        ]
+    return []
 
 
 def _whole_trace(trace: Trace, syncs: np.ndarray) -> StepSummary | None:

@@ -1,0 +1,31 @@
+"""`--step-time-ms`, the step measured without the profiler, where it cannot be right: a note says so
+rather than a diagnosis silently built on it (a GPU "busy 100% of each 5 ms step" whose traced steps
+hold 17.8 ms of GPU work)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpudoctor.analysis.summary import analyze
+from gpudoctor.cli.main import app
+from gpudoctor.trace import load_trace
+
+TRAIN = Path(__file__).parent / "fixtures" / "traces" / "transformer_train.json.gz"  # H200, 17.8 ms busy
+
+
+def test_a_step_shorter_than_the_gpu_work_in_a_traced_step_is_flagged() -> None:
+    result = CliRunner(env={"COLUMNS": "200"}).invoke(app, ["analyze", str(TRAIN), "--step-time-ms", "5"])
+    assert result.exit_code == 0, result.output
+    assert "note: the step time measured without the profiler (5 ms) is shorter than the GPU's busy time" in (
+        result.stdout
+    )
+
+
+def test_a_plausible_step_time_gets_no_note() -> None:
+    trace = load_trace(TRAIN)
+    for step_us in (17_000.0, 25_000.0):  # GPU-bound within noise, and host-bound
+        notes = analyze(trace, unprofiled_step_us=step_us).notes
+        assert not any("measured without the profiler" in n for n in notes), notes
+    assert not any("without the profiler" in n for n in analyze(trace).notes)
