@@ -109,3 +109,45 @@ def test_a_trace_with_nothing_to_diagnose_is_not_said_to_have_no_bottleneck(
     assert Diagnosis.from_json(doc).judged is False
     doc.pop("judged")  # a document saved before the field existed was judged
     assert Diagnosis.from_json(doc).judged is True
+
+
+def _one_step_trace(tmp_path: Path) -> Path:
+    """One ProfilerStep with one CPU op in it: one step."""
+    events = [
+        {
+            "ph": "X",
+            "cat": "user_annotation",
+            "name": "ProfilerStep#1",
+            "ts": 0.0,
+            "dur": 900.0,
+            "pid": 1,
+            "tid": 1,
+        },
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 10.0, "dur": 500.0, "pid": 1, "tid": 1},
+    ]
+    path = tmp_path / "one_step.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    return path
+
+
+def test_headers_count_one_step_in_the_singular(tmp_path: Path) -> None:
+    trace = _one_step_trace(tmp_path)
+    out = run("analyze", trace).stdout
+    assert "· 1 step\n" in out and "1 steps" not in out
+    md = tmp_path / "r.md"
+    assert run("report", trace, "-f", "md", "-o", md).exit_code == 0
+    assert "· 1 step" in md.read_text() and "1 steps" not in md.read_text()
+    html = tmp_path / "r.html"
+    assert run("report", trace, "-o", html).exit_code == 0
+    assert "· 1 step" in html.read_text() and "1 steps" not in html.read_text()
+
+
+def test_a_trace_with_no_ops_does_not_title_its_ops_by_gpu_time(tmp_path: Path) -> None:
+    # GIVEN a trace exported after the profiler's last cycle: nothing but the profiler's own span
+    events = [{"ph": "X", "cat": "Trace", "name": "PyTorch Profiler (0)", "ts": 0.0, "dur": 248.0, "pid": "Spans",
+               "tid": "PyTorch Profiler"}]  # fmt: skip
+    path = tmp_path / "empty_cycle.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": events}))
+    out = run("analyze", path).stdout
+    assert "1 event ·" in out
+    assert "Top ops ─" in out and "by GPU time" not in out

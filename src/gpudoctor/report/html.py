@@ -31,7 +31,14 @@ from gpudoctor.report.ranks_view import (
     rank_table,
     slowest_sentence,
 )
-from gpudoctor.report.traced import GPU_SECTIONS, per_call_sentence, per_second, steps_sentence
+from gpudoctor.report.traced import (
+    GPU_SECTIONS,
+    counted,
+    per_call_sentence,
+    per_second,
+    steps_count,
+    steps_sentence,
+)
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
 from gpudoctor.util.version import __version__
@@ -145,11 +152,11 @@ def _finite(value: float | None) -> float | None:
 def _header(a: Analysis, name: str) -> str:
     t = a.trace
     device = a.device.name if a.device else "device not recorded"
-    steps = f"{len(a.steps)} steps" if a.steps else "no steps"
-    if a.selected_step is not None:
-        steps = f"step {a.selected_step} only"
+    steps = steps_count(a)
     rank = f"rank {t.rank}" + (f" of {t.world_size}" if t.world_size else "")
-    meta = " · ".join((device, rank, f"{t.events:,} events", f"{t.gpu_activities:,} GPU activities", steps))
+    meta = " · ".join(
+        (device, rank, counted(t.events, "event"), f"{t.gpu_activities:,} GPU activities", steps)
+    )
     sentence = steps_sentence(a)
     how = f'<p class="meta">{escape(sentence)}</p>' if sentence else ""
     return (

@@ -18,7 +18,7 @@ from gpudoctor.report.ranks_view import (
     rank_table,
     slowest_sentence,
 )
-from gpudoctor.report.traced import per_call_sentence, per_second, steps_sentence
+from gpudoctor.report.traced import per_call_sentence, per_second, steps_count, steps_sentence
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.text import printable, printable_block
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
@@ -40,7 +40,7 @@ def render_markdown(analysis: Analysis, diagnosis: Diagnosis, ranks: RanksView |
     is then of `ranks.detailed`)."""
     name = Path(analysis.trace.path).name
     device = analysis.device.name if analysis.device else "device not recorded"
-    meta = f"{md_text(device)} · {len(analysis.steps)} steps"
+    meta = f"{md_text(device)} · {steps_count(analysis)}"
     if ranks is not None:
         meta += f" · rank {ranks.detailed} of {len(ranks.overview.ranks)} ranks"
     out = [f"## gpudoctor: {md_text(name)}", "", meta, ""]

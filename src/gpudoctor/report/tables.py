@@ -198,7 +198,8 @@ def render_ops(ops: tuple[OpStat, ...], console: Console, top: int) -> None:
     # ranked by GPU time, then CPU time (`analysis.cpu`): where no op launched GPU work (a CPU run), by
     # CPU time, and the GPU's columns would be zeros
     gpu = any(o.gpu_total_us or o.kernels for o in ops)
-    section(console, "Top ops (by GPU time)" if gpu or not ops else "Top ops (by CPU time: no GPU work)")
+    title = "Top ops (by GPU time)" if gpu else "Top ops (by CPU time: no GPU work)"
+    section(console, title if ops else "Top ops")
     if not ops:
         not_available(console, "no PyTorch ops recorded")
         return

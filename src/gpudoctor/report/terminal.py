@@ -40,7 +40,14 @@ from gpudoctor.report.style import (
     section,
     table,
 )
-from gpudoctor.report.traced import GPU_SECTIONS, per_call_sentence, per_second, steps_sentence
+from gpudoctor.report.traced import (
+    GPU_SECTIONS,
+    counted,
+    per_call_sentence,
+    per_second,
+    steps_count,
+    steps_sentence,
+)
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
@@ -83,15 +90,12 @@ def render_header(analysis: Analysis, console: Console) -> None:
     console.print(title)
     rank = f"rank {t.rank}" + (f" of {t.world_size}" if t.world_size else "")
     line(console, _device_text(analysis), rank)
-    steps = f"{len(analysis.steps)} steps" if analysis.steps else "no steps"
-    if analysis.selected_step is not None:
-        steps = f"step {analysis.selected_step} only"
     line(
         console,
-        f"{count(t.events)} events",
+        counted(t.events, "event"),
         f"{count(t.gpu_activities)} GPU activities",
         f"{fmt_us(t.span_us)} traced",
-        steps,
+        steps_count(analysis),
     )
     sentence = steps_sentence(analysis)
     if sentence:

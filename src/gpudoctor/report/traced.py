@@ -10,6 +10,18 @@ from gpudoctor.util.units import fmt_pct, fmt_us
 GPU_SECTIONS = "GPU time, top kernels, roofline, launches, transfers, host synchronizations and GPU memory"
 
 
+def counted(n: int, noun: str) -> str:
+    """'1 step', '3 steps', '1,280 events'."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+
+def steps_count(a: Analysis) -> str:
+    """The steps an analysis covers, for a header: '3 steps', '1 step', 'no steps', 'step 3 only'."""
+    if a.selected_step is not None:
+        return f"step {a.selected_step} only"
+    return counted(len(a.steps), "step") if a.steps else "no steps"
+
+
 def steps_sentence(a: Analysis) -> str | None:
     """'steps: ProfilerStep#N annotations', 'steps: inferred: …'; None in an analysis saved before
     gpudoctor recorded how steps were found."""
