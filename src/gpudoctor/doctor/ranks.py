@@ -22,6 +22,7 @@ from gpudoctor.doctor.rank_pool import SERIAL_BELOW, RankJob, default_workers, j
 from gpudoctor.rules.across import diagnose_ranks
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner.rundir import rank_files
+from gpudoctor.trace.load import same_rank_advice
 from gpudoctor.util.errors import TraceFormatError, UsageError
 
 FULL_REPORTS_MAX = 64
@@ -70,7 +71,8 @@ def analyze_directory(
         if a.summary.rank == b.summary.rank:
             names = f"{Path(a.summary.path).name} and {Path(b.summary.path).name}"
             raise TraceFormatError(
-                f"{path}: {names} both claim rank {a.summary.rank}: keep one run's rank traces in a directory"
+                f"{path}: {names} both claim rank {a.summary.rank}: "
+                + same_rank_advice(a.summary.world_size is None and b.summary.world_size is None)
             )
     summaries = tuple(r.summary for r in results)
     reports = {r.summary.rank: r.report for r in results if r.report is not None}

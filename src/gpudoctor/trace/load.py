@@ -134,9 +134,22 @@ def load_trace_files(
         if a.meta.rank == b.meta.rank:
             raise TraceFormatError(
                 f"{p}: {Path(a.meta.path).name} and {Path(b.meta.path).name} both claim rank "
-                f"{a.meta.rank}: keep one run's rank traces in a directory"
+                f"{a.meta.rank}: "
+                + same_rank_advice(a.meta.distributed is None and b.meta.distributed is None)
             )
     return traces
+
+
+def same_rank_advice(single_process: bool) -> str:
+    """What to do about two traces of a directory that claim the same rank. Traces recorded outside
+    torch.distributed are one process's: most often the cycles of a profiler schedule with repeat,
+    which tensorboard_trace_handler writes side by side."""
+    if single_process:
+        return (
+            "neither was recorded under torch.distributed, so they are not ranks of one run (a profiler "
+            "schedule with repeat writes one trace per cycle): analyze one file"
+        )
+    return "keep one run's rank traces in a directory"
 
 
 def load_document(
