@@ -186,7 +186,9 @@ def test_a_script_that_does_not_run_as_written_is_an_error_with_its_output_kept(
     assert report_of(out).verdicts == () and (out / "fix.md").exists()
 
 
-def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(starved: Path, tmp_path: Path) -> None:
+def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(
+    starved: Path, tmp_path: Path
+) -> None:
     # GIVEN a script that raises at its fourth step, every time
     starved.write_text(
         "import torch\nprint('STARTED', flush=True)\nm = torch.nn.Linear(4, 4)\n"
@@ -199,7 +201,9 @@ def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(starved
     # THEN the diagnosis run's failure ends it: one line with the script's error, the step and its output
     assert result.exit_code == 1
     line = result.output.strip().splitlines()[-1]
-    assert line.startswith("gpudoctor fix: the baseline did not run: the script failed by itself under the doctor")
+    assert line.startswith(
+        "gpudoctor fix: the baseline did not run: the script failed by itself under the doctor"
+    )
     assert "ValueError: bad batch after 4 steps" in line and str(out / "run.log") in line
     # AND no round ran it again (the script started once), and the report is written
     assert (out / "run.log").read_text().count("STARTED") == 1
