@@ -306,5 +306,10 @@ def test_ranks_traced_without_a_gpu_name_no_straggler_from_their_step_times() ->
     s = rank_overview_of(cpu).slowest
     # THEN the slower median is shown, but no straggler is named on it
     assert s is not None and s.rank == 1 and s.spread == pytest.approx(5_150 / 4_380 - 1) and not s.straggler
+    # AND the sentence says why the wait is not told apart, not that the ranks have no communication
+    from gpudoctor.report.ranks_view import slowest_sentence
+
+    said = slowest_sentence(rank_overview_of(cpu)) or ""
+    assert "No rank has GPU communication kernels" in said and "gloo" in said
     # AND ranks whose time outside communication is known still name one
     assert rank_overview_of([_figures(0, 20_000.0, 9_000.0), _figures(1, 29_000.0, 200.0)]).slowest.straggler

@@ -237,7 +237,12 @@ def slowest_sentence(overview: RankOverview) -> str | None:
     if s.traced_rank is not None:  # the trace's waits are of the rank the profiler slowed
         return text
     if s.comm_wait_us is None:
-        return text + " No rank has communication kernels in its trace."
+        # a CPU run's collectives (gloo's all-reduce ops) hold their waits inside the step, with no
+        # kernel of their own to tell waiting from working
+        return text + (
+            " No rank has GPU communication kernels in its trace (gloo's collectives on the CPU are inside"
+            " each rank's step): a rank's wait for the others cannot be told from its work."
+        )
     if s.straggler:
         return text + (
             f" The other ranks spend {fmt_us(s.comm_wait_us)} more per step in exposed communication "
