@@ -151,3 +151,21 @@ def test_a_trace_with_no_ops_does_not_title_its_ops_by_gpu_time(tmp_path: Path) 
     out = run("analyze", path).stdout
     assert "1 event ·" in out
     assert "Top ops ─" in out and "by GPU time" not in out
+
+
+def test_a_trace_exported_after_the_schedules_last_cycle_says_where_to_export_it(tmp_path: Path) -> None:
+    # GIVEN torch.profiler with a schedule, and export_chrome_trace called after the last cycle (it saves
+    # the profiler's span and the last step's mark, no op)
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    m = torch.nn.Linear(16, 16)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2)) as p:
+        for _ in range(6):
+            m(torch.randn(4, 16)).sum().backward()
+            p.step()
+    path = tmp_path / "after.json"
+    p.export_chrome_trace(str(path))
+    # THEN analyze says the trace holds no op and to export from on_trace_ready
+    out = " ".join(run("analyze", path).stdout.split())
+    assert "no ops: the trace holds only the profiler's own span" in out and "on_trace_ready" in out

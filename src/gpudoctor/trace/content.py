@@ -94,4 +94,12 @@ def no_gpu_activity_reason(trace: Trace) -> str:
             f"{launches:,} CUDA/HIP runtime calls but no GPU activity recorded (kernels, copies, memsets): "
             "the trace was recorded without ProfilerActivity.CUDA, so GPU figures are not available"
         )
+    if not len(trace.rows(Kind.CPU_OP, Kind.PYTHON)):
+        # prof.export_chrome_trace() after a schedule's last active cycle: the profiler's own span and
+        # the last step's mark are all it saves
+        return (
+            "no GPU activity and no ops: the trace holds only the profiler's own span and step marks. With "
+            "a schedule, export each cycle's trace from on_trace_ready (tensorboard_trace_handler, or a "
+            "function calling prof.export_chrome_trace); exporting after the last cycle saves nothing"
+        )
     return "no GPU activity: a CPU-only trace, so GPU figures are not available"
