@@ -123,6 +123,54 @@ def test_one_noisy_dip_followed_by_growth_is_no_knee() -> None:
     assert find_knee(_points(list(times), times.__getitem__)) is None
 
 
+def _canned(step_times: Any) -> Any:
+    """A sweep's `measure` on the CPU fed canned step times: `step_times(b)` is the list for size b."""
+    knob = {"kind": "option", "option": "--batch-size", "default": 16}
+    calls: list[int] = []
+
+    def measure(b: int) -> dict[str, Any]:
+        calls.append(b)
+        return {"batch": b, "knob": knob, "status": "ok", "step_times_us": step_times(b), "training": True}
+
+    measure.calls = calls  # type: ignore[attr-defined]
+    return measure
+
+
+def _steady(t_us: float, jitter: float = 0.03) -> list[float]:
+    """Ten steps within ±jitter of t_us."""
+    return [t_us * (1 + jitter * ((i % 5) - 2) / 2) for i in range(10)]
+
+
+def test_one_slow_point_in_the_middle_of_the_doublings_does_not_make_the_knee() -> None:
+    truth = _saturating(10_000, 500)  # the knee is at 128 (see above)
+
+    def times(b: int) -> list[float]:  # 16's process ran 5x slower throughout: no spread shows it
+        return _steady(truth(b) * (5 if b == 16 else 1))
+
+    measure = _canned(times)
+    s = sweep(measure, SweepPlan(), ["train.py"])
+    # THEN the sweep went on past 16 (one size past a candidate knee at 8 is not enough to stop)
+    assert 32 in measure.calls and 64 in measure.calls
+    # AND the knee is the real one, confirmed on two larger sizes
+    assert s.knee is not None and s.knee.batch == 128 and s.knee.sizes_past == 2
+
+
+def test_a_noisy_point_at_the_end_is_no_knee_but_a_real_plateau_is() -> None:
+    # a busy machine: 6 of 8's 10 steps stall 60x (the median is a stall), 4 run at full speed
+    def noisy(b: int) -> list[float]:
+        t = 1000.0 * (1 + b / 64)  # still growing fast up to 8
+        return _steady(t) if b < 8 else [t] * 4 + [60 * t] * 6
+
+    s = sweep(_canned(noisy), SweepPlan(max_batch=8), ["train.py"])
+    assert [p.batch for p in s.points] == [1, 2, 4, 8] and s.points[-1].throughput < s.points[-2].throughput
+    assert s.knee is None  # 8's drop is within its own noise
+    # a real plateau from 32 on, measured with the same few-percent jitter as every point: a knee at 32
+    plateau = _canned(lambda b: _steady(1000.0 * max(1, b / 32)))
+    s = sweep(plateau, SweepPlan(), ["train.py"])
+    assert s.knee is not None and s.knee.batch == 32 and s.knee.sizes_past == 2
+    assert plateau.calls[-2:] == [64, 128]  # two sizes past the knee, then done
+
+
 def test_latency_pick_and_the_sublinear_region() -> None:
     pts = _points([1, 2, 4, 8, 16, 32, 64, 128, 256], _saturating(5_000, 200))
     assert latency_pick(pts, 20_000) == 64 and latency_pick(pts, 1_000) is None
@@ -379,3 +427,21 @@ def test_the_html_page_draws_throughput_memory_and_latency_with_their_marks() ->
         ElementTree.fromstring(chart)
     assert "knee 128" in charts[0] and "allocator budget 80 GiB" in charts[1] and "target 20 ms" in charts[2]
     assert "sublinear" in charts[2] and "the largest batch meeting it is 64 (17.8 ms)" in html
+
+
+def test_the_sentences_name_noisy_points_and_a_knee_seen_on_one_size_only() -> None:
+    from gpudoctor.analysis.batch import point_of, summarize
+    from gpudoctor.report.batch_view import sentences
+
+    def raw(b: int, times: list[float]) -> dict[str, Any]:
+        return {"batch": b, "status": "ok", "step_times_us": times}
+
+    steady = [raw(b, _steady(1000.0 * max(1, b / 4))) for b in (1, 2, 4, 8)]
+    noisy = raw(16, [4000.0] * 4 + [9000.0] * 6)  # grows on its fast quartile, noisy
+    s = summarize([point_of(r) for r in [*steady, noisy]], script=["x.py"], knob={}, training=True)
+    text = " ".join(sentences(s))
+    assert "Throughput knee at batch 4" in text and "a single point, unconfirmed" not in text
+    assert "at batch 16 (4 ms–9 ms)" in text
+    s = summarize([point_of(r) for r in steady], script=["x.py"], knob={}, training=True)
+    assert s.knee is not None and s.knee.sizes_past == 1
+    assert "a single point, unconfirmed" in " ".join(sentences(s))

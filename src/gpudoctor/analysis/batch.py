@@ -1,7 +1,15 @@
 """What a batch-size sweep says, from measured points (each batch size timed in a fresh process): the
 memory model `peak = fixed + per_sample × batch` and the largest batch it predicts within the memory the
 allocator can get, the knee where throughput stops growing, and for inference the latency per batch,
-the region where it grows sublinearly and the largest batch that meets a latency target. Pure."""
+the region where it grows sublinearly and the largest batch that meets a latency target. Pure.
+
+The knee and noise (`find_knee`): a point is the median of its steps, and its own spread is the
+interquartile range of them. A larger size counts against growth only with its fast quartile (the
+lower quartile of its step times) taken: a drop that the point's own noise can explain is no drop. A
+point slow throughout (the machine busy for the whole process) has no spread to show it; that one is
+caught by the knee's other condition, that every larger size measured gains too little, and the sweep
+measures two sizes past a knee before it stops (`analysis.batch_plan.SweepPlan.past_knee`): one slow
+point followed by one that grows again is no knee."""
 
 from __future__ import annotations
 
@@ -30,6 +38,8 @@ class BatchPoint:
     peak_reserved: int | None = None
     steps: int = 0
     error: str | None = None
+    step_p25_us: float | None = None  # the quartiles of the light phase's step times: its own noise
+    step_p75_us: float | None = None
 
     @property
     def fits(self) -> bool:
@@ -39,6 +49,20 @@ class BatchPoint:
     def throughput(self) -> float | None:
         """Samples per second."""
         return self.batch / self.step_us * 1e6 if self.step_us else None
+
+    @property
+    def throughput_fast(self) -> float | None:
+        """Samples per second at the fast quartile of its steps (the lower quartile of its step times):
+        as fast as its own noise lets this point be. The median's where the quartiles are unknown."""
+        fast = self.step_p25_us or self.step_us
+        return self.batch / fast * 1e6 if fast else None
+
+    @property
+    def spread(self) -> float | None:
+        """The interquartile range of its step times over their median (0.1: ±5% around it)."""
+        if not self.step_us or self.step_p25_us is None or self.step_p75_us is None:
+            return None
+        return (self.step_p75_us - self.step_p25_us) / self.step_us
 
 
 @dataclass(frozen=True)
@@ -62,8 +86,9 @@ class MemoryModel:
 @dataclass(frozen=True)
 class Knee:
     batch: int  # past this size a doubling gains less than KNEE_GAIN
-    gain: float  # the per-doubling throughput gain just past it
+    gain: float  # the per-doubling throughput gain just past it (medians)
     gains: tuple[tuple[int, float], ...]  # (from size, per-doubling gain to the next measured size)
+    sizes_past: int = 1  # larger sizes measured, each gaining less than KNEE_GAIN beyond its noise
 
 
 @dataclass(frozen=True)
@@ -115,21 +140,26 @@ def fit_memory(points: Sequence[BatchPoint]) -> MemoryModel | None:
 
 
 def find_knee(points: Sequence[BatchPoint], gain: float = KNEE_GAIN) -> Knee | None:
-    """The first measured size from which throughput never again grows by `gain` per doubling: the
-    gain to every larger measured size, scaled to a doubling, stays below it (one noisy dip followed
-    by growth is no knee). None while throughput still grows at the largest size measured."""
+    """The first measured size `a` from which throughput never again grows by `gain` per doubling:
+    to every larger measured size `b`, the gain (scaled to a doubling) stays below it even with `b`
+    at the fast quartile of its own steps (`BatchPoint.throughput_fast`, against `a`'s median). So
+    one point slower than the trend does not make a knee when its own steps spread enough to explain
+    the drop (a busy machine), nor when any larger size grows again (one noisy dip followed by growth
+    is no knee). `Knee.sizes_past` says on how many larger sizes the drop was seen (the sweep measures
+    two before it stops, where it can). None while throughput still grows at the largest size."""
     ok = sorted((p for p in points if p.fits and p.throughput), key=lambda p: p.batch)
     ok = list({p.batch: p for p in ok}.values())
     gains = tuple((a.batch, _gain(a, b)) for a, b in itertools.pairwise(ok))
     for i, a in enumerate(ok[:-1]):
-        if all(_gain(a, b) < gain for b in ok[i + 1 :]):
-            return Knee(a.batch, gains[i][1], gains)
+        if all(_gain(a, b, fast=True) < gain for b in ok[i + 1 :]):
+            return Knee(a.batch, gains[i][1], gains, len(ok) - 1 - i)
     return None
 
 
-def _gain(a: BatchPoint, b: BatchPoint) -> float:
-    """Throughput gain from size a to size b, per doubling."""
-    return (b.throughput / a.throughput) ** (1 / math.log2(b.batch / a.batch)) - 1  # type: ignore[operator]
+def _gain(a: BatchPoint, b: BatchPoint, fast: bool = False) -> float:
+    """Throughput gain from size a to size b, per doubling (with `fast`, b at its fast quartile)."""
+    high = b.throughput_fast if fast else b.throughput
+    return (high / a.throughput) ** (1 / math.log2(b.batch / a.batch)) - 1  # type: ignore[operator]
 
 
 def latency_pick(points: Sequence[BatchPoint], target_us: float) -> int | None:
@@ -179,6 +209,7 @@ def summarize(
 def point_of(raw: dict[str, Any]) -> BatchPoint:
     times = [float(t) for t in raw.get("step_times_us") or ()]
     median = statistics.median(times) if times else None
+    quartiles = statistics.quantiles(times, n=4, method="inclusive") if len(times) > 1 else [median] * 3
     return BatchPoint(
         batch=int(raw["batch"]),
         status=str(raw.get("status", "error")),
@@ -187,4 +218,6 @@ def point_of(raw: dict[str, Any]) -> BatchPoint:
         peak_reserved=raw.get("peak_reserved"),
         steps=len(times),
         error=raw.get("error"),
+        step_p25_us=quartiles[0],
+        step_p75_us=quartiles[2],
     )

@@ -1,6 +1,7 @@
 """Which batch sizes a sweep measures, one at a time: doublings from the first size while throughput
-still grows (or a latency target is not yet crossed), then the largest size the memory model predicts
-and the next size up, to confirm it. `sweep(measure, plan, script)` runs the loop with the function
+still grows (or a latency target is not yet crossed; or fewer than two sizes past a knee are measured:
+one slow point does not end the doublings, see `analysis.batch.find_knee`), then the largest size the
+memory model predicts and the next size up, to confirm it. `sweep(measure, plan, script)` runs the loop with the function
 that measures one size (a fresh process in `gpudoctor batch`; injected measurements in tests) and
 summarizes it (`analysis.batch.summarize`). No I/O here."""
 
@@ -24,7 +25,9 @@ class SweepPlan:
     max_batch: int | None = None
     max_runs: int = 14
     latency_target_us: float | None = None
-    past_knee: int = 1  # sizes measured past the knee before jumping to the largest that fits
+    # sizes measured past the knee before jumping to the largest that fits: a knee holds only if
+    # every one of them gains too little, so two keep one slow point from ending the doublings
+    past_knee: int = 2
     confirm: bool = True  # try the predicted largest size and the next one up
 
 

@@ -16,6 +16,8 @@ from gpudoctor.report.style import dim_line, line, section, table
 from gpudoctor.util.units import fmt_bytes, fmt_us
 from gpudoctor.util.version import __version__
 
+NOISY_SPREAD = 0.5  # a point whose step times' interquartile range exceeds this share of its median
+
 
 def sentences(s: BatchSweep) -> list[str]:
     """What the sweep concluded, in sentences (the terminal and the HTML page say the same)."""
@@ -44,12 +46,25 @@ def sentences(s: BatchSweep) -> list[str]:
         )
     if s.knee is not None:
         change = f"gains {100 * s.knee.gain:.0f}%" if s.knee.gain >= 0 else f"loses {-100 * s.knee.gain:.0f}%"
+        seen = (
+            "under 10% from there on, on the two larger sizes measured"
+            if s.knee.sizes_past >= 2
+            else "under 10% on the one larger size measured: a single point, unconfirmed"
+        )
         out.append(
-            f"Throughput knee at batch {s.knee.batch}: doubling it {change} of throughput (under 10% from "
-            "there on); larger batches cost memory for little speed."
+            f"Throughput knee at batch {s.knee.batch}: doubling it {change} of throughput ({seen}); "
+            "larger batches cost memory for little speed."
         )
     elif s.largest_fit is not None:
         out.append(f"No knee: throughput still grows by 10% or more per doubling up to {s.largest_fit}.")
+    noisy = [p for p in s.points if p.fits and p.spread is not None and p.spread > NOISY_SPREAD]
+    if noisy:
+        spans = ", ".join(f"{p.batch} ({fmt_us(p.step_p25_us)}–{fmt_us(p.step_p75_us)})" for p in noisy)
+        out.append(
+            f"Noisy: the middle half of the step times spans more than {NOISY_SPREAD:.0%} of their median "
+            f"at batch {spans}; another process or more threads than cores, likely. A drop within a "
+            "point's own spread is not taken for a knee."
+        )
     if not s.training and s.sublinear_until:
         out.append(
             f"Latency grows sublinearly with the batch up to {s.sublinear_until}: serving requests in "
