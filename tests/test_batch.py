@@ -445,3 +445,21 @@ def test_the_sentences_name_noisy_points_and_a_knee_seen_on_one_size_only() -> N
     s = summarize([point_of(r) for r in steady], script=["x.py"], knob={}, training=True)
     assert s.knee is not None and s.knee.sizes_past == 1
     assert "a single point, unconfirmed" in " ".join(sentences(s))
+
+
+def test_start_above_max_is_a_one_line_error_before_any_run(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(ARG_SCRIPT)
+    args = ["batch", "--out", str(tmp_path / "o"), "--start", "64", "--max", "8", str(script)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--start 64 is above --max 8" in result.output
+    assert "batch 64" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_one_size_that_ran_says_no_knee_can_be_told() -> None:
+    from gpudoctor.analysis.batch import summarize
+    from gpudoctor.report.batch_view import sentences
+
+    s = summarize(_points([64], lambda b: 1000.0), script=["x.py"], knob={}, training=True)
+    text = " ".join(sentences(s))
+    assert "No knee can be told: fewer than two sizes ran." in text and "still grows" not in text

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from gpudoctor.cli.common import DebugOption, set_debug, stdout_console
+from gpudoctor.util.errors import UsageError
 
 
 def batch_command(
@@ -51,6 +52,8 @@ def batch_command(
     from gpudoctor.runner.sweep import measure_in_process
 
     set_debug(ctx, debug)
+    if max_batch is not None and start > max_batch:
+        raise UsageError(f"--start {start} is above --max {max_batch}: no batch size to measure")
     target, args = command[0], command[1:]
     check_runnable(target, module=module)  # a missing or broken script: one line, before any batch
     out = out or default_out(target, "-batch")

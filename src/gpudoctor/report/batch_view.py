@@ -55,6 +55,8 @@ def sentences(s: BatchSweep) -> list[str]:
             f"Throughput knee at batch {s.knee.batch}: doubling it {change} of throughput ({seen}); "
             "larger batches cost memory for little speed."
         )
+    elif len([p for p in s.points if p.fits and p.step_us]) < 2:
+        out.append("No knee can be told: fewer than two sizes ran.")
     elif s.largest_fit is not None:
         out.append(f"No knee: throughput still grows by 10% or more per doubling up to {s.largest_fit}.")
     noisy = [p for p in s.points if p.fits and p.spread is not None and p.spread > NOISY_SPREAD]
