@@ -79,7 +79,14 @@ def test_dataloaders_get_the_size_unless_an_option_set_it_or_a_batch_sampler_bat
     finally:
         knob.uninstall()
     assert (by_keyword.batch_size, by_position.batch_size, batched.batch_size) == (7, 7, None)
-    assert knob.applied == {"kind": "dataloader", "option": None, "dest": None, "default": 32, "loaders": 2}
+    assert knob.applied == {
+        "kind": "dataloader",
+        "option": None,
+        "dest": None,
+        "default": 32,
+        "loaders": 2,
+        "samples": 100,
+    }
     assert torch.utils.data.DataLoader.__init__ is original
     assert argparse.ArgumentParser.parse_known_args.__qualname__ == "ArgumentParser.parse_known_args"
 
@@ -463,3 +470,13 @@ def test_one_size_that_ran_says_no_knee_can_be_told() -> None:
     s = summarize(_points([64], lambda b: 1000.0), script=["x.py"], knob={}, training=True)
     text = " ".join(sentences(s))
     assert "No knee can be told: fewer than two sizes ran." in text and "still grows" not in text
+    s = summarize(_points([64], lambda b: 1000.0), script=["x.py"], knob={}, training=False)
+    assert "sublinearly" not in " ".join(sentences(s))  # one inference size: nothing grows or not
+
+
+def test_a_batch_above_the_dataloaders_dataset_is_no_point(tmp_path: Path) -> None:
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER_SCRIPT)  # 4096 samples: a batch of 8192 would hold 4096 and read 2x fast
+    point = measure_batch(str(script), [], 8192, warmup=1, light_steps=3, light_seconds=0.0)
+    assert point["status"] == "error" and point["step_times_us"] == []
+    assert point["error"] == "the DataLoader's dataset holds 4096 samples, fewer than batch 8192"

@@ -67,7 +67,8 @@ def sentences(s: BatchSweep) -> list[str]:
             f"at batch {spans}; another process or more threads than cores, likely. A drop within a "
             "point's own spread is not taken for a knee."
         )
-    if not s.training and s.sublinear_until:
+    ran = len([p for p in s.points if p.fits and p.step_us])
+    if not s.training and s.sublinear_until and ran >= 2:
         out.append(
             f"Latency grows sublinearly with the batch up to {s.sublinear_until}: serving requests in "
             "batches up to there costs little latency per request."

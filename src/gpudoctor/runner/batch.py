@@ -128,7 +128,11 @@ def _point(
     steps = [s for s in memory.get("steps") or () if s.get("phase") == "light"]
     env = captured.get("environment")
     error = None if end.error is None else f"{type(end.error).__name__}: {end.error}"
-    if end.error is not None and _out_of_memory(end.error):
+    samples = (knob or {}).get("samples")
+    if isinstance(samples, int) and samples < batch:  # its batches hold the dataset, not `batch` samples
+        status, times = "error", []
+        error = f"the DataLoader's dataset holds {samples} samples, fewer than batch {batch}"
+    elif end.error is not None and _out_of_memory(end.error):
         status = "oom"
     elif times:
         status = "ok"  # the light phase ended (and stopped the script) or the script ended after it

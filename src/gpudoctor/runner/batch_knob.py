@@ -61,7 +61,7 @@ class BatchKnob:
         loader_init = DataLoader.__init__
 
         def __init__(loader: Any, dataset: Any, *args: Any, **kwargs: Any) -> None:
-            args, kwargs = knob._loader_arguments(args, kwargs)
+            args, kwargs = knob._loader_arguments(args, kwargs, dataset)
             loader_init(loader, dataset, *args, **kwargs)
 
         argparse.ArgumentParser.parse_known_args = parse_known_args  # type: ignore[method-assign]
@@ -94,10 +94,12 @@ class BatchKnob:
         setattr(namespace, action.dest, self.batch)
 
     def _loader_arguments(
-        self, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], dataset: Any = None
     ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """DataLoader(dataset, batch_size=…) with the sweep's size, unless an option set it already (then
-        the script passes that on itself) or the loader batches through a batch_sampler."""
+        the script passes that on itself) or the loader batches through a batch_sampler. `samples` is
+        the smallest dataset of the loaders set (where it has a length): a batch above it is not that
+        batch."""
         if self.applied is not None and self.applied["kind"] == "option":
             return args, kwargs
         if kwargs.get("batch_sampler") is not None:
@@ -119,4 +121,10 @@ class BatchKnob:
                 "loaders": 0,
             }
         self.applied["loaders"] += 1
+        try:
+            size = len(dataset)
+        except Exception:  # an IterableDataset, or no __len__
+            size = None
+        if isinstance(size, int) and (self.applied.get("samples") is None or size < self.applied["samples"]):
+            self.applied["samples"] = size
         return args, kwargs
