@@ -73,6 +73,7 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
 
     loop = setup()
     rank, cuda, device, step = loop.rank, loop.cuda, loop.device, loop.step
+    gpu_state = nvml_reader(device) if cuda else (lambda: None)
 
     def sync() -> None:
         if cuda:
@@ -112,16 +113,18 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
             if settle >= MAX_SETTLE:
                 raise SystemExit(f"rank {rank}: the capture found no light phase in {MAX_SETTLE} steps")
         sync()
+        before = gpu_state()
         t0 = time.perf_counter()
         for _ in range(steps):
             step()
         sync()
         elapsed = time.perf_counter() - t0
+        after = gpu_state()
         phase = capture.phase if capture is not None else None
         if capture is not None:
             capture.uninstall()
         blocks.append({"candidate": on, "steps": steps, "elapsed_us": 1e6 * elapsed, "settle": settle,
-                       "phase": phase})  # fmt: skip
+                       "phase": phase, "gpu": [before, after]})  # fmt: skip
     shutil.rmtree(tmp, ignore_errors=True)  # the captures' run folders: their memory files, nothing measured
     out.mkdir(parents=True, exist_ok=True)
     doc = {"rank": rank, "batch": loop.batch, "cores": loop.cores, "pace_us": 1e6 * pace, "block_steps": steps,
@@ -129,6 +132,36 @@ def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(doc))
     dist.barrier()  # every rank tears down together (gloo aborted one that did so alone, 1 run in 6)
     dist.destroy_process_group()
+
+
+def nvml_reader(device: Any) -> Any:
+    """A function reading this rank's GPU's SM clock, power and clock-event reasons (NVML, a few tens of
+    µs, at both ends of every block on both sides alike): whether the block-to-block drift of the step
+    follows the GPU's clocks. A function returning None where NVML is not there."""
+    try:
+        import pynvml
+        import torch
+
+        pynvml.nvmlInit()
+        bus = torch.cuda.get_device_properties(device).pci_bus_id
+        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
+    except Exception:  # no NVML, no bus id: the blocks are timed all the same
+        return lambda: None
+    reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
+        pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda _: None
+    )
+
+    def read() -> dict[str, Any] | None:
+        try:
+            return {
+                "sm_mhz": pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000,
+                "reasons": reasons(handle),
+            }
+        except Exception:  # a read that fails leaves that block's state unknown
+            return None
+
+    return read
 
 
 def compare(ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -161,7 +194,27 @@ def compare(ranks: list[dict[str, Any]]) -> dict[str, Any]:
         "plain_blocks_spread_pct": 100 * (max(a) - min(a)) / statistics.median(a),
         "block_steps": ranks[0]["block_steps"],
         "b_settle_steps": [b["settle"] for r in ranks[:1] for b in r["blocks"] if b["candidate"]],
+        "clocks": clocks_row(ranks),
     }
+
+
+def clocks_row(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Whether the blocks' step times follow the GPUs' SM clocks: per rank, the correlation of each
+    block's mean step with its SM clock (the mean of its two ends), and the clocks' range. None where
+    NVML read nothing. Pure."""
+    out = []
+    for r in ranks:
+        rows = [(b["elapsed_us"] / b["steps"], [g["sm_mhz"] for g in b.get("gpu") or [] if g])
+                for b in r["blocks"]]  # fmt: skip
+        rows = [(t, statistics.fmean(mhz)) for t, mhz in rows if mhz]
+        if len(rows) < 3:
+            continue
+        times, mhz = zip(*rows, strict=True)
+        corr = statistics.correlation(times, mhz) if len(set(mhz)) > 1 and len(set(times)) > 1 else None
+        out.append(
+            {"rank": r["rank"], "step_vs_sm_clock_r": corr, "sm_mhz_min": min(mhz), "sm_mhz_max": max(mhz)}
+        )
+    return {"ranks": out} if out else None
 
 
 def main() -> int:

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from light_toggle import compare  # noqa: E402
+from light_toggle import clocks_row, compare  # noqa: E402
 
 
 def rank(blocks: list[tuple[bool, float]], steps: int = 10) -> dict:
@@ -76,3 +76,30 @@ def test_the_light_toggle_benchmark_runs_its_cpu_path(tmp_path: Path) -> None:
         for r in row["ranks"]:
             light = [b for b in r["blocks"] if b["candidate"]]
             assert len(light) == 2 and all(b["phase"] == "light" for b in light)
+
+
+def test_the_blocks_step_times_are_set_beside_the_gpus_clocks() -> None:
+    # GIVEN blocks whose steps slow as the SM clock drops (NVML read at both ends of each block)
+    def block(us: float, mhz: int) -> dict:
+        return {
+            "candidate": False,
+            "steps": 10,
+            "elapsed_us": 10 * us,
+            "gpu": [{"sm_mhz": mhz}, {"sm_mhz": mhz}],
+        }
+
+    rank = {
+        "rank": 0,
+        "blocks": [block(27_000, 1980), block(30_000, 1755), block(36_000, 1410), block(28_000, 1900)],
+    }
+    row = clocks_row(
+        [rank, {"rank": 1, "blocks": [{"candidate": False, "steps": 10, "elapsed_us": 1.0}] * 4}]
+    )
+    # THEN the correlation is strongly negative, the range named; a rank without NVML readings is left out
+    assert row is not None and [r["rank"] for r in row["ranks"]] == [0]
+    assert row["ranks"][0]["step_vs_sm_clock_r"] < -0.9
+    assert (row["ranks"][0]["sm_mhz_min"], row["ranks"][0]["sm_mhz_max"]) == (1410, 1980)
+    assert (
+        clocks_row([{"rank": 0, "blocks": [{"steps": 1, "elapsed_us": 1.0, "gpu": [None, None]}] * 4}])
+        is None
+    )
