@@ -164,6 +164,19 @@ def nvml_reader(device: Any) -> Any:
     return read
 
 
+def clocks_text(clocks: dict[str, Any] | None) -> str:
+    """ "; SM clocks 1410–1980 MHz, step against clock r −0.93/−0.91" (per rank), or nothing."""
+    if not clocks:
+        return ""
+    lo = min(r["sm_mhz_min"] for r in clocks["ranks"])
+    hi = max(r["sm_mhz_max"] for r in clocks["ranks"])
+    rs = "/".join(
+        "n/a" if r["step_vs_sm_clock_r"] is None else f"{r['step_vs_sm_clock_r']:+.2f}"
+        for r in clocks["ranks"]
+    )
+    return f"; SM clocks {lo:.0f}–{hi:.0f} MHz, step against clock r {rs}"
+
+
 def compare(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     """The block pairs (each block's time the slowest rank's) and the paired test on them. Pure."""
     from multi_gpu import paired_row
@@ -263,7 +276,7 @@ def main() -> int:
             lo, hi = t["ci95"]
             print(f"{case:10s} light/plain {t['ratio']:.4f}× (95% {lo:.4f}–{hi:.4f}, {t['verdict']}) over "
                   f"{t['pairs']} block pairs of {t['block_steps']} steps; plain blocks "
-                  f"{t['plain_blocks_spread_pct']:.1f}% apart", flush=True)  # fmt: skip
+                  f"{t['plain_blocks_spread_pct']:.1f}% apart{clocks_text(t['clocks'])}", flush=True)  # fmt: skip
     result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
               "pinned": args.pin, "pairs": args.pairs, "block_s": args.block_s, "table": table,
               "failed": failed}  # fmt: skip
