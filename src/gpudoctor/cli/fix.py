@@ -222,20 +222,28 @@ def _run(
         if lines:
             console.print(f"  {what}…", markup=False, highlight=False, style="dim")
 
+    def warn(what: str) -> None:  # before the first process: files past what is copied
+        console.print(f"gpudoctor fix: {what}", style="yellow", markup=False, highlight=False)
+
     with bars:
         return run_fix(script, out, options, inputs=inputs, diagnose=diagnose, on_progress=progress,
-                       on_update=updated, on_stage=stage)  # fmt: skip
+                       on_update=updated, on_stage=stage, on_warning=warn)  # fmt: skip
 
 
 def _run_aa(script: FixTarget, out: Path, options: FixOptions, console: Console) -> None:
     from gpudoctor.fixes.api import run_aa_fix
     from gpudoctor.report.aa_view import aa_lines
+    from gpudoctor.report.fix_view import user_files_lines
     from gpudoctor.runner.rundir import write_aa
 
+    files: list[str] = []
     with console.status("A/A") as status:
-        report = run_aa_fix(script, out, options, on_stage=lambda s: status.update(s))
+        report = run_aa_fix(script, out, options, on_stage=lambda s: status.update(s),
+                            on_warning=lambda w: console.print(f"gpudoctor fix: {w}", style="yellow",
+                                                               markup=False, highlight=False),
+                            on_files=lambda w: files.extend(user_files_lines(w)))  # fmt: skip
     written = write_aa(out, report.to_json())
-    for line in aa_lines(report):
+    for line in [*aa_lines(report), *files]:
         console.print(line, markup=False, highlight=False)
     console.print(f"\nA/A results: {written}")
 

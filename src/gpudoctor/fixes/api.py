@@ -1,6 +1,7 @@
 """`run_fix`: the whole of `gpudoctor fix` below the command line — the diagnosis (the doctor run on the
 script in a fresh process, a run directory, or none), then the A/B session in child processes — returning the `FixReport`.
-Writes only under `out` (the diagnosis run, the rounds' results and logs)."""
+Writes only under `out` (the diagnosis run, the rounds' results and logs, copies of the user's files); what
+the script itself writes is watched and the user's files it changed are put back (`runner.userfiles`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession, Progress
 from gpudoctor.runner import rundir
+from gpudoctor.runner.userfiles import UserFiles, WrittenFiles
 
 DIAGNOSE_STEPS = (3, 10, 3)  # warm-up, light and traced steps of the diagnosis run
 
@@ -40,8 +42,54 @@ def run_fix(
     on_update: Callable[[FixReport], None] | None = None,
     on_stage: Callable[[str], None] | None = None,
     child_extra: tuple[str, ...] = (),
+    protect: bool = True,
+    on_warning: Callable[[str], None] | None = None,
 ) -> FixReport:
-    """Diagnose (unless `inputs` are given or `diagnose` is off), then verify the fixes."""
+    """Diagnose (unless `inputs` are given or `diagnose` is off), then verify the fixes. With `protect`,
+    the user's files are copied before the first process and the ones the script changed put back after
+    the last, also when it is interrupted or fails (`runner.userfiles`); `on_warning` hears, before the
+    first process, of files past what is copied."""
+    files = _protect(script, out, protect, on_stage, on_warning)
+    written: WrittenFiles | None = None
+    try:
+        report = _run_fix(script, out, options, inputs=inputs, diagnose=diagnose, on_progress=on_progress,
+                          on_update=on_update, on_stage=on_stage, child_extra=child_extra)  # fmt: skip
+    finally:
+        if files is not None:
+            written = files.finish()  # every process of the script has ended: rounds, server, diagnosis
+    return replace(report, user_files=written) if written is not None else report
+
+
+def _protect(
+    script: FixTarget,
+    out: Path,
+    protect: bool,
+    on_stage: Callable[[str], None] | None,
+    on_warning: Callable[[str], None] | None,
+) -> UserFiles | None:
+    if not protect:
+        return None
+    if on_stage:
+        on_stage("copying the files here that the script may write")
+    files = UserFiles.protect(None if script.module else script.target, out)
+    warning = files.warning()
+    if warning and on_warning:
+        on_warning(warning)
+    return files
+
+
+def _run_fix(
+    script: FixTarget,
+    out: Path,
+    options: FixOptions,
+    *,
+    inputs: RunInputs | None,
+    diagnose: bool,
+    on_progress: Callable[[Progress], None] | None,
+    on_update: Callable[[FixReport], None] | None,
+    on_stage: Callable[[str], None] | None,
+    child_extra: tuple[str, ...],
+) -> FixReport:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     notes: list[str] = []
     if inputs is None and diagnose:
@@ -100,8 +148,30 @@ def run_aa_fix(
     *,
     on_stage: Callable[[str], None] | None = None,
     child_extra: tuple[str, ...] = (),
+    protect: bool = True,
+    on_warning: Callable[[str], None] | None = None,
+    on_files: Callable[[WrittenFiles], None] | None = None,
 ) -> AAReport:
-    """`gpudoctor fix --aa`: the script against itself (`fixes.aa`), its rounds under `out/rounds`."""
+    """`gpudoctor fix --aa`: the script against itself (`fixes.aa`), its rounds under `out/rounds`; the
+    user's files as in `run_fix` (`on_files` hears what the script wrote)."""
+    files = _protect(script, out, protect, on_stage, on_warning)
+    try:
+        return _run_aa_fix(script, out, options, on_stage=on_stage, child_extra=child_extra)
+    finally:
+        if files is not None:
+            written = files.finish()
+            if on_files:
+                on_files(written)
+
+
+def _run_aa_fix(
+    script: FixTarget,
+    out: Path,
+    options: FixOptions,
+    *,
+    on_stage: Callable[[str], None] | None,
+    child_extra: tuple[str, ...],
+) -> AAReport:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     recorded = replace(options, blocks=options.blocks * BLOCK_PAIRS_FACTOR)  # resampled in the session's size
     rounds = out / rundir.ROUNDS_DIR

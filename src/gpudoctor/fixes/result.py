@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 from gpudoctor.fixes.candidates import ManualFix
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.verify import NumericsCheck
+from gpudoctor.runner.userfiles import WrittenFiles
 from gpudoctor.util.serial import Serialized, to_jsonable
 
 SCHEMA = "gpudoctor.fix/1"
@@ -114,6 +115,8 @@ class FixReport(Serialized):
     baseline_spread_pct: float | None = None
     # fixes not faster alone, tried on top of the recommended configuration (each against its baseline)
     stacked: tuple[FixVerdict, ...] = ()
+    # what the script wrote under its directories while gpudoctor ran it, and the user's files put back
+    user_files: WrittenFiles | None = None
     schema: str = SCHEMA
 
     def calibration_json(self) -> dict[str, Any]:

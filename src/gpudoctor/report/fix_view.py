@@ -21,8 +21,9 @@ from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.report.html_style import CSS
 from gpudoctor.report.markdown import md_text
 from gpudoctor.report.style import dim_line, section
+from gpudoctor.runner.userfiles import SHOWN, WrittenFiles
 from gpudoctor.util.text import printable
-from gpudoctor.util.units import fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_us
 
 NEVER_RUN = ("does not apply", RAN_OUT)  # reasons of fixes never applied
 HEAD = ("fix", "predicted saving", "measured saving (95% CI)", "numerics", "", "why")
@@ -101,6 +102,45 @@ def compile_lines(report: FixReport) -> list[str]:
             payback = f", paid back after {v.payback_steps:,.0f} steps" if v.payback_steps and v.kept else ""
             out.append(f"{v.title}: compiling took {v.compile_s:.1f} s (not in the step times){payback}")
     return out
+
+
+def user_files_lines(w: WrittenFiles | None) -> list[str]:
+    """What the script wrote in its directories while gpudoctor ran it (its diagnosis run and rounds,
+    or batch points), and which of the user's files were put back; nothing where it wrote nothing."""
+    if w is None:
+        return []
+    out = []
+
+    def names(items: tuple[str, ...]) -> str:
+        more = f" and {len(items) - SHOWN} more" if len(items) > SHOWN else ""
+        return ", ".join(items[:SHOWN]) + more
+
+    if w.wrote:
+        parts = []
+        if w.restored:
+            kept = f" (the versions it left: {w.left_at})" if w.left_at else ""
+            parts.append(f"{names(w.restored)} — changed or deleted, put back as before{kept}")
+        if w.created:
+            total = (
+                f" ({_files(w.created_files)}, {fmt_bytes(w.created_bytes)})" if len(w.created) > 1 else ""
+            )
+            parts.append(f"new: {names(w.created)}{total}, left in place")
+        if parts:
+            out.append(f"the script wrote, while gpudoctor ran it: {'; '.join(parts)}")
+        if w.lost:
+            out.append(f"NOT put back, the script changed them: {names(w.lost)}")
+    if w.capped:
+        out.append(f"the look over {', '.join(w.roots)} for the script's files was cut short ({w.capped}): "
+                   f"files past it were neither copied nor watched")  # fmt: skip
+    return out
+
+
+def _files(n: int) -> str:
+    return f"{n:,} file{'s' if n != 1 else ''}"
+
+
+def _notes(report: FixReport) -> list[str]:
+    return [*compile_lines(report), *report.notes, *user_files_lines(report.user_files)]
 
 
 # -- terminal ------------------------------------------------------------------------------------------
@@ -198,7 +238,7 @@ def render_fix_terminal(report: FixReport, console: Console) -> None:
     console.print(Text(f"  {' · '.join((*machine(report), headline(report)))}"))
     if rows(report):
         _fix_rows(report, console)
-    for note in [*compile_lines(report), *report.notes]:
+    for note in _notes(report):
         dim_line(console, note)
     if report.diff:
         section(console, "The change, as a diff")
@@ -231,7 +271,7 @@ def render_fix_markdown(report: FixReport) -> str:
     if rows(report):
         out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
         out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for _, cells in rows(report)]
-    out += [""] + [f"- {md_text(line)}" for line in [*compile_lines(report), *report.notes]]
+    out += [""] + [f"- {md_text(line)}" for line in _notes(report)]
     if report.diff:
         out += ["", "### The change", "", "```diff", _fence(report.diff.rstrip("\n")), "```"]
     for snippet in report.snippets:
@@ -276,7 +316,7 @@ def render_fix_html(report: FixReport) -> str:
         f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
         if body
         else "",
-        "".join(f'<p class="meta">{escape(n)}</p>' for n in [*compile_lines(report), *report.notes]),
+        "".join(f'<p class="meta">{escape(n)}</p>' for n in _notes(report)),
     ]
     if report.diff:
         parts.append(f"<section><h2>The change</h2><pre>{escape(report.diff)}</pre></section>")
