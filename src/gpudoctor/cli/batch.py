@@ -47,9 +47,11 @@ def batch_command(
     from gpudoctor.analysis.batch_plan import SweepPlan, sweep
     from gpudoctor.doctor.run import default_out
     from gpudoctor.report.batch_view import render_html, render_sweep
+    from gpudoctor.report.fix_view import user_files_lines
     from gpudoctor.runner.launch import check_runnable
     from gpudoctor.runner.rundir import write_batch
     from gpudoctor.runner.sweep import measure_in_process
+    from gpudoctor.runner.userfiles import UserFiles
 
     set_debug(ctx, debug)
     if max_batch is not None and start > max_batch:
@@ -74,9 +76,19 @@ def batch_command(
         console.print(f"{raw.get('status')}", style="dim")
         return raw
 
-    result = sweep(measured, plan, [target, *args])
+    # each size runs the script once more: the files it writes are put back after the sweep
+    files = UserFiles.protect(None if module else target, out)
+    warning = files.warning()
+    if warning:
+        console.print(f"gpudoctor batch: {warning}", style="yellow", markup=False, highlight=False)
+    try:
+        result = sweep(measured, plan, [target, *args])
+    finally:
+        user_files = files.finish()
     written = write_batch(out, result.to_json(), render_html(result))
     render_sweep(result, console)
+    for line in user_files_lines(user_files):
+        console.print(line, style="dim", markup=False, highlight=False)
     console.print(f"\nwrote {written[0]} and {written[1]}")
 
 
