@@ -15,6 +15,7 @@ ONE_WRITER = {"write_json", "write_text", "write_bytes", "open_output", "open_li
 WRITERS = {
     "util/outfile.py": "the one writer itself",
     "runner/rundir.py": "every file of a run, fix and batch directory, and a child process's result and log",
+    "runner/userfiles.py": "the list of the user's files copied aside (user-files/manifest.json)",
     "cli/report_files.py": "gpudoctor report -o FILE, analyze --html FILE: a file the user names",
     "cli/explore.py": "explore --json FILE",
     "cli/monitor_run.py": "monitor -- CMD: its summary --json FILE",
@@ -29,6 +30,7 @@ OTHERS = {
     "runner/capture.py": "torch.profiler exports its raw trace; rundir.keep_trace makes it trace.json.gz",
     "runner/profile.py": "torch.profiler exports its raw trace; rundir.keep_trace makes it trace.json.gz",
     "timing/kernels.py": "a temporary trace of a timed kernel, read back and removed",
+    "runner/userfiles.py": "the user's own files copied byte for byte before the script runs, and put back",
 }
 
 

@@ -14,7 +14,6 @@ where the script put them, and named. Files written outside these directories ar
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -24,6 +23,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from gpudoctor.util.outfile import write_json
 
 WALK_S = 1.0  # the longest a look over the directories may take
 MAX_ENTRIES = 200_000
@@ -180,7 +181,7 @@ class UserFiles:
             total += st.size
         if guard.copies:  # to put them back by hand, should gpudoctor itself be killed
             manifest = {_shown(p, cwd): str(c) for p, (c, _) in guard.copies.items()}
-            (guard.backup / MANIFEST).write_text(json.dumps(manifest, indent=1))
+            write_json(guard.backup / MANIFEST, manifest)
         guard.copied_bytes = total
         return guard
 
