@@ -19,7 +19,7 @@ block's steps are agreed). Left out: the store posts by which `gpudoctor run`'s 
 light phase ends (a few in a run, not per step).
 
     PYTHONPATH=src python3 benchmarks/light_toggle.py --out $OUT [--nproc 2] [--pairs 10] \\
-        [--cases ddp,straggler,uneven,fsdp] [--block-s 1.0]
+        [--cases ddp,straggler,uneven,fsdp] [--block-s 1.0] [--pin] [--no-nvml]
     PYTHONPATH=src python3 benchmarks/light_toggle.py --out /tmp/t --cpu --pairs 2 --cases ddp   # the CPU path
 """
 
@@ -57,8 +57,9 @@ def light_options() -> Any:
     """`gpudoctor run --light`'s light phase, held open: no end of its own while a block runs."""
     from gpudoctor.runner.capture import LiveOptions
 
+    nvml = os.environ.get("LIGHT_NVML", "1") != "0"  # --no-nvml: the capture without its NVML sampler
     return LiveOptions(warmup=3, warmup_seconds=0.0, light_steps=10**9, light_seconds=1e9, light_only=True,
-                       run_to_end=True, settle=False, nvml=True, memory_history="outside-light")  # fmt: skip
+                       run_to_end=True, settle=False, nvml=nvml, memory_history="outside-light")  # fmt: skip
 
 
 def worker(out: Path, pairs: int, block_s: float, seed: int) -> None:
@@ -143,9 +144,10 @@ def nvml_reader(device: Any) -> Any:
         import torch
 
         pynvml.nvmlInit()
-        bus = torch.cuda.get_device_properties(device).pci_bus_id
-        handle = pynvml.nvmlDeviceGetHandleByPciBusId(bus)
-    except Exception:  # no NVML, no bus id: the blocks are timed all the same
+        # by UUID: torch's pci_bus_id is a number, not NVML's key (every reading was empty until session 35)
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+    except Exception:  # no NVML, no such GPU: the blocks are timed all the same
         return lambda: None
     reasons = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
         pynvml, "nvmlDeviceGetCurrentClocksThrottleReasons", lambda _: None
@@ -239,6 +241,8 @@ def main() -> int:
     p.add_argument("--cases", default="ddp,straggler,uneven,fsdp")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--pin", action="store_true", help="every rank on its share of its GPU's local cores")
+    p.add_argument("--no-nvml", action="store_true",
+                   help="the capture without its NVML sampler (10 Hz): that part's share of the cost")  # fmt: skip
     p.add_argument(
         "--cpu", action="store_true", help="gloo on the CPU with a tiny CNN: the path, not the figures"
     )
@@ -261,7 +265,8 @@ def main() -> int:
     failed: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as name:
         for case in args.cases.split(","):
-            env = {**run_env(args.cpu), **CASES[case], **({"PIN_CORES": "1"} if args.pin else {})}
+            env = {**run_env(args.cpu), **CASES[case], **({"PIN_CORES": "1"} if args.pin else {}),
+                   **({"LIGHT_NVML": "0"} if args.no_nvml else {})}  # fmt: skip
             folder = Path(name) / case
             cmd = [str(Path(__file__).resolve()), "--worker", str(folder), "--pairs", str(args.pairs),
                    "--block-s", str(args.block_s), "--seed", str(args.seed)]  # fmt: skip
@@ -278,7 +283,7 @@ def main() -> int:
                   f"{t['pairs']} block pairs of {t['block_steps']} steps; plain blocks "
                   f"{t['plain_blocks_spread_pct']:.1f}% apart{clocks_text(t['clocks'])}", flush=True)  # fmt: skip
     result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
-              "pinned": args.pin, "pairs": args.pairs, "block_s": args.block_s, "table": table,
+              "pinned": args.pin, "capture_nvml": not args.no_nvml, "pairs": args.pairs, "block_s": args.block_s, "table": table,
               "failed": failed}  # fmt: skip
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"light_toggle_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")

@@ -118,30 +118,46 @@ def _window_clock(rank: int) -> Callable[[], None]:
 
 def pin_to_gpu_cores(local: int) -> list[int] | None:
     """With PIN_CORES=1 on a GPU: every thread of this process on the local rank's share of its GPU's
-    NUMA-local cores (threads made later inherit it); the cores, or None where nothing was pinned."""
+    NUMA-local cores (threads made later inherit it); the cores, or None where not asked. Asked and not
+    done is an error: a run recorded as pinned that was not (torch's pci_bus_id is a number, read as
+    nvidia-smi's text until session 35: no rank of a `--pin` run was ever pinned) misleads."""
     if os.environ.get("PIN_CORES") != "1" or not torch.cuda.is_available():
         return None
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
     from gpu_cores import assign, parse_cpulist, sysfs_bus
 
+    def sysfs(i: int) -> str:
+        """GPU i's PCI address as sysfs names it: NVML's (as tools/gpu_cores.py reads nvidia-smi's), else
+        from torch's numbers (domain, bus, device)."""
+        p = torch.cuda.get_device_properties(i)
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            uuid = str(p.uuid)
+            h = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+            bus = pynvml.nvmlDeviceGetPciInfo(h).busId
+            return sysfs_bus(bus.decode() if isinstance(bus, bytes) else bus)
+        except Exception:  # no NVML: torch's numbers
+            return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+
     ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     pci = Path("/sys/bus/pci/devices")
     try:
         local_cpus = {
-            i: parse_cpulist(
-                (
-                    pci / sysfs_bus(torch.cuda.get_device_properties(i).pci_bus_id) / "local_cpulist"
-                ).read_text()
-            )
+            i: parse_cpulist((pci / sysfs(i) / "local_cpulist").read_text())
             for i in range(min(ranks, torch.cuda.device_count()))
         }
-    except (OSError, ValueError, AttributeError):
-        return None
+    except (OSError, ValueError, AttributeError, TypeError) as err:
+        raise SystemExit(
+            f"PIN_CORES=1: the GPUs' local cores are not known ({type(err).__name__}: {err})"
+        ) from err
     share = assign(local_cpus, set(os.sched_getaffinity(0))).get(local)
-    if share:
-        for task in Path("/proc/self/task").iterdir():
-            with contextlib.suppress(OSError):  # a thread that ended meanwhile
-                os.sched_setaffinity(int(task.name), share)
+    if not share:
+        raise SystemExit(f"PIN_CORES=1: local rank {local} got no cores of {sorted(os.sched_getaffinity(0))}")
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):  # a thread that ended meanwhile
+            os.sched_setaffinity(int(task.name), share)
     return share
 
 

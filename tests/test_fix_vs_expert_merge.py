@@ -98,3 +98,45 @@ def test_a_timing_process_that_leaves_an_empty_result_is_that_rounds_error_with_
     # THEN the round has no figure and says why, and the timer's output is kept beside it
     assert r["step_s"] is None and "JSONDecodeError" in r["error"] and "No space left" in r["error"]
     assert "No space left" in (tmp_path / "timing" / "torchvision_augment-plain-0.log").read_text()
+
+
+def _fve() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fve", REPO / "benchmarks" / "fix_vs_expert.py")
+    assert spec is not None and spec.loader is not None
+    fve = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fve)
+    return fve
+
+
+@pytest.mark.parametrize(
+    ("noise", "rounds"),
+    [(0.01, 3), (0.25, 6)],  # quiet windows: decided at 3 rounds; 25% apart: as many as allowed
+)
+def test_timing_rounds_go_on_while_the_shares_interval_holds_the_goal(
+    tmp_path: Path, noise: float, rounds: int
+) -> None:
+    # GIVEN processes whose windows are `noise` apart around plain 40 ms, expert 30 ms, ours 32 ms (75%
+    # of the expert's gain, just under the goal): like the HF Trainer's, whose 1 s windows were 20% apart
+    import argparse
+
+    import numpy as np
+
+    fve = _fve()
+    rng = np.random.default_rng(1)
+    means = {"plain": 0.040, "expert": 0.030, "gpudoctor": 0.032}
+
+    def fake(name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int) -> dict:
+        windows = [[1.0, int(1.0 / (means[label] * (1 + noise * rng.standard_normal())))] for _ in range(5)]
+        return {"step_s": sum(w[0] for w in windows) / sum(w[1] for w in windows), "windows": windows}
+
+    fve.time_config = fake
+    a = argparse.Namespace(timing_rounds=3, timing_max_rounds=6)
+    r = fve.measure("hf_trainer_bert", ["compile"], tmp_path, a)
+    # THEN a quiet workload stops at the minimum, a noisy one whose interval holds 80% goes to the maximum
+    assert r["rounds"] == rounds and len(r["runs"]["plain"]) == rounds
+    lo, hi = r["share_of_expert_ci"]
+    assert (lo < fve.GOAL < hi) == (rounds == 6)
+    # AND a control is never timed past the minimum
+    assert fve.measure("tuned_control", [], tmp_path, a)["rounds"] == 3

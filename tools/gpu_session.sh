@@ -26,9 +26,10 @@
 #                    fsdp) --pairs PAIRS (default 4) --steps STEPS (default 100) on GPUs 0 and 1 (pin: --pin,
 #                    each rank on its GPU's local cores; "-" for none; parts: --parts, the light phase with
 #                    NVML, then the allocator's history, off too) -> $BG_OUT/mgo_PARALLEL[_pin][_parts]/
-#   lt[:PAIRS[:CASES[:BLOCK_S[:pin]]]]  benchmarks/light_toggle.py on GPUs 0 and 1: each rank alternates blocks
-#                    with and without gpudoctor's capture in one process (default 10 pairs, every case, 1 s
-#                    blocks; pin: --pin, each rank on its GPU's local cores) -> $BG_OUT/lt[_pin]/
+#   lt[:PAIRS[:CASES[:BLOCK_S[:pin[:nonvml]]]]]  benchmarks/light_toggle.py on GPUs 0 and 1: each rank alternates
+#                    blocks with and without gpudoctor's capture in one process (default 10 pairs, every case,
+#                    1 s blocks; pin: --pin, each rank on its GPU's local cores, "-" for none; nonvml: the
+#                    capture without its NVML sampler) -> $BG_OUT/lt[_pin][_nonvml]/
 #   mg[:SCENARIOS[:pin]]  benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with
 #                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
@@ -134,11 +135,12 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
     lt)
         local cpu=()
         [ -n "${SMOKE:-}" ] && cpu=(--cpu)
-        local pin=() tag=""
+        local pin=() tag="" nvml=()
         [ "${arg4:-}" = pin ] && pin=(--pin) tag=_pin
+        [ "${arg5:-}" = nonvml ] && nvml=(--no-nvml) tag=${tag}_nonvml
         CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/light_toggle.py --out "$OUT_DIR/lt$tag" --pairs "${arg1:-10}" \
-            --cases "${arg2:-ddp,straggler,uneven,fsdp}" --block-s "${arg3:-1.0}" --case-timeout-s 300 \
-            "${cpu[@]}" "${pin[@]}"
+            --cases "${arg2:-ddp,straggler,uneven,fsdp}" --block-s "${arg3:-1.0}" --case-timeout-s 600 \
+            "${cpu[@]}" "${pin[@]}" "${nvml[@]}"
         ;;
     mg)
         local cpu=() only=()
