@@ -13,12 +13,13 @@
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
 #   fve:NAME[:BUDGET[:MODE]]  benchmarks/fix_vs_expert.py --only NAME --budget BUDGET (default 5m);
 #                    MODE "shared" adds --shared-baseline -> $BG_OUT/fve/
-#   fvep:NAMES[:BUDGET[:GPUS[:PHASE]]]  fix_vs_expert on several workloads at once, one queue per GPU
+#   fvep:NAMES[:BUDGET[:GPUS[:PHASE[:PREV]]]]  fix_vs_expert on several workloads at once, one queue per GPU
 #                    (every GPU the machine has, or GPUS: indices joined by '+', e.g. 2+3; empty: all),
 #                    CUDA_VISIBLE_DEVICES, round-robin over the comma-separated NAMES; each workload's
 #                    gpudoctor fix and its expert timed on the same GPU, each queue on its share of its
 #                    GPU's NUMA-local cores (tools/gpu_cores.py, taskset); PHASE "fix": gpudoctor fix alone,
-#                    no timing (the 5-minute verdicts) -> $BG_OUT/fve_gpuK/; merge with
+#                    no timing (the 5-minute verdicts); PHASE "time" with PREV, a folder (carried) holding
+#                    fix/NAME/ of an earlier fix phase: the timing alone -> $BG_OUT/fve_gpuK/; merge with
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
 #                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
 #                    that is being timed: the queues' loaders and compile workers perturb it.
@@ -109,6 +110,8 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         if [ -z "${SMOKE:-}" ] && command -v taskset >/dev/null; then
             while read -r gpu_id list_of; do cores[$gpu_id]=$list_of; done < <("$PY" tools/gpu_cores.py "${ids[@]}")
         fi
+        local prev=()
+        [ -n "${arg5:-}" ] && prev=(--previous "$(realpath "$arg5")")
         for ((k = 0; k < ${#ids[@]}; k++)); do
             local mine=() i gpu=${ids[$k]} pin=()
             [ -n "${cores[$gpu]:-}" ] && pin=(taskset -c "${cores[$gpu]}")
@@ -118,7 +121,8 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             list=$(IFS=,; echo "${mine[*]}")
             echo "GPU $gpu: $list on cores ${cores[$gpu]:-any}" >>"$OUT_DIR/fve_gpu$gpu.log"
             CUDA_VISIBLE_DEVICES=$gpu "${pin[@]}" "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$gpu" \
-                --only "$list" --budget "${arg2:-10m}" --phase "${arg4:-all}" "${SMOKE[@]}" >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
+                --only "$list" --budget "${arg2:-10m}" --phase "${arg4:-all}" "${prev[@]}" "${SMOKE[@]}" \
+                >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
         done
         wait
         tail -n 5 "$OUT_DIR"/fve_gpu*.log
