@@ -128,16 +128,19 @@ def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> di
     configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     result: dict[str, Any] = {}
-    k = -1
+    done = 0
+    started = time.perf_counter()
     for k in range(max(a.timing_rounds, a.timing_max_rounds)):
+        if k >= a.timing_rounds and time.perf_counter() - started > a.timing_max_s * k / (k + 1):
+            break  # another round would end past --timing-max-s (at the rounds' pace so far)
         for label, (fixes, expert) in configs.items():
             if label == "gpudoctor" and not fixes:
                 continue  # nothing kept: it is the plain script
             runs[label].append(time_config(name, label, fixes, expert, out, a, k))
-        result = timing_result(name, final, runs)
-        if k + 1 >= a.timing_rounds and not undecided(name, final, result):
+        result, done = timing_result(name, final, runs), k + 1
+        if done >= a.timing_rounds and not undecided(name, final, result):
             break
-    result["rounds"] = k + 1
+    result["rounds"] = done
     return result
 
 
@@ -209,7 +212,7 @@ def share_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int 
     return [float(lo), float(hi)]
 
 
-OPTIONS = ("budget", "shared_baseline", "rounds", "warmup", "steps", "timing_rounds", "timing_max_rounds",
+OPTIONS = ("budget", "shared_baseline", "rounds", "warmup", "steps", "timing_rounds", "timing_max_rounds", "timing_max_s",
            "windows", "phase", "smoke")  # fmt: skip
 
 
@@ -410,6 +413,8 @@ def main() -> int:
     p.add_argument("--timing-rounds", type=int, default=3, help="fresh processes per configuration, at least")
     p.add_argument("--timing-max-rounds", type=int, default=6,
                    help="… and up to this many while the share's interval holds the goal")  # fmt: skip
+    p.add_argument("--timing-max-s", type=float, default=600.0,
+                   help="… and no round past the first --timing-rounds that would end after this long")  # fmt: skip
     p.add_argument("--timer-warmup", type=int, default=8)
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--windows", type=int, default=5)

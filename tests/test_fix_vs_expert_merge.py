@@ -132,11 +132,13 @@ def test_timing_rounds_go_on_while_the_shares_interval_holds_the_goal(
         return {"step_s": sum(w[0] for w in windows) / sum(w[1] for w in windows), "windows": windows}
 
     fve.time_config = fake
-    a = argparse.Namespace(timing_rounds=3, timing_max_rounds=6)
+    a = argparse.Namespace(timing_rounds=3, timing_max_rounds=6, timing_max_s=3600.0)
     r = fve.measure("hf_trainer_bert", ["compile"], tmp_path, a)
     # THEN a quiet workload stops at the minimum, a noisy one whose interval holds 80% goes to the maximum
     assert r["rounds"] == rounds and len(r["runs"]["plain"]) == rounds
     lo, hi = r["share_of_expert_ci"]
     assert (lo < fve.GOAL < hi) == (rounds == 6)
-    # AND a control is never timed past the minimum
+    # AND a control is never timed past the minimum, nor anything once more rounds would pass the time cap
     assert fve.measure("tuned_control", [], tmp_path, a)["rounds"] == 3
+    a.timing_max_s = 0.0
+    assert fve.measure("hf_trainer_bert", ["compile"], tmp_path, a)["rounds"] == 3
