@@ -19,7 +19,8 @@
 #                    gpudoctor fix and its expert timed on the same GPU, each queue on its share of its
 #                    GPU's NUMA-local cores (tools/gpu_cores.py, taskset); PHASE "fix": gpudoctor fix alone,
 #                    no timing (the 5-minute verdicts); PHASE "time" with PREV, a folder (carried) holding
-#                    fix/NAME/ of an earlier fix phase: the timing alone -> $BG_OUT/fve_gpuK/; merge with
+#                    fix/NAME/ of an earlier fix phase: the timing alone; FVE_ARGS: more options for
+#                    fix_vs_expert.py (e.g. "--timing-max-s 300") -> $BG_OUT/fve_gpuK/; merge with
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
 #                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
 #                    that is being timed: the queues' loaders and compile workers perturb it.
@@ -121,7 +122,7 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             list=$(IFS=,; echo "${mine[*]}")
             echo "GPU $gpu: $list on cores ${cores[$gpu]:-any}" >>"$OUT_DIR/fve_gpu$gpu.log"
             CUDA_VISIBLE_DEVICES=$gpu "${pin[@]}" "$PY" benchmarks/fix_vs_expert.py --out "$OUT_DIR/fve_gpu$gpu" \
-                --only "$list" --budget "${arg2:-10m}" --phase "${arg4:-all}" "${prev[@]}" "${SMOKE[@]}" \
+                --only "$list" --budget "${arg2:-10m}" --phase "${arg4:-all}" "${prev[@]}" ${FVE_ARGS:-} "${SMOKE[@]}" \
                 >>"$OUT_DIR/fve_gpu$gpu.log" 2>&1 &
         done
         wait
