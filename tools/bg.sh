@@ -9,7 +9,7 @@
 #                                      # /tmp/bg/NAME/rc; it writes results under $BG_OUT
 #                                      # (/tmp/bg/NAME/out)
 #   tools/bg.sh wait NAME SECONDS      # until it ends or SECONDS pass; prints the log's tail; packs
-#                                      # /tmp/bg/NAME but its tree (profiler traces, but those of fixtures
+#                                      # /tmp/bg/NAME but its tree (gzipped traces, but those of fixtures
 #                                      # under a folder fx/, and files over 8 MiB left out) into
 #                                      # $OUT/NAME.tgz; exits 0 when it ended, 3 while it runs
 #
@@ -67,7 +67,9 @@ wait)
     tail -n 40 "$dir/log" 2>/dev/null
     if [ -n "${OUT:-}" ]; then
         # traces left out but those of recorded fixtures (a folder named fx): small, and the reason for the run
-        (cd "$dir" && find . -path ./tree -prune -o -type f -size -8M \( -path '*/fx/*' -o \( ! -name 'trace.json.gz' \
+        # (any *.json.gz elsewhere too: a fix run's rounds and rank traces took a session's tar past the 16 MiB
+        # a file may have to come back)
+        (cd "$dir" && find . -path ./tree -prune -o -type f -size -8M \( -path '*/fx/*' -o \( ! -name '*.json.gz' \
             ! -name '*.pt.trace.json*' ! -name '*.pickle' \) \) -print0 | tar czf "$OUT/$name.tgz" --null -T -)
     fi
     if [ -f "$dir/rc" ]; then
