@@ -21,6 +21,7 @@ light phase ends (a few in a run, not per step).
     PYTHONPATH=src python3 benchmarks/light_toggle.py --out $OUT [--nproc 2] [--pairs 10] \\
         [--cases ddp,straggler,uneven,fsdp] [--block-s 1.0] [--pin] [--no-nvml]
     PYTHONPATH=src python3 benchmarks/light_toggle.py --out /tmp/t --cpu --pairs 2 --cases ddp   # the CPU path
+    PYTHONPATH=src python3 benchmarks/light_toggle.py --pool benchmarks/results/light_toggle_h100x2_*.json
 """
 
 from __future__ import annotations
@@ -166,6 +167,17 @@ def nvml_reader(device: Any) -> Any:
     return read
 
 
+def as_list(x: Any) -> list[Any]:
+    return x if isinstance(x, list) else [x]
+
+
+def row_text(case: str, t: dict[str, Any]) -> str:
+    lo, hi = t["ci95"]
+    return (f"{case:10s} light/plain {t['ratio']:.4f}× (95% {lo:.4f}–{hi:.4f}, {t['verdict']}) over "
+            f"{t['pairs']} block pairs of {'/'.join(map(str, as_list(t['block_steps'])))} steps; plain blocks "
+            f"{t['plain_blocks_spread_pct']:.1f}% apart{clocks_text(t['clocks'])}")  # fmt: skip
+
+
 def clocks_text(clocks: dict[str, Any] | None) -> str:
     """ "; SM clocks 1410–1980 MHz, step against clock r −0.93/−0.91" (per rank), or nothing."""
     if not clocks:
@@ -232,6 +244,24 @@ def clocks_row(ranks: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"ranks": out} if out else None
 
 
+def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Several runs' block pairs of each case taken together (each rank's blocks one run after the
+    other: a pair never spans two runs) and judged as one run's. Pure."""
+    table: dict[str, Any] = {}
+    for case in dict.fromkeys(c for r in results for c in r["table"]):
+        runs = [r["table"][case]["ranks"] for r in results if case in r["table"]]
+        ranks = [
+            {**rs[0], "blocks": [b for run in runs for b in run[k]["blocks"]]}
+            for k, rs in enumerate(zip(*runs, strict=True))
+        ]
+        table[case] = {
+            **compare(ranks),
+            "runs": len(runs),
+            "block_steps": [rs[0]["block_steps"] for rs in runs],
+        }
+    return table
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path)
@@ -248,7 +278,12 @@ def main() -> int:
     )
     p.add_argument("--case-timeout-s", type=float, default=300.0, help="a case's torchrun, at most")
     p.add_argument("--worker", type=Path, help=argparse.SUPPRESS)  # a rank, under torchrun
+    p.add_argument("--pool", type=Path, nargs="+", help="only judge these results files' pairs together")
     args = p.parse_args()
+    if args.pool:
+        for case, t in pooled([json.loads(f.read_text()) for f in args.pool]).items():
+            print(row_text(case, t), f"({t['runs']} runs)")
+        return 0
     if args.worker is not None:
         worker(args.worker, args.pairs, args.block_s, args.seed)
         return 0
@@ -277,11 +312,7 @@ def main() -> int:
                 break
             ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(args.nproc)]
             table[case] = {**compare(ranks), "ranks": ranks}
-            t = table[case]
-            lo, hi = t["ci95"]
-            print(f"{case:10s} light/plain {t['ratio']:.4f}× (95% {lo:.4f}–{hi:.4f}, {t['verdict']}) over "
-                  f"{t['pairs']} block pairs of {t['block_steps']} steps; plain blocks "
-                  f"{t['plain_blocks_spread_pct']:.1f}% apart{clocks_text(t['clocks'])}", flush=True)  # fmt: skip
+            print(row_text(case, table[case]), flush=True)
     result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
               "pinned": args.pin, "capture_nvml": not args.no_nvml, "pairs": args.pairs, "block_s": args.block_s, "table": table,
               "failed": failed}  # fmt: skip

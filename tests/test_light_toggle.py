@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from light_toggle import clocks_row, compare  # noqa: E402
+from light_toggle import clocks_row, compare, pooled  # noqa: E402
 
 
 def rank(blocks: list[tuple[bool, float]], steps: int = 10) -> dict:
@@ -103,3 +103,19 @@ def test_the_blocks_step_times_are_set_beside_the_gpus_clocks() -> None:
         clocks_row([{"rank": 0, "blocks": [{"steps": 1, "elapsed_us": 1.0, "gpu": [None, None]}] * 4}])
         is None
     )
+
+
+def test_two_runs_pairs_are_judged_together_and_no_pair_spans_the_runs() -> None:
+    # GIVEN two runs of two ranks: the first 3 pairs at 100 ms with the light side 2% slower, the second
+    # 3 pairs at 140 ms (another host's pace) with it 4% slower, each run's last block a B
+    def run(pace: float, cost: float, steps: int) -> dict:
+        order = [(False, pace), (True, pace * cost), (True, pace * cost), (False, pace), (False, pace),
+                 (True, pace * cost)]  # fmt: skip
+        return {"table": {"ddp": {"ranks": [rank(order, steps), rank(order, steps)]}}}
+
+    table = pooled([run(100_000.0, 1.02, 10), run(140_000.0, 1.04, 7)])
+    # THEN the six pairs are judged at once, each within its run (the pace between runs cancels): the
+    # ratio lies between the two runs' costs, and the blocks' lengths of each run are named
+    t = table["ddp"]
+    assert t["pairs"] == 6 and t["runs"] == 2 and t["block_steps"] == [10, 7]
+    assert 1.02 < t["ratio"] < 1.04
