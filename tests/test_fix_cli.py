@@ -186,6 +186,30 @@ def test_a_script_that_does_not_run_as_written_is_an_error_with_its_output_kept(
     assert report_of(out).verdicts == () and (out / "fix.md").exists()
 
 
+def test_a_script_too_short_to_time_is_told_so_with_what_a_process_needs(
+    starved: Path, tmp_path: Path
+) -> None:
+    # GIVEN a script that runs its 30 steps and ends by itself well within a second
+    starved.write_text(
+        "import torch\nm = torch.nn.Linear(4, 4)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(30):\n    m(torch.randn(2, 4)).sum().backward(); opt.step(); opt.zero_grad()\n"
+    )
+    out = tmp_path / "fix"
+    # WHEN gpudoctor fix runs it with the default warm-up (5 steps and 1 s)
+    result = CliRunner().invoke(
+        app, ["fix", "--no-diagnose", "--only", "tf32", "--out", str(out), "train.py"]
+    )
+    # THEN it fails with one line that says the script ran but was too short, not that it "did not run"
+    assert result.exit_code == 1
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith(
+        "gpudoctor fix: the baseline did not run long enough to be timed: the script ended by itself after 30 "
+        "steps in "
+    )
+    assert "each process warms up 5 steps and 1 s, then times 20 steps and 2 s" in line
+    assert "give it more steps or epochs" in line and "no timed steps" not in line
+
+
 def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(
     starved: Path, tmp_path: Path
 ) -> None:

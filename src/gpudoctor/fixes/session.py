@@ -124,7 +124,7 @@ class FixSession:
         ref = self._round("baseline-0", ())
         self.reference = ref
         if ref.failure is not None or ref.observations is None:
-            self.notes.append(f"the baseline did not run: {ref.failure}")
+            self.notes.append(baseline_failure(ref, self.options))
             return
         self.baselines.append(ref)
         o = self.options
@@ -687,3 +687,22 @@ def against(base: tuple[str, ...], fixes: tuple[str, ...]) -> str:
 
 def _workers(n: int) -> str:
     return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+def baseline_failure(ref: RoundResult, o: FixOptions) -> str:
+    """Why the script as written gave no baseline, in one line: a script that ended by itself before its
+    warm-up was over is too short to time, and says how long each process needs."""
+    if (
+        ref.outcome in ("completed", "exit")
+        and not ref.exit_code
+        and ref.error is None
+        and not ref.step_times_us
+    ):
+        return (
+            f"the baseline did not run long enough to be timed: the script ended by itself after "
+            f"{ref.steps_seen} steps in {ref.wall_s:.1f} s, before a step was timed (each process warms up "
+            f"{o.warmup} steps and {o.warmup_s:g} s, then times {o.steps} steps and {o.steps_s:g} s; fixes "
+            f"switched in one process time {o.blocks} pairs of {o.block_s:g} s blocks after that): give it "
+            f"more steps or epochs"
+        )
+    return f"the baseline did not run: {ref.failure}"
