@@ -262,6 +262,23 @@ def test_unknown_rank_is_a_one_line_error(rank_dir: Path) -> None:
     assert_one_line_error(run("analyze", rank_dir, "--rank", "7"), contains="no rank 7")
 
 
+@pytest.mark.parametrize(
+    "args",
+    [("analyze", "FILE"), ("analyze", "DIR", "--step", "1"), ("report", "FILE", "-o", "OUT")],
+    ids=["analyze-file", "analyze-dir-step", "report-file"],
+)
+def test_an_unknown_engine_is_a_one_line_error_whatever_the_path(
+    rank_dir: Path, tmp_path: Path, args: tuple[str, ...]
+) -> None:
+    # GIVEN a single trace file (or a directory read whole for --step), which no engine is used for
+    where = {"FILE": rank_dir / "run_rank0.json.gz", "DIR": rank_dir, "OUT": tmp_path / "r.html"}
+    # WHEN --engine names none of the engines
+    result = run(args[0], "--engine", "bogus", *(where.get(a, a) for a in args[1:]))
+    # THEN it is refused as it is for a directory of ranks: one line, exit 2, nothing written
+    assert_one_line_error(result, contains="unknown engine 'bogus' (one of auto, serial, processes")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_report_json_shapes() -> None:
     a = analyze(load_traces(fixture("inference"))[0])
     d = diagnose(a)

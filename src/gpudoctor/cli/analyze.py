@@ -14,6 +14,7 @@ from gpudoctor.cli.common import (
     EngineOption,
     MaxTraceSizeOption,
     WorkersOption,
+    engine_name,
     input_path,
     parse_size,
     set_debug,
@@ -101,6 +102,7 @@ def analyze_command(
     from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
     from gpudoctor.doctor.pipeline import AnalyzeOptions
 
+    engine = engine_name(engine)
     source = input_path(path)
     options = AnalyzeOptions(
         step=step,

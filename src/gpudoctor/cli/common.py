@@ -45,6 +45,16 @@ EngineOption = Annotated[
         "existing ray / dask cluster (RAY_ADDRESS, DASK_SCHEDULER_ADDRESS).",
     ),
 ]
+
+
+def engine_name(text: str) -> str:
+    """--engine checked up front, whatever PATH turns out to be: a single file has no use for it, but a
+    name that is none of the engines is still a mistake to point out, not to pass over."""
+    from gpudoctor.doctor.rank_pool import check_engine
+
+    return check_engine(text)
+
+
 _SIZE = re.compile(r"(\d+(?:\.\d*)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 

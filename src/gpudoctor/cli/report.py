@@ -18,6 +18,7 @@ from gpudoctor.cli.common import (
     EngineOption,
     MaxTraceSizeOption,
     WorkersOption,
+    engine_name,
     input_path,
     parse_size,
     set_debug,
@@ -93,6 +94,7 @@ def report_command(
     from gpudoctor.doctor.source import load_source
     from gpudoctor.report.run_view import ranks_view
 
+    engine = engine_name(engine)
     source_path = input_path(path)
     target = out or Path(DEFAULT_OUT[fmt])
     options = AnalyzeOptions(unprofiled_us=step_time_us(step_time_ms), max_bytes=parse_size(max_trace_size))

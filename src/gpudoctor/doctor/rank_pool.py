@@ -72,8 +72,7 @@ def analyze_rank(job: RankJob) -> dict[str, Any] | None:
 
 def run_jobs(jobs: Sequence[RankJob], workers: int | None = None, engine: str = "auto") -> list[RankResult]:
     """Every job's result, in the jobs' order, files that are not traces left out."""
-    if engine not in ENGINES:
-        raise UsageError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    check_engine(engine)
     n = workers or default_workers(len(jobs))
     if engine == "auto":
         engine = "serial" if n <= 1 or len(jobs) < SERIAL_BELOW else "processes"
@@ -90,6 +89,13 @@ def run_jobs(jobs: Sequence[RankJob], workers: int | None = None, engine: str = 
         report = reports_from_json(raw["report"])[0] if raw.get("report") else None
         out.append(RankResult(RankSummary.from_json(raw["summary"]), report))
     return out
+
+
+def check_engine(engine: str) -> str:
+    """`engine` if it is one of ENGINES, else a `UsageError` that lists them."""
+    if engine not in ENGINES:
+        raise UsageError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
+    return engine
 
 
 def default_workers(n_jobs: int) -> int:
