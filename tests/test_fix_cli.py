@@ -210,6 +210,23 @@ def test_a_script_too_short_to_time_is_told_so_with_what_a_process_needs(
     assert "give it more steps or epochs" in line and "no timed steps" not in line
 
 
+def test_a_script_on_the_cpu_is_told_the_gpu_fixes_are_not_tried(starved: Path, tmp_path: Path) -> None:
+    # GIVEN a plain float32 training loop that never touches CUDA
+    starved.write_text(
+        "import torch\nm = torch.nn.Linear(64, 64)\nopt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "for i in range(100000):\n    m(torch.randn(8, 64)).sum().backward(); opt.step(); opt.zero_grad()\n"
+    )
+    out = tmp_path / "fix"
+    # WHEN gpudoctor fix chooses its fixes (the fused optimizer skipped: nothing else is offered)
+    result = fix("--no-diagnose", "--skip", "fused_optimizer", *FAST, "--out", str(out), "train.py")
+    # THEN it says that the script ran on the CPU and which fixes that leaves out, rather than nothing
+    assert result.exit_code == 0, result.output
+    (note,) = [n for n in report_of(out).notes if "CPU" in n]
+    assert note.startswith("the script ran on the CPU (it never used CUDA): the fixes for a GPU's step (")
+    assert "bfloat16 autocast" in note and "torch.compile" in note and note.endswith("are: none")
+    assert "the script ran on the CPU" in result.output
+
+
 def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(
     starved: Path, tmp_path: Path
 ) -> None:

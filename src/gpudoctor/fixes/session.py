@@ -133,6 +133,8 @@ class FixSession:
             self.diagnosis, ref.observations, allow_batch=o.allow_batch, compile_mode=o.compile_mode,
             only=o.only, skip=o.skip, steps=ref.steps_seen, step_s=step_s,
         )  # fmt: skip
+        if not ref.observations.cuda and not o.only:
+            self.notes.append(on_the_cpu(self.candidates))
         together: list[tuple[int, Candidate]] = []
         queue = self._loader_first(list(enumerate(self.candidates, 1)), ref)
         while queue:
@@ -687,6 +689,21 @@ def against(base: tuple[str, ...], fixes: tuple[str, ...]) -> str:
 
 def _workers(n: int) -> str:
     return f"{n} worker" if n == 1 else f"{n} workers"
+
+
+GPU_FIXES = ("tf32", "autocast", "compile", "channels_last", "cudnn_benchmark", "pin_memory")
+
+
+def on_the_cpu(candidates: Sequence[Candidate]) -> str:
+    """What a script that never used CUDA is not offered: the fixes for a GPU's step."""
+    tried = {c.fix.split(":")[0] for c in candidates}
+    left = [title_of(f) for f in GPU_FIXES if f not in tried]
+    kinds = ("DataLoader workers" if c.fix.startswith("workers:") else title_of(c.fix) for c in candidates)
+    offered = ", ".join(dict.fromkeys(kinds)) or "none"
+    return (
+        f"the script ran on the CPU (it never used CUDA): the fixes for a GPU's step ({', '.join(left)}) "
+        f"are not tried; those for the CPU's side of the loop are: {offered}"
+    )
 
 
 def baseline_failure(ref: RoundResult, o: FixOptions) -> str:
