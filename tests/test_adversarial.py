@@ -307,10 +307,31 @@ def test_two_files_claiming_one_rank_are_an_error(tmp_path: Path) -> None:
     one_line_error(run("analyze", tmp_path), "a.json.gz and b.json.gz both claim rank 0")
 
 
-@pytest.mark.parametrize(("doc", "kind"), [(jax_trace(), "a JAX"), (chrome_trace(), "a Chrome browser")])
-def test_a_trace_of_another_tool_says_what_it_is(tmp_path: Path, doc: dict, kind: str) -> None:
+def _begin_end_trace() -> dict:
+    """A Chrome trace-event file of another tool made of begin/end pairs only (no "X" event at all)."""
+    events = [{"ph": ph, "pid": 1, "tid": 1, "name": "work", "ts": 10.0 * i + (5 if ph == "E" else 0)}
+              for i in range(20) for ph in ("B", "E")]  # fmt: skip
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+@pytest.mark.parametrize(
+    ("doc", "kind"),
+    [
+        (jax_trace(), "a JAX (XLA profiler) trace"),
+        (chrome_trace(), "a Chrome browser (DevTools) trace"),
+        (_begin_end_trace(), "a trace in Chrome's trace-event format from another tool"),
+    ],
+)
+def test_a_trace_of_another_tool_says_what_it_is_and_what_gpudoctor_needs(
+    tmp_path: Path, doc: dict, kind: str
+) -> None:
+    # GIVEN a trace another tool wrote: no PyTorch op, GPU kernel or CUDA call, no Kineto field
     path = write_doc(tmp_path / "other.json", doc)
-    one_line_error(run("analyze", path), f"this is {kind}", "not a PyTorch Kineto trace with GPU activity")
+    # WHEN analyzed THEN one line says what the file is, that it is not a Kineto trace (not merely one
+    # without GPU activity), and what gpudoctor reads instead — never an analysis of nothing
+    line = one_line_error(run("analyze", path), f"this is {kind}, not a PyTorch profiler (Kineto) trace")
+    assert "with GPU activity" not in line
+    assert "torch.profiler" in line and "export_chrome_trace" in line
 
 
 @pytest.mark.parametrize("value", ["inf", "nan", "0", "-5", "-inf"])

@@ -394,6 +394,7 @@ class _Builder:
         self.skipped: dict[str, int] = {}
         self.unknown_categories: dict[str, int] = {}
         self.n_events = 0
+        self.n_metadata = 0  # "M" events: process and thread names, which any tool writes
 
     def skip(self, reason: str, n: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + n
@@ -402,6 +403,7 @@ class _Builder:
     def add_chunk(self, events: list[Event]) -> None:
         phases = list(map(_PH, events))
         self.n_events += len(phases) - phases.count(None)  # a JSON object without "ph" is no event
+        self.n_metadata += phases.count("M")
         # C loops: no bytecode per event. eq, not "X".__eq__: that gives NotImplemented (truthy) for None
         is_x = list(map(eq, repeat("X"), phases))
         xs = list(compress(events, is_x))
@@ -566,28 +568,31 @@ class _Builder:
         """What a trace with no PyTorch event is, from its process, thread and category names."""
         names = " ".join([*self.process_names, *self.thread_names.values()]).lower()
         if any(mark in names for mark in ("/device:", "/host:", "xla", "tpu:", "jax")):
-            return "a JAX (XLA profiler)"
+            return "a JAX (XLA profiler) trace"
         cats = set(self.unknown_categories)
         if (
             cats & _BROWSER_CATEGORIES
             or any(c.startswith("disabled-by-default-") for c in cats)
             or any(mark in names for mark in ("crbrowsermain", "crrenderermain", "crgpumain"))
         ):
-            return "a Chrome browser (DevTools)"
-        return "a Chrome trace-format"
+            return "a Chrome browser (DevTools) trace"
+        return "a trace in Chrome's trace-event format from another tool"
 
     # ---- the whole trace -------------------------------------------------------------------
     def build(self, path: str, top: dict[str, Any]) -> Trace:
         if self.n_events == 0 and not top:
             raise TraceFormatError("no events: the trace is empty")
         cols = {c: _concat(blocks, c) for c, blocks in self.blocks.items()}
-        if len(cols["kind"]) and not cols["kind"].any() and not any(k in top for k in _KINETO_KEYS):
-            raise ForeignTraceError(
-                f"this is {self._foreign_kind()} trace, not a PyTorch Kineto trace with GPU activity: "
-                f"none of its {len(cols['kind']):,} events is a PyTorch op, kernel or CUDA call "
-                f"(gpudoctor reads the traces torch.profiler writes)"
-            )
         mem = {c: _concat(blocks, "m" + c) for c, blocks in self.mem_blocks.items()}
+        # Events, but none of PyTorch's: durations of other names (or only begin/end pairs, counters,
+        # instants, which no Kineto trace is made of) and no Kineto key at the top.
+        events = self.n_events - self.n_metadata - len(mem["ts"])
+        if events and not cols["kind"].any() and not any(k in top for k in _KINETO_KEYS):
+            raise ForeignTraceError(
+                f"this is {self._foreign_kind()}, not a PyTorch profiler (Kineto) trace: none of its "
+                f"{events:,} events is a PyTorch op, GPU kernel or CUDA runtime call. gpudoctor needs the "
+                f"trace torch.profiler writes: prof.export_chrome_trace(...) or tensorboard_trace_handler"
+            )
         # NaN (no ts) fails these too. One event at ts=-1e308 would otherwise become the origin and
         # push every other row to ~1e308, where float64 has no resolution left.
         valid = (np.abs(cols["ts"]) < _MAX_TIME_US) & (cols["dur"] < _MAX_TIME_US)
