@@ -210,6 +210,26 @@ def test_a_script_too_short_to_time_is_told_so_with_what_a_process_needs(
     assert "give it more steps or epochs" in line and "no timed steps" not in line
 
 
+@pytest.mark.parametrize("diagnose", ["--diagnose", "--no-diagnose"])
+def test_a_script_that_exits_with_an_error_status_is_told_what_it_said(
+    starved: Path, tmp_path: Path, diagnose: str
+) -> None:
+    # GIVEN a script whose argparse requires --lr, run without it (it prints its usage and exits 2)
+    starved.write_text(
+        "import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr', required=True)\n"
+        "p.parse_args()\n"
+    )
+    out = tmp_path / "fix"
+    result = CliRunner().invoke(app, ["fix", diagnose, "--only", "tf32", "--out", str(out), "train.py"])
+    # THEN the one line names the status and what the script said last, not only where its output is
+    assert result.exit_code == 1
+    line = result.output.strip().splitlines()[-1]
+    assert (
+        "it exited with status 2 after 0 steps: train.py: error: the following arguments are required: --lr"
+        in (line)
+    )
+
+
 def test_a_script_on_the_cpu_is_told_the_gpu_fixes_are_not_tried(starved: Path, tmp_path: Path) -> None:
     # GIVEN a plain float32 training loop that never touches CUDA
     starved.write_text(

@@ -58,6 +58,6 @@ def test_a_script_that_fails_gives_a_note_not_an_exception(tmp_path: Path) -> No
         str(script), [], module=False, out=tmp_path / "run", warmup=1, light_steps=2, steps=1, timeout_s=120
     )
     assert inputs.diagnosis is None and inputs.note
-    # the script's own failure is carried as such: its exit status, after how many steps
-    assert inputs.script_error == "it exited with status 1 after 0 steps"
+    # the script's own failure is carried as such: its exit status, after how many steps, what it said
+    assert inputs.script_error == "it exited with status 1 after 0 steps: no data here"
     assert inputs.log is not None and "no data here" in inputs.log.read_text()

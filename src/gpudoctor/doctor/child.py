@@ -89,6 +89,9 @@ def diagnose_in_child(
     return ChildDiagnosis(report.diagnosis, argv, script_error=failed)
 
 
+EXITED = "it exited with status"
+
+
 def script_failure(record: RunRecord | None) -> str | None:
     """Where the script itself failed under the doctor — raised, or exited with a non-zero status —
     what it said and after how many steps; None where it ran (or was stopped by gpudoctor)."""
@@ -98,7 +101,7 @@ def script_failure(record: RunRecord | None) -> str | None:
     if record.outcome == "exception":
         return f"{record.error or 'an exception'} {steps}"
     if record.outcome == "exit" and record.exit_code:
-        return f"it exited with status {record.exit_code} {steps}"
+        return f"{EXITED} {record.exit_code} {steps}"
     return None
 
 

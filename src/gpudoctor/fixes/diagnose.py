@@ -6,11 +6,12 @@ nothing it loads stays in this one; or a run directory already made, read back a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpudoctor.doctor.child import ChildDiagnosis, child_argv
+from gpudoctor.doctor.child import EXITED, ChildDiagnosis, child_argv
 from gpudoctor.doctor.report import RunReport
+from gpudoctor.fixes.round import said
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner import rundir
 from gpudoctor.runner.child import run_child
@@ -52,6 +53,8 @@ def diagnose_script(
         why = f"the diagnosis run wrote no result ({run.error})"
         return RunInputs(None, tuple(command), why + (f" ({tail[0][:200]})" if tail else ""))
     child = ChildDiagnosis.from_json(run.result)
+    if child.script_error is not None and child.script_error.startswith(EXITED):
+        child = replace(child, script_error=child.script_error + said(run.log_tail))  # what it said last
     if child.diagnosis is None:
         tail = run.log_tail.strip().splitlines()[-1:]
         note = child.note or "no diagnosis"

@@ -71,9 +71,20 @@ class RoundResult(Serialized):
             return f"could not be switched in the running process: {self.switch_error}"
         if self.switch and len(self.blocks) < 4:
             return f"{len(self.blocks)} blocks timed before the script ended (4 or more are needed)"
+        if self.outcome == "exit" and self.exit_code and not self.step_times_us:
+            return (
+                f"it exited with status {self.exit_code} after {self.steps_seen} steps{said(self.log_tail)}"
+            )
         if not self.step_times_us:
             return (
                 f"no timed steps: the script ended ({self.outcome}, exit {self.exit_code}) after "
                 f"{self.steps_seen} step boundaries"
             )
         return None
+
+
+def said(log_tail: str) -> str:
+    """The last line a script wrote before it exited with an error status (argparse's "error: the
+    following arguments are required", sys.exit("no data")), for a one-line failure; empty if none."""
+    last = (log_tail.strip().splitlines() or [""])[-1].strip()
+    return f": {last[:200]}" if last else ""
