@@ -297,6 +297,20 @@ def test_anchors_tile_the_loop_in_launches_not_in_time() -> None:
     assert later[-1][1] == pytest.approx(ends[-1])
 
 
+def test_without_launches_optimizer_steps_end_their_iterations_exactly() -> None:
+    # GIVEN a CPU-only trace (no launch calls) of 4 iterations of uneven length, each ending with an
+    # optimizer step of uneven length, the profiler started at t=0 just before the loop's first forward
+    no_launches = (np.zeros(0), np.zeros(0))
+    starts = np.array([60.0, 175.0, 280.0, 400.0])
+    ends = starts + np.array([56.0, 50.0, 62.0, 55.0])
+    # WHEN the iterations are cut at the anchors
+    spans = anchored_spans(starts, ends, True, (0.0, 460.0), no_launches)
+    # THEN the first starts with the trace (not before it), each next one exactly where the previous
+    # optimizer step ended (none cuts into an optimizer step or into the forward before it)
+    assert [a for a, _ in spans] == [0.0, *ends[:-1]]
+    assert [b for _, b in spans][:-1] == ends[:-1].tolist() and spans[-1][1] >= ends[-1]
+
+
 # ---- without any repetition ---------------------------------------------------------------------
 
 

@@ -220,10 +220,10 @@ def anchored_spans(
         first = np.clip(first, 1, len(call_end))
         floor = ends[:-1] if at_end else starts[:-1]
         bounds = np.concatenate(([t0], np.clip(call_end[first - 1], floor, starts[1:])))
+    elif at_end:  # exactly where the previous optimizer step ended: a median offset cut into it
+        bounds = np.concatenate(([t0], ends[:-1]))
     else:
-        period = float(np.median(np.diff(starts)))
-        offset = max(period - float(np.median(ends - starts)), 0.0) if at_end else 0.0
-        bounds = starts - offset
+        bounds = starts.astype(np.float64)
     bounds = np.maximum.accumulate(bounds)
     if len(bounds) > 2:  # a first iteration far longer than the others holds what came before the loop
         bounds[0] = max(bounds[0], bounds[1] - FIRST_AT_MOST * float(np.median(np.diff(bounds[1:]))))
