@@ -247,6 +247,41 @@ def test_a_script_on_the_cpu_is_told_the_gpu_fixes_are_not_tried(starved: Path, 
     assert "the script ran on the CPU" in result.output
 
 
+LBFGS = """\
+import torch
+model = torch.nn.Linear(16, 1)
+opt = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=2)
+x, y = torch.randn(64, 16), torch.randn(64, 1)
+for it in range(100000):
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+    opt.step(closure)
+"""
+
+
+def test_an_optimizer_with_no_fused_kernels_is_not_offered_the_fused_optimizer(
+    starved: Path, tmp_path: Path
+) -> None:
+    # GIVEN a loop stepping torch.optim.LBFGS with a closure (LBFGS has neither fused nor foreach)
+    starved.write_text(LBFGS)
+    # WHEN gpudoctor fix chooses its fixes, and when the fused optimizer is asked for by name
+    chosen = fix("--no-diagnose", *FAST, "--out", str(tmp_path / "chosen"), "train.py")
+    asked = fix(
+        "--no-diagnose", *FAST, "--only", "fused_optimizer", "--out", str(tmp_path / "asked"), "train.py"
+    )
+    # THEN it is not offered; asked for, it does not apply because of LBFGS (not "no optimizer was built")
+    assert chosen.exit_code == 0 and asked.exit_code == 0, chosen.output + asked.output
+    assert report_of(tmp_path / "chosen").verdicts == ()
+    (fused,) = report_of(tmp_path / "asked").verdicts
+    assert fused.rounds == 0 and fused.reason == (
+        "does not apply: no torch.optim optimizer that is not fused was built "
+        "(LBFGS has no fused or foreach implementation)"
+    )
+
+
 def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(
     starved: Path, tmp_path: Path
 ) -> None:

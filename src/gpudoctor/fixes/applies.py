@@ -26,8 +26,11 @@ def why_not(fix: str, obs: Observations, steps: int) -> str | None:
         reason = f"torch.cuda.empty_cache() is not called in the loop ({n} calls in {steps} steps)"
     elif kind == "zero_grad_none" and not per_step(obs.zero_grad_keep, steps):
         reason = "zero_grad(set_to_none=False) is not called in the loop"
-    elif kind == "fused_optimizer" and not any(not o.fused for o in obs.optimizers):
-        reason = "no torch.optim optimizer that is not fused was built"
+    elif kind == "fused_optimizer" and not any(not o.fused and o.fusable for o in obs.optimizers):
+        unfusable = sorted({o.cls for o in obs.optimizers if not o.fusable})
+        reason = "no torch.optim optimizer that is not fused was built" + (
+            f" ({', '.join(unfusable)} has no fused or foreach implementation)" if unfusable else ""
+        )
     elif kind == "tf32" and obs.float32_matmul_precision != "highest":
         reason = f"float32 matmul precision is already {obs.float32_matmul_precision!r}"
     elif kind in ("compile", "autocast", "channels_last", "cudnn_benchmark", "sdpa") and root is None:

@@ -141,7 +141,7 @@ def _proposals(
             out.append(("cudnn_benchmark", "convolutions without cuDNN's autotuner"))
     if root is not None and root.hf_attention == "eager":
         out.append(("sdpa", "a Hugging Face model with eager attention"))
-    if any(not o.fused for o in obs.optimizers):
+    if any(not o.fused and o.fusable for o in obs.optimizers):
         out.append(("fused_optimizer", "an optimizer that is not fused"))
     if obs.zero_grad_keep:
         out.append(("zero_grad_none", "zero_grad(set_to_none=False)"))

@@ -85,6 +85,7 @@ class OptimizerInfo:
     foreach: bool | None
     fused: bool | None
     params: int
+    fusable: bool = True  # the class has a fused or foreach implementation (LBFGS has neither)
 
 
 @dataclass(frozen=True)
@@ -207,7 +208,12 @@ class Observer:
             count = sum(len(g["params"]) for g in opt.param_groups)
             observer._optimizers.append(
                 OptimizerInfo(
-                    call_site(), type(opt).__name__, defaults.get("foreach"), defaults.get("fused"), count
+                    call_site(),
+                    type(opt).__name__,
+                    defaults.get("foreach"),
+                    defaults.get("fused"),
+                    count,
+                    fusable="foreach" in defaults or "fused" in defaults,
                 )
             )
 

@@ -39,7 +39,9 @@ class FusedOptimizer(FixPatch):
             accepts = inspect.signature(cls.__init__).parameters
             if "foreach" in accepts or "fused" in accepts:
                 self.restorer.replace(cls, "__init__", self._wrap(cls, cls.__init__, "fused" in accepts))
-        self.not_applicable = "no torch.optim optimizer was constructed"
+        self.not_applicable = (
+            "no torch.optim optimizer with a fused or foreach implementation was constructed"
+        )
 
     def _wrap(self, cls: type, init: Any, can_fuse: bool) -> Any:
         patch = self
