@@ -59,3 +59,27 @@ def test_two_ranks_of_a_distributed_run_claiming_one_rank_keep_the_old_advice(tm
         (tmp_path / name).write_text(json.dumps(doc))
     line = one_line_error(run("analyze", tmp_path))
     assert "both claim rank 0: keep one run's rank traces in a directory" in line
+
+
+def test_two_cycles_of_each_rank_of_a_distributed_run_are_told_apart_by_cycle(tmp_path: Path) -> None:
+    # GIVEN what tensorboard_trace_handler writes for 2 ranks under torch.distributed with
+    # schedule(repeat=2): two traces of rank 0 and two of rank 1, all of one run, side by side
+    for rank in (0, 1):
+        for cycle in (1, 2):
+            doc = {
+                "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2},
+                "traceEvents": [
+                    {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{cycle}", "ts": 1000.0 * cycle,
+                     "dur": 900.0, "pid": 1 + rank, "tid": 1},
+                    {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1000.0 * cycle + 10, "dur": 500.0,
+                     "pid": 1 + rank, "tid": 1},
+                ],
+            }  # fmt: skip
+            (tmp_path / f"rank{rank}.{cycle}.pt.trace.json").write_text(json.dumps(doc))
+    # WHEN analyzed THEN the error does not call them other runs' traces: it names the profiler's cycles
+    # and what to do (a directory per cycle)
+    for args in (("analyze", tmp_path), ("report", tmp_path, "-o", tmp_path / "r.html")):
+        line = one_line_error(run(*args))
+        assert "both claim rank 0" in line
+        assert "one profiler cycle's" in line and "a trace per rank and cycle" in line
+        assert "one directory per cycle" in line

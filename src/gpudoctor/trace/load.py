@@ -149,7 +149,12 @@ def same_rank_advice(single_process: bool) -> str:
             "neither was recorded under torch.distributed, so they are not ranks of one run (a profiler "
             "schedule with repeat writes one trace per cycle): analyze one file"
         )
-    return "keep one run's rank traces in a directory"
+    # Under torch.distributed, schedule(repeat=N) with tensorboard_trace_handler writes N traces per rank
+    # side by side: one run's traces, but N cycles of each rank.
+    return (
+        "keep one run's rank traces in a directory, one profiler cycle's (a schedule with repeat writes "
+        "a trace per rank and cycle): one directory per cycle"
+    )
 
 
 def load_document(
