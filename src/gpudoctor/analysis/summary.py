@@ -217,9 +217,14 @@ def _step_summaries(
 UNPROFILED_BELOW_BUSY = 0.9
 
 
+# ... and this far above the traced step before the profiler, which only slows a step, cannot explain it.
+UNPROFILED_ABOVE_TRACED = 1.5
+
+
 def _unprofiled_notes(unprofiled_us: float, steps: tuple[StepSummary, ...]) -> list[str]:
     """Where the step time measured without the profiler cannot be right: shorter than the GPU's work
-    in a traced step (a typo, or a step of another shape). Nothing without steps or GPU activity."""
+    in a traced step, or far longer than the traced step itself (a typo, a step of another shape, or
+    seconds per many steps). Nothing without steps or GPU activity."""
     given = f"the step time measured without the profiler ({fmt_us(unprofiled_us)})"
     busy = [s.gpu.busy_us for s in steps if s.gpu is not None]
     median = float(np.median(busy)) if busy else 0.0
@@ -228,6 +233,14 @@ def _unprofiled_notes(unprofiled_us: float, steps: tuple[StepSummary, ...]) -> l
             f"{given} is shorter than the GPU's busy time in a traced step ({fmt_us(median)}, median): "
             "the GPU cannot do that work in it, so GPU shares of it are capped at 100%; check the step "
             "time given"
+        ]
+    traced = float(np.median([s.duration_us for s in steps])) if median else 0.0
+    if traced and unprofiled_us > UNPROFILED_ABOVE_TRACED * traced:
+        return [
+            f"{given} is {unprofiled_us / traced:.1f}× the traced step ({fmt_us(traced)}, median): the "
+            "profiler slows a step, it cannot make one faster, so the trace cannot show where the rest went "
+            "and the diagnosis counts it as GPU idle; check that the time given is of these steps (the same "
+            "batch, model and settings)"
         ]
     return []
 
