@@ -279,6 +279,24 @@ def test_a_gzip_bomb_stops_at_the_size_limit_and_the_limit_can_be_raised(tmp_pat
     one_line_error(run("analyze", plain, "--max-trace-size", "lots"))
 
 
+@pytest.mark.parametrize("engine", ["serial", "processes"])
+def test_the_size_limit_holds_for_every_rank_of_a_directory(tmp_path: Path, engine: str) -> None:
+    # GIVEN a directory of rank traces, one of them a gzip bomb (4 MiB of JSON in a few KB)
+    ranks = tmp_path / "ranks"
+    ranks.mkdir()
+    write_doc(ranks / "rank0.json", gpu_step_trace())
+    gzip_bomb(ranks / "rank1.json.gz", 4 << 20)
+    # WHEN the directory is analyzed or reported under a 1 MiB limit
+    # THEN the limit stops the bomb as it does for a single file (it was not passed to the ranks' workers)
+    for args in (("analyze", ranks), ("report", ranks, "-o", tmp_path / "r.html")):
+        one_line_error(
+            run(*args, "--max-trace-size", "1M", "--engine", engine), "rank1.json.gz", "over the 1 MiB limit"
+        )
+    assert not (tmp_path / "r.html").exists()
+    # AND raised, it lets the same directory through
+    assert run("analyze", ranks, "--max-trace-size", "0", "--engine", engine).exit_code == 0
+
+
 def test_a_fifo_or_a_device_is_refused_at_once(tmp_path: Path) -> None:
     fifo = tmp_path / "trace.json"
     os.mkfifo(fifo)

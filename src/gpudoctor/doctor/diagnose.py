@@ -96,6 +96,7 @@ def diagnose_ranks(
         workers=workers,
         engine=engine,
         top=options.top,
+        max_bytes=options.max_bytes,
     )
     return ranks_report(run, rank, timeline=timeline)
 

@@ -23,6 +23,7 @@ from gpudoctor.analysis.rank_summary import Clocks, RankSummary, TopFinding, sum
 from gpudoctor.device.links import Link
 from gpudoctor.doctor.document import Report, reports_from_json
 from gpudoctor.runner.rundir import RankFile, rank_info_beside, record_fields
+from gpudoctor.trace.load import DEFAULT_MAX_TRACE_BYTES
 from gpudoctor.util.errors import GpudoctorError, NotATraceError, UsageError
 
 ENGINES = ("auto", "serial", "processes", "ray", "dask")
@@ -38,6 +39,7 @@ class RankJob:
     unprofiled_us: float | None  # given by the user for every rank; else the record's light median
     full: bool
     top: int = 15
+    max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES  # the largest trace JSON to read (--max-trace-size)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ def analyze_rank(job: RankJob) -> dict[str, Any] | None:
 
     t0 = time.perf_counter()
     try:
-        trace = load_trace(job.trace)
+        trace = load_trace(job.trace, job.max_bytes)
     except NotATraceError:
         return None
     record = record_fields(Path(job.record) if job.record else None)
@@ -104,7 +106,11 @@ def default_workers(n_jobs: int) -> int:
 
 
 def jobs_for(
-    files: Sequence[RankFile], unprofiled_us: float | None, full: set[int] | bool, top: int
+    files: Sequence[RankFile],
+    unprofiled_us: float | None,
+    full: set[int] | bool,
+    top: int,
+    max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES,
 ) -> list[RankJob]:
     """A job per file; `full`: True for every rank's whole report, or the indices of those wanted."""
     return [
@@ -114,6 +120,7 @@ def jobs_for(
             unprofiled_us,
             full is True or (full is not False and i in full),
             top,
+            max_bytes,
         )
         for i, f in enumerate(files)
     ]

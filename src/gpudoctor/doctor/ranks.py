@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from gpudoctor.doctor.rank_pool import SERIAL_BELOW, RankJob, default_workers, j
 from gpudoctor.rules.across import diagnose_ranks
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner.rundir import rank_files
-from gpudoctor.trace.load import same_rank_advice
+from gpudoctor.trace.load import DEFAULT_MAX_TRACE_BYTES, same_rank_advice
 from gpudoctor.util.errors import TraceFormatError, UsageError
 
 FULL_REPORTS_MAX = 64
@@ -53,13 +53,14 @@ def analyze_directory(
     workers: int | None = None,
     engine: str = "auto",
     top: int = 15,
+    max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES,
 ) -> RanksRun:
     """Analyze every rank of a directory. The whole report comes back for every rank with
     `all_reports`, else for the rank to detail (`detailed`, default the first) and the slowest."""
     files = rank_files(path)
     if not files:
         raise TraceFormatError(f"{path}: no trace files (*.json, *.json.gz) in this directory")
-    jobs = jobs_for(files, unprofiled_us, True if all_reports else {0}, top)
+    jobs = jobs_for(files, unprofiled_us, True if all_reports else {0}, top, max_bytes)
     results = run_jobs(jobs, workers, engine)
     if not results:
         others = ", ".join(f.trace.name for f in files)
@@ -97,8 +98,6 @@ def at_own_pace(
     """The reports of ranks that wait for a straggler diagnosed again against their own pace (the
     unprofiled step less that wait: `own_pace_us`), in place, and their summaries' top findings with
     them; the summaries, updated."""
-    from dataclasses import replace
-
     out = []
     for summary in summaries:
         own = own_pace_us(across, summary)
@@ -162,4 +161,4 @@ def _first_and_slowest(run: RanksRun) -> list[int]:
 
 
 def _full(job: RankJob, full: bool) -> RankJob:
-    return RankJob(job.trace, job.record, job.unprofiled_us, full, job.top)
+    return replace(job, full=full)

@@ -102,11 +102,16 @@ def _directory_source(
     """A directory of rank traces (or the rank-K/ folders of a run under torchrun): every rank
     summarized (in parallel where there are many), the detailed one whole, with its trace."""
     run = analyze_directory(
-        path, unprofiled_us=options.unprofiled_us, detailed=rank, workers=workers, engine=engine
+        path,
+        unprofiled_us=options.unprofiled_us,
+        detailed=rank,
+        workers=workers,
+        engine=engine,
+        max_bytes=options.max_bytes,
     )
     report = ranks_report(run, rank, timeline=False)
     trace_path = Path(report.trace_path or path)
-    trace = load_trace(trace_path)
+    trace = load_trace(trace_path, options.max_bytes)
     folder = trace_path.parent if trace_path.parent != path else path
     report = replace(
         report,
