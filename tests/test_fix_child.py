@@ -392,3 +392,39 @@ def test_a_model_the_script_compiles_and_runs_under_autocast_is_seen_so(tmp_path
     assert root.cls == "Sequential"  # the compiled module's own class, not OptimizedModule
     assert why_not("compile", r.observations, r.steps_seen) is not None
     assert why_not("autocast", r.observations, r.steps_seen) is not None
+
+
+PERSISTENT = """\
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main():
+    data = TensorDataset(torch.randn(256, 8), torch.randint(0, 3, (256,)))
+    loader = DataLoader(data, batch_size=16, num_workers=1, persistent_workers=True)
+    model = torch.nn.Linear(8, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for epoch in range(100):
+        for x, y in loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def test_a_stopped_scripts_persistent_loader_workers_end_with_the_round(tmp_path: Path) -> None:
+    import multiprocessing
+
+    # GIVEN a main() whose DataLoader keeps its worker between epochs, stopped by the round mid-epoch
+    r = child(tmp_path, PERSISTENT)
+    # THEN its worker has shut down by the round's end, as at the script's own end: not held (by the
+    # observer) until the interpreter's exit, where multiprocessing terminates it and the worker's
+    # pymp-* folder stays in the temp directory (one per round of `gpudoctor fix`)
+    assert r.failure is None and r.outcome == "stopped"
+    assert r.observations is not None and r.observations.loaders[0].num_workers == 1
+    assert multiprocessing.active_children() == []

@@ -158,6 +158,7 @@ class Observer:
         self._shapes: list[tuple[tuple[int, ...], ...]] = []
         self._autocast_hook: Any = None  # on the root's first leaf, until the root's second call
         self._loaders: list[tuple[Any, CallSite | None]] = []
+        self._loader_infos: tuple[LoaderInfo, ...] | None = None  # once undone (the loaders let go)
         self._iterated: list[int] = []
         self._optimizers: list[OptimizerInfo] = []
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
@@ -178,6 +179,26 @@ class Observer:
             self._hook.remove()
             self._hook = None
         self._restorer.restore()
+        # the script's loaders let go, what was seen of them kept: one held to the interpreter's exit keeps
+        # its persistent workers, which multiprocessing then terminates, each leaving its pymp-* folder in
+        # the temp directory (a round of `gpudoctor fix` on a main() with persistent workers left one)
+        self._loader_infos = self._seen_loaders()
+        self._loaders.clear()
+
+    def _seen_loaders(self) -> tuple[LoaderInfo, ...]:
+        if self._loader_infos is not None:
+            return self._loader_infos
+        return tuple(
+            _loader_info(
+                lo,
+                site,
+                id(lo) in self._iterated,
+                self._fetch.get(id(lo)),
+                self._waits.get(id(lo)),
+                self._taken.get(id(lo), 0),
+            )
+            for lo, site in self._loaders
+        )
 
     def _install(self) -> None:
         import torch
@@ -353,17 +374,7 @@ class Observer:
         root = RootInfo(**self._root, input_shapes=tuple(self._shapes)) if self._root else None
         return Observations(
             root=root,
-            loaders=tuple(
-                _loader_info(
-                    lo,
-                    site,
-                    id(lo) in self._iterated,
-                    self._fetch.get(id(lo)),
-                    self._waits.get(id(lo)),
-                    self._taken.get(id(lo), 0),
-                )
-                for lo, site in self._loaders
-            ),
+            loaders=self._seen_loaders(),
             optimizers=tuple(self._optimizers),
             empty_cache=_site_counts(self._counts["empty"]),
             zero_grad_keep=_site_counts(self._counts["zero"]),
