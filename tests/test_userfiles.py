@@ -121,6 +121,26 @@ def test_the_walk_skips_git_caches_venvs_and_the_output_and_says_when_it_was_cut
     assert any("cut short" in line for line in user_files_lines(written))
 
 
+def test_earlier_gpudoctor_outputs_are_not_copied_as_the_users_files(workdir: Path) -> None:
+    # GIVEN the traces and rounds of earlier gpudoctor sessions in the working directory
+    for old in (
+        "gpudoctor-runs/train-20261126-101010/trace.json.gz",
+        "gpudoctor-fixes/train-1/rounds/a1.json",
+    ):
+        (workdir / old).parent.mkdir(parents=True)
+        (workdir / old).write_bytes(b"x" * 1000)
+    # WHEN a new session copies the user's files
+    files = UserFiles.protect(None, workdir / "gpudoctor-fixes" / "train-2")
+    # THEN those outputs are neither copied nor watched: only the user's own files are
+    assert sorted(str(p.relative_to(workdir)) for p in files.before) == [
+        "ckpt.pt",
+        "out/notes.txt",
+        "train.log",
+    ]
+    assert len(files.copies) == 3
+    files.finish()
+
+
 def test_the_script_s_own_folder_is_watched_too(workdir: Path, tmp_path: Path) -> None:
     scripts = tmp_path / "code"
     scripts.mkdir()

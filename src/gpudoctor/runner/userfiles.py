@@ -2,7 +2,8 @@
 rounds, `gpudoctor batch`'s points): what the script wrote, and nothing the user had lost.
 
 `UserFiles.protect` looks at the files under the working directory and the script's own directory (not
-gpudoctor's output directory, `.git`, `__pycache__`, virtual environments; the walk stops after
+gpudoctor's output directory nor earlier ones under gpudoctor-runs/ and gpudoctor-fixes/, `.git`,
+`__pycache__`, virtual environments; the walk stops after
 `WALK_S` and says so) and copies every regular file there, smallest first, up to `BACKUP_CAP_BYTES` and
 `BACKUP_MAX_FILES` (a reflink where the filesystem has them), into `<out>/user-files/`: a checkpoint the
 script overwrites with `torch.save` is truncated in place, so a hard link would not keep it. Files past
@@ -30,7 +31,9 @@ WALK_S = 1.0  # the longest a look over the directories may take
 MAX_ENTRIES = 200_000
 BACKUP_CAP_BYTES = 2 << 30
 BACKUP_MAX_FILES = 20_000
-SKIP_NAMES = frozenset({".git", ".hg", ".svn", "__pycache__"})
+# gpudoctor's own output roots (earlier runs' traces and fix rounds) are not the user's: copied, every
+# session copied all the sessions before it, and they took the cap's room from the user's files
+SKIP_NAMES = frozenset({".git", ".hg", ".svn", "__pycache__", "gpudoctor-runs", "gpudoctor-fixes"})
 BACKUP_DIR = "user-files"  # under the command's output directory
 LEFT_DIR = "left-by-script"
 MANIFEST = "manifest.json"
