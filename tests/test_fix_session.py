@@ -323,7 +323,8 @@ def test_a_fix_whose_call_site_the_loop_never_reaches_does_not_apply_and_is_not_
     assert (
         not v.kept
         and v.reason
-        == f"does not apply: torch.cuda.empty_cache() is not called in the loop ({calls} calls in 25 steps)"
+        == f"does not apply: torch.cuda.empty_cache() is not called in the loop ({calls} call{'s' * (calls != 1)} "
+        "in 25 steps)"
     )
     assert v.rounds == 0 and v.verdict is None and [label for label, *_ in launcher.calls] == ["baseline-0"]
     # AND where the loop calls it every step, it is run

@@ -23,7 +23,7 @@ def why_not(fix: str, obs: Observations, steps: int) -> str | None:
     reason: str | None = None
     if kind == "no_empty_cache" and not per_step(obs.empty_cache, steps):
         n = sum(c.count for c in obs.empty_cache)
-        reason = f"torch.cuda.empty_cache() is not called in the loop ({n} calls in {steps} steps)"
+        reason = f"torch.cuda.empty_cache() is not called in the loop ({n} call{'s' if n != 1 else ''} in {steps} steps)"
     elif kind == "zero_grad_none" and not per_step(obs.zero_grad_keep, steps):
         reason = "zero_grad(set_to_none=False) is not called in the loop"
     elif kind == "fused_optimizer" and not any(not o.fused and o.fusable for o in obs.optimizers):

@@ -134,7 +134,10 @@ class FixSession:
             only=o.only, skip=o.skip, steps=ref.steps_seen, step_s=step_s,
         )  # fmt: skip
         if not ref.observations.cuda and not o.only:
-            self.notes.append(on_the_cpu(self.candidates))
+            applying = [
+                c for c in self.candidates if why_not(c.fix, ref.observations, ref.steps_seen) is None
+            ]
+            self.notes.append(on_the_cpu(applying))
         together: list[tuple[int, Candidate]] = []
         queue = self._loader_first(list(enumerate(self.candidates, 1)), ref)
         while queue:
