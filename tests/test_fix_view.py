@@ -164,4 +164,13 @@ def test_a_fix_not_kept_has_no_payback_and_nothing_tried_is_not_nothing_faster()
         in compile_lines(replace(REPORT, verdicts=(kept,), combination=None))[0]
     )
     nothing = replace(REPORT, verdicts=(), combination=None, final=(), final_saving_pct=None)
-    assert headline(nothing).endswith("no fix applies to this script (see below for what is left to you).")
+    from gpudoctor.fixes.candidates import ManualFix
+
+    left = ManualFix("activation_checkpointing", "Checkpoint the blocks", None, None, "Checkpoint them.")
+    listed = replace(nothing, manual=(left,))  # a change left to the user, listed below the table
+    assert headline(listed).endswith("no fix applies to this script (see below for what is left to you).")
+    # where none is listed (an inference loop, an LBFGS closure), the headline promises none: it points to
+    # the notes that say why, or to nothing
+    bare = replace(nothing, manual=())
+    assert headline(bare).endswith("no fix applies to this script (see below for why).") == bool(bare.notes)
+    assert headline(replace(bare, notes=())).endswith("no fix applies to this script.")

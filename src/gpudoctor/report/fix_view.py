@@ -86,7 +86,10 @@ def headline(report: FixReport) -> str:
     if report.baseline_spread_pct is not None:
         base += f" (up to {report.baseline_spread_pct:.1f}% apart)"
     if not report.final and not rows(report):
-        return f"{base}; no fix applies to this script (see below for what is left to you)."
+        if report.manual:
+            return f"{base}; no fix applies to this script (see below for what is left to you)."
+        why = " (see below for why)" if report.notes else ""
+        return f"{base}; no fix applies to this script{why}."
     if not report.final:
         return f"{base}; no fix was faster beyond noise with the same results."
     saving = report.final_saving_pct
