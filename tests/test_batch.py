@@ -454,6 +454,27 @@ def test_the_sentences_name_noisy_points_and_a_knee_seen_on_one_size_only() -> N
     assert "a single point, unconfirmed" in " ".join(sentences(s))
 
 
+def test_a_knee_past_which_the_throughput_more_than_halves_is_called_doubtful() -> None:
+    from gpudoctor.analysis.batch import point_of, summarize
+    from gpudoctor.report.batch_view import sentences
+
+    def raw(b: int, t_us: float) -> dict[str, Any]:
+        return {"batch": b, "status": "ok", "step_times_us": _steady(t_us)}
+
+    # GIVEN a sweep whose two largest sizes ran while the machine was busy: 32 and 64 at 30x the step 16
+    # took (a helper's trial, beside a test run on a 2-core machine: "doubling it loses 97%")
+    busy = [raw(b, 1000.0 * max(1, b / 16) * (30 if b > 16 else 1)) for b in (4, 8, 16, 32, 64)]
+    s = summarize([point_of(r) for r in busy], script=["x.py"], knob={}, training=True)
+    # THEN the knee is reported as measured, and called doubtful with why
+    assert s.knee is not None and s.knee.batch == 16 and s.knee.doubtful
+    text = " ".join(sentences(s))
+    assert "Throughput knee at batch 16" in text and "Doubtful" in text and "quiet machine" in text
+    # AND a plateau as batches make one (the step grows as the batch) is not
+    flat = [raw(b, 1000.0 * max(1, b / 16)) for b in (4, 8, 16, 32, 64)]
+    s = summarize([point_of(r) for r in flat], script=["x.py"], knob={}, training=True)
+    assert s.knee is not None and not s.knee.doubtful and "Doubtful" not in " ".join(sentences(s))
+
+
 def test_start_above_max_is_a_one_line_error_before_any_run(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(ARG_SCRIPT)

@@ -24,6 +24,7 @@ from gpudoctor.util.serial import Serialized
 
 SCHEMA = "gpudoctor.batch/1"
 KNEE_GAIN = 0.10  # a doubling that gains less throughput than this is past the knee
+DOUBTFUL_LOSS = -0.5  # a doubling that loses more than half the throughput: a busy machine, more likely
 HEADROOM = 0.02  # of the budget, kept free of the prediction (fragmentation, workspaces)
 
 
@@ -89,6 +90,13 @@ class Knee:
     gain: float  # the per-doubling throughput gain just past it (medians)
     gains: tuple[tuple[int, float], ...]  # (from size, per-doubling gain to the next measured size)
     sizes_past: int = 1  # larger sizes measured, each gaining less than KNEE_GAIN beyond its noise
+
+    @property
+    def doubtful(self) -> bool:
+        """A doubling that more than halves the throughput (the step took over 4× as long for 2× the
+        samples) is not how batches scale, short of memory pressure: more likely the larger sizes ran
+        while something else used the machine (each point is one process, timed once)."""
+        return self.gain < DOUBTFUL_LOSS
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,12 @@ def sentences(s: BatchSweep) -> list[str]:
             f"Throughput knee at batch {s.knee.batch}: doubling it {change} of throughput ({seen}); "
             "larger batches cost memory for little speed."
         )
+        if s.knee.doubtful:
+            out.append(
+                "Doubtful: a batch twice as large took over four times as long a step, which batches do "
+                "not do short of memory pressure; each size is timed in one process, so the larger ones "
+                "more likely ran while something else used the machine. Sweep again on a quiet machine."
+            )
     elif len([p for p in s.points if p.fits and p.step_us]) < 2:
         out.append("No knee can be told: fewer than two sizes ran.")
     elif s.largest_fit is not None:
