@@ -108,3 +108,22 @@ def test_text_is_utf8_not_unicode_escapes(written: tuple[bytes, list]) -> None:
     assert not re.search(rb"(?<!\\)\\u(?!00[01])[0-9a-fA-F]{4}", raw)
     text = json.dumps(ours, ensure_ascii=False)
     assert all(c.encode() in raw for c in {c for c in text if ord(c) > 127})
+
+
+def test_an_annotated_trace_read_back_is_the_original_with_gpudoctors_events_left_out(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a trace and the annotated trace gpudoctor wrote from it
+    from gpudoctor.trace.load import load_trace
+
+    source = FIXTURES / "zoo" / "launch_overhead__slow.json.gz"
+    out = tmp_path / "annotated.json.gz"
+    result = CliRunner().invoke(app, ["report", str(source), "--format", "trace", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    # WHEN it is read back
+    original, annotated = load_trace(source), load_trace(out)
+    # THEN gpudoctor's own events are left out, said once, not taken for an unknown category of the data
+    assert len(annotated) == len(original) and annotated.memory.ts.size == original.memory.ts.size
+    assert CATEGORY not in annotated.meta.other_categories
+    assert [r for r in annotated.skipped if CATEGORY in r and "annotations" in r]
+    assert not [r for r in annotated.skipped if "unknown category" in r]
