@@ -145,3 +145,12 @@ def test_a_compiled_model_is_why_the_trace_has_no_module_view() -> None:
     assert (
         why_no_modules(analyze(load_trace(TRACES / "sync_every_step.json.gz")).trace.compiled) == NO_MODULES
     )
+
+
+def test_the_profiler_options_read_on_and_off_not_kinetos_ones() -> None:
+    # GIVEN a trace recorded with with_stack and profile_memory (Kineto writes them as 1)
+    page, _ = render(TRACES / "sync_every_step_stack.json.gz")
+    # THEN the environment says they were on
+    assert "<th>profiler with_stack</th><td>on</td>" in page
+    assert "<th>profiler profile_memory</th><td>on</td>" in page
+    assert "<td>1</td>" not in page.split('id="env"')[-1]

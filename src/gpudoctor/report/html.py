@@ -549,7 +549,9 @@ def _environment(a: Analysis) -> str:
         elif d.compute_capability:
             rows.append(("compute capability", ".".join(map(str, d.compute_capability))))
     for key, value in sorted(a.trace.profiler_config.items()):
-        rows.append((f"profiler {key}", str(value)))
+        # Kineto writes the switches as 1 and 0 ("with_stack": 1)
+        said = "on" if value in (1, True) else "off" if value in (0, False) else str(value)
+        rows.append((f"profiler {key}", said))
     rows.extend(("note", n) for n in a.notes)
     body = "".join(f"<tr><th>{escape(k)}</th><td>{escape(v)}</td></tr>" for k, v in rows)
     return _section(
