@@ -154,3 +154,18 @@ def test_the_profiler_options_read_on_and_off_not_kinetos_ones() -> None:
     assert "<th>profiler with_stack</th><td>on</td>" in page
     assert "<th>profiler profile_memory</th><td>on</td>" in page
     assert "<td>1</td>" not in page.split('id="env"')[-1]
+
+
+def test_the_top_ops_columns_are_in_the_terminals_order_self_then_total() -> None:
+    from gpudoctor.report.html import _ops
+
+    analysis = analyze(load_trace(TRACES / "conv_bf16_train.json.gz"))
+    section = _ops(analysis)
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", section)
+    assert heads[:7] == ["op", "calls", "GPU self", "GPU total", "CPU self", "CPU total", "kernels"]
+    # AND each cell holds its column's figure (the first op: CPU self 3.7 ms of its CPU total 7.02 ms)
+    top = analysis.ops[0]
+    values = [float(v) for v in re.findall(r'data-v="([^"]+)"', section)[:6]]
+    assert values[1:5] == pytest.approx(
+        [top.gpu_self_us, top.gpu_total_us, top.cpu_self_us, top.cpu_total_us], rel=1e-3
+    )

@@ -439,19 +439,20 @@ def _ops(a: Analysis) -> str:
             _text(o.name, cls="name"),
             _num(o.calls, f"{o.calls:,}"),
             *(
-                (_num(o.gpu_total_us, _dur(o.gpu_total_us)), _num(o.gpu_self_us, _dur(o.gpu_self_us)))
+                (_num(o.gpu_self_us, _dur(o.gpu_self_us)), _num(o.gpu_total_us, _dur(o.gpu_total_us)))
                 if gpu
                 else ()
             ),
-            _num(o.cpu_total_us, _dur(o.cpu_total_us)),
             _num(o.cpu_self_us, _dur(o.cpu_self_us)),
+            _num(o.cpu_total_us, _dur(o.cpu_total_us)),
             *((_num(o.kernels, f"{o.kernels:,}"),) if gpu else ()),
         ]
         for o in a.ops[:TOP_ROWS]
     ]
-    head = ("op", "calls", "GPU total", "GPU self", "CPU total", "CPU self", "kernels")
+    # in the terminal's order: self, then total
+    head = ("op", "calls", "GPU self", "GPU total", "CPU self", "CPU total", "kernels")
     if not gpu:
-        head = ("op", "calls", "CPU total", "CPU self")
+        head = ("op", "calls", "CPU self", "CPU total")
     title = "Top ops" if gpu else "Top ops (by CPU time: no GPU work)"
     return _section(title, _table(head, rows), "ops")
 
