@@ -110,9 +110,7 @@ def test_text_is_utf8_not_unicode_escapes(written: tuple[bytes, list]) -> None:
     assert all(c.encode() in raw for c in {c for c in text if ord(c) > 127})
 
 
-def test_an_annotated_trace_read_back_is_the_original_with_gpudoctors_events_left_out(
-    tmp_path: Path,
-) -> None:
+def test_an_annotated_trace_read_back_knows_gpudoctors_category(tmp_path: Path) -> None:
     # GIVEN a trace and the annotated trace gpudoctor wrote from it
     from gpudoctor.trace.load import load_trace
 
@@ -120,10 +118,9 @@ def test_an_annotated_trace_read_back_is_the_original_with_gpudoctors_events_lef
     out = tmp_path / "annotated.json.gz"
     result = CliRunner().invoke(app, ["report", str(source), "--format", "trace", "-o", str(out)])
     assert result.exit_code == 0, result.output
-    # WHEN it is read back
-    original, annotated = load_trace(source), load_trace(out)
-    # THEN gpudoctor's own events are left out, said once, not taken for an unknown category of the data
-    assert len(annotated) == len(original) and annotated.memory.ts.size == original.memory.ts.size
+    # WHEN it is read back THEN gpudoctor's rows are kept on their own process (test_report_cli) and its
+    # category is a known one: no "unknown category 'gpudoctor'" among what the loader notes
+    annotated = load_trace(out)
+    assert len(annotated) > len(load_trace(source))
     assert CATEGORY not in annotated.meta.other_categories
-    assert [r for r in annotated.skipped if CATEGORY in r and "annotations" in r]
     assert not [r for r in annotated.skipped if "unknown category" in r]

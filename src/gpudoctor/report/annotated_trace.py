@@ -11,11 +11,11 @@ from typing import Any
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline_view import IdleSpans
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.trace.load import ANNOTATION_CATEGORY
+from gpudoctor.trace.model import ANNOTATION_CATEGORY
 from gpudoctor.util.text import has_unsafe, printable
 
 PID = 9_999_999  # above any Linux pid (at most 2**22), so it cannot clash with a profiled process
-CATEGORY = ANNOTATION_CATEGORY  # left out when the annotated trace is read back
+CATEGORY = ANNOTATION_CATEGORY  # a known category when the annotated trace is read back
 TID_IDLE, TID_FINDINGS = 1, 2
 IDLE_NAMES = {
     "host_wait": "GPU idle: host wait",

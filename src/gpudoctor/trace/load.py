@@ -16,7 +16,7 @@ import zlib
 from collections import Counter
 from collections.abc import Sequence
 from itertools import compress, pairwise, repeat
-from operator import attrgetter, eq, is_, ne, not_
+from operator import attrgetter, eq, is_, not_
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -406,12 +406,6 @@ class _Builder:
 
     # ---- one chunk -------------------------------------------------------------------------
     def add_chunk(self, events: list[Event]) -> None:
-        cats = list(map(_CAT, events))
-        if ANNOTATION_CATEGORY in cats:  # an annotated trace read back: gpudoctor's view is not data
-            keep = list(map(ne, cats, repeat(ANNOTATION_CATEGORY)))
-            self.skip(f"gpudoctor's own annotations ({ANNOTATION_CATEGORY!r} events of an annotated trace)",
-                      len(events) - sum(keep))  # fmt: skip
-            events = list(compress(events, keep))
         phases = list(map(_PH, events))
         self.n_events += len(phases) - phases.count(None)  # a JSON object without "ph" is no event
         self.n_metadata += phases.count("M")
@@ -672,8 +666,6 @@ def _text(v: Any) -> str:
     return v[:100] if isinstance(v, str) else ""
 
 
-# the category of the events gpudoctor adds to an annotated trace (report.annotated_trace)
-ANNOTATION_CATEGORY = "gpudoctor"
 _PH, _CAT, _NAME, _PID, _TID, _ARGS = (attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "args"))
 
 

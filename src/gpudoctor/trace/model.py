@@ -33,6 +33,8 @@ class Kind(IntEnum):
 
 
 # Kineto's category names, current and older spellings; lower-cased before lookup.
+# the category of the events gpudoctor adds to an annotated trace (report.annotated_trace)
+ANNOTATION_CATEGORY = "gpudoctor"
 CATEGORY_KINDS: dict[str, Kind] = {
     "cpu_op": Kind.CPU_OP,
     "operator": Kind.CPU_OP,
@@ -55,6 +57,7 @@ CATEGORY_KINDS: dict[str, Kind] = {
     # known, and of no use to the analyses
     "trace": Kind.OTHER,
     "overhead": Kind.OTHER,
+    ANNOTATION_CATEGORY: Kind.OTHER,  # an annotated trace read back: gpudoctor's own rows, on their process
 }
 
 # The ops whose argument records (record_shapes) the loader keeps: those whose FLOPs and bytes
