@@ -169,3 +169,14 @@ def test_a_trace_exported_after_the_schedules_last_cycle_says_where_to_export_it
     # THEN analyze says the trace holds no op and to export from on_trace_ready
     out = " ".join(run("analyze", path).stdout.split())
     assert "no ops: the trace holds only the profiler's own span" in out and "on_trace_ready" in out
+
+
+def test_a_kineto_trace_without_a_single_event_says_so_not_that_it_holds_the_profilers_span(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a trace with Kineto's header and no event at all
+    path = tmp_path / "nothing.json"
+    path.write_text(json.dumps({"schemaVersion": 1, "traceEvents": []}))
+    out = " ".join(run("analyze", path).stdout.split())
+    # THEN its note says it holds nothing, not "only the profiler's own span and step marks"
+    assert "holds no events at all" in out and "own span" not in out

@@ -94,6 +94,11 @@ def no_gpu_activity_reason(trace: Trace) -> str:
             f"{launches:,} CUDA/HIP runtime calls but no GPU activity recorded (kernels, copies, memsets): "
             "the trace was recorded without ProfilerActivity.CUDA, so GPU figures are not available"
         )
+    if not len(trace):
+        return (
+            "the trace holds no events at all: nothing was recorded between the profiler's start and its "
+            "export (profile a few steps of the loop inside the profiler's context)"
+        )
     if not len(trace.rows(Kind.CPU_OP, Kind.PYTHON)):
         # prof.export_chrome_trace() after a schedule's last active cycle: the profiler's own span and
         # the last step's mark are all it saves
