@@ -250,14 +250,14 @@ def pooled(results: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, Any] = {}
     for case in dict.fromkeys(c for r in results for c in r["table"]):
         runs = [r["table"][case]["ranks"] for r in results if case in r["table"]]
-        ranks = [
-            {**rs[0], "blocks": [b for run in runs for b in run[k]["blocks"]]}
-            for k, rs in enumerate(zip(*runs, strict=True))
+        ranks = [  # rank k: its blocks of every run, one run after the other
+            {**same_rank[0], "blocks": [b for r in same_rank for b in r["blocks"]]}
+            for same_rank in zip(*runs, strict=True)
         ]
         table[case] = {
             **compare(ranks),
             "runs": len(runs),
-            "block_steps": [rs[0]["block_steps"] for rs in runs],
+            "block_steps": [run[0]["block_steps"] for run in runs],
         }
     return table
 
