@@ -150,6 +150,9 @@ def undecided(name: str, final: list[str], result: dict[str, Any]) -> bool:
     GOAL inside it (a control, or a workload whose expert gains nothing, is decided without one)."""
     if name in CONTROLS or not final or result.get("share_of_expert") is None:
         return False
+    ratio = result.get("speedup_ratio_ci")
+    if ratio is not None and ratio[0] > 1:
+        return False  # faster than the expert beyond noise: the share is past 1 whatever its interval
     ci = result.get("share_of_expert_ci")
     return ci is None or ci[0] < GOAL < ci[1]
 
@@ -170,6 +173,7 @@ def timing_result(name: str, final: list[str], runs: dict[str, list[dict[str, An
         result.update(expert_speedup=expert, gpudoctor_speedup=ours, speedup_ratio=ours / expert,
                       share_of_expert=share, meets_goal=meets)  # fmt: skip
         result["share_of_expert_ci"] = share_ci(result["runs"]) if share is not None else None
+        result["speedup_ratio_ci"] = ratio_ci(result["runs"])
     return result
 
 
@@ -191,6 +195,38 @@ def share_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int 
     windows' mean step within them."""
     import numpy as np
 
+    drawn = _resampled(runs, resamples)
+    if drawn is None:
+        return None
+    plain, expert, ours = drawn
+    gain = plain / expert - 1
+    share = np.where(np.abs(gain) > 1e-9, (plain / ours - 1) / np.where(np.abs(gain) > 1e-9, gain, 1), np.nan)
+    lo, hi = np.nanquantile(share, [0.025, 0.975])
+    return [float(lo), float(hi)]
+
+
+def ratio_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int = 2000) -> list[float] | None:
+    """The 95% interval of gpudoctor's speedup over the expert's (the expert's step / gpudoctor's), from
+    the same resampling as the share's. Where the expert gains little (Lightning's host-bound loop,
+    1.06×) the share's denominator is near zero and its interval spans thousands of percent; this ratio
+    stays well-defined, and an interval above 1 means the goal is met whatever the share's."""
+    import numpy as np
+
+    drawn = _resampled(runs, resamples)
+    if drawn is None:
+        return None
+    _, expert, ours = drawn
+    lo, hi = np.quantile(expert / ours, [0.025, 0.975])
+    return [float(lo), float(hi)]
+
+
+def _resampled(
+    runs: dict[str, list[list[list[float]] | None]], resamples: int
+) -> tuple[Any, Any, Any] | None:
+    """(plain, expert, gpudoctor) mean steps, `resamples` bootstrap draws each (a fixed seed: the same
+    draws for the share and the ratio)."""
+    import numpy as np
+
     steps = {
         c: [[s / n for s, n in w or []] for w in runs.get(c) or []] for c in ("plain", "expert", "gpudoctor")
     }
@@ -206,11 +242,7 @@ def share_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int 
             out[i] = np.mean([np.mean(rng.choice(w, len(w))) for w in picked])
         return out
 
-    plain, expert, ours = draw(steps["plain"]), draw(steps["expert"]), draw(steps["gpudoctor"])
-    gain = plain / expert - 1
-    share = np.where(np.abs(gain) > 1e-9, (plain / ours - 1) / np.where(np.abs(gain) > 1e-9, gain, 1), np.nan)
-    lo, hi = np.nanquantile(share, [0.025, 0.975])
-    return [float(lo), float(hi)]
+    return draw(steps["plain"]), draw(steps["expert"]), draw(steps["gpudoctor"])
 
 
 OPTIONS = ("budget", "shared_baseline", "rounds", "warmup", "steps", "timing_rounds", "timing_max_rounds",
@@ -296,6 +328,8 @@ def rescore(path: Path) -> None:
         t = w.get("timing") or {}
         if t.get("share_of_expert") and "share_of_expert_ci" not in t:
             t["share_of_expert_ci"] = share_ci(t["runs"])
+        if t.get("runs") and t.get("speedup_ratio") and "speedup_ratio_ci" not in t:
+            t["speedup_ratio_ci"] = ratio_ci(t["runs"])
         print(_line(w))
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -421,7 +455,11 @@ def main() -> int:
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--previous", type=Path, help="--phase time: the --out of the fix phase (default --out)")
     p.add_argument("--smoke", action="store_true", help="tiny models (--small), for the CPU")
-    p.add_argument("--rescore", type=Path, help="only add the share's interval to this results file")
+    p.add_argument(
+        "--rescore",
+        type=Path,
+        help="only add the share's and the speedup ratio's intervals to this results file",
+    )
     p.add_argument("--merge", type=Path, help="only merge the workloads measured under this folder …")
     p.add_argument("--into", type=Path, default=ROOT / "benchmarks" / "results" / "fix_vs_expert.json",
                    help="… into this results file")  # fmt: skip
@@ -498,6 +536,10 @@ def _line(r: dict[str, Any]) -> str:
     )
     if t.get("share_of_expert_ci"):
         share += ", 95% CI {:.0f}–{:.0f}%".format(*(100 * x for x in t["share_of_expert_ci"]))
+    if t.get("speedup_ratio_ci"):
+        share += "; {:.2f}× the expert's speed, 95% CI {:.2f}–{:.2f}".format(
+            t["speedup_ratio"], *t["speedup_ratio_ci"]
+        )
     speed = (
         f"expert {t['expert_speedup']:.2f}×, gpudoctor {t['gpudoctor_speedup']:.2f}×"
         if t.get("expert_speedup")
