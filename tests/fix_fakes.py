@@ -15,8 +15,8 @@ from gpudoctor.fixes.patches.base import PatchOutcome
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession
 from gpudoctor.runner.hooks import CallSite
-from gpudoctor.timing.blocks import Block
-from gpudoctor.timing.paired import abba
+from gpudoctor.timing.blocks import Block, BlockLayout, block_pairs
+from gpudoctor.timing.paired import abba, leans_to_a_saving
 
 LOSSES = ((2.30,), (2.25,), (2.21,), (2.18,), (2.12,))
 SITE = CallSite("train.py", 10, "<module>")
@@ -76,6 +76,7 @@ class FakeLauncher:
         self.block_round_s, self.pairs = block_round_s, pairs
         self.rng = np.random.default_rng(1)
         self.calls: list[Call] = []
+        self.extends: list[int] = []  # each round's `extend` (block pairs it may add)
         self.losses: dict[str, tuple[tuple[float, ...], ...]] = {}
         self.failures: dict[str, str] = {}
         self.not_applicable: set[str] = set()
@@ -107,9 +108,15 @@ class FakeLauncher:
         return tuple(self.mean(key) * (1 + self.noise * self.rng.standard_normal(n)))
 
     def __call__(
-        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+        self,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> RoundResult:
         self.calls.append((label, fixes, exact_random, switch))
+        self.extends.append(extend)
         if self.interrupt_at is not None and len(self.calls) >= self.interrupt_at:
             raise KeyboardInterrupt
         key = "+".join(fixes) or "baseline"
@@ -138,12 +145,19 @@ class FakeLauncher:
         # the A side: without the switched fixes among `fixes`, with those that are not (replaced)
         a_side = [f for f in fixes if f not in switch] + [f for f in switch if f not in fixes]
         off = "+".join(a_side) or "baseline"
-        blocks = []
-        for cand in abba(self.pairs):
-            times = self.steps(key if cand else off, 10)
-            blocks.append(Block(cand, 10, sum(times), times, "cuda_events"))
+        blocks: list[Block] = []
+
+        def timed(order: list[bool]) -> None:
+            for cand in order:
+                times = self.steps(key if cand else off, 10)
+                blocks.append(Block(cand, 10, sum(times), times, "cuda_events"))
+
+        timed(abba(self.pairs))
+        added = extend if extend and leans_to_a_saving(block_pairs(blocks)) else 0
+        timed(abba(added))
+        layout = BlockLayout((), 1, False, 10, (), 0, extended=added)
         steps = tuple(t for b in blocks for t in b.step_times_us)
-        return replace(r, switch=switch, blocks=tuple(blocks), step_times_us=steps)
+        return replace(r, switch=switch, blocks=tuple(blocks), step_times_us=steps, block_layout=layout)
 
 
 def session(launcher: FakeLauncher, clock: FakeClock, only: str, **options: object) -> FixSession:

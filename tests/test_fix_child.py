@@ -190,6 +190,19 @@ def test_an_in_process_ab_switches_the_fix_in_blocks_and_times_each(tmp_path: Pa
     assert RoundResult.from_json(r.to_json()) == r
 
 
+def test_added_pairs_reach_the_block_plan_and_their_orders_are_recorded(tmp_path: Path) -> None:
+    """`--extend-pairs` (the session's, where the budget has room): the schedule times that many more
+    pairs where its planned ones lean to a saving undecided — on the CPU either may happen; both are
+    recorded whole."""
+    r = child(tmp_path, CONV, "--fixes", "channels_last", "--switch", "channels_last", *BLOCKS,
+              "--extend-pairs", "2")  # fmt: skip
+    layout = r.block_layout
+    assert r.failure is None and layout is not None and layout.extended in (0, 2)
+    assert len(layout.b_first) == 2 + layout.extended and len(r.blocks) == 2 * len(layout.b_first)
+    assert [b.candidate for b in r.blocks] == sides(layout.b_first)
+    assert RoundResult.from_json(r.to_json()) == r
+
+
 def test_the_weights_follow_the_switch(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     r = child(tmp_path, CONV, "--fixes", "channels_last", "--switch", "channels_last", *BLOCKS)
     assert r.failure is None

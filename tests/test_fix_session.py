@@ -530,3 +530,29 @@ def test_the_harness_spread_is_set_beside_the_plain_one_at_equal_counts() -> Non
     # AND equal counts are compared as they are
     assert spread_ratio([1.0, 2.0], [1.0, 2.0]) == pytest.approx(1.0)
     assert spread_ratio([1.0], [1.0, 2.0]) is None
+
+
+def test_an_undecided_lean_in_blocks_times_more_pairs_where_the_budget_has_room() -> None:
+    # GIVEN tf32 3% faster on a loop whose block means are ~5% apart: 8 pairs leave that undecided
+    for seed in range(10):
+        clock = FakeClock()
+        launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 97.0}, noise=0.15)
+        launcher.rng = np.random.default_rng(seed)
+        (v,) = session(launcher, clock, "tf32").run().verdicts
+        # THEN the session lets the round add 16 pairs; where it did, all 24 are judged at α 3%
+        assert launcher.extends == [0, 16]
+        if v.pairs == 24:
+            assert v.test is not None and "16 pairs added" in v.test and "α 0.03" in v.test
+            break
+    else:
+        raise AssertionError("no seed leaned to a saving undecided")
+    # AND where the budget holds the round but not its added pairs, none are asked for
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 97.0}, noise=0.15)
+    (v,) = session(launcher, clock, "tf32", budget_s=45.0).run().verdicts
+    assert launcher.extends == [0, 0] and v.pairs == 8
+    # AND --extend-blocks 0 never extends
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 97.0}, noise=0.15)
+    session(launcher, clock, "tf32", extend_blocks=0).run()
+    assert launcher.extends == [0, 0]

@@ -85,6 +85,7 @@ def fix_command(
     rounds: Annotated[int, typer.Option("--rounds", min=1, help="Pairs of fresh processes per fix that cannot switch in a running process.")] = 4,
     blocks: Annotated[int, typer.Option("--blocks", min=0, help="Block pairs of the A/B inside one process, for fixes that switch in a running process (0: fresh processes for every fix).")] = 8,
     block_s: Annotated[float, typer.Option("--block-s", min=0.0, help="Seconds a block lasts at least.")] = 0.5,
+    extend_blocks: Annotated[int, typer.Option("--extend-blocks", min=0, help="Block pairs added, once, to an A/B in one process whose planned pairs lean to a saving undecided, where the time budget has room (then judged at α 3%; 0: never).")] = 16,
     warmup: Annotated[int, typer.Option("--warmup", min=0, help="Steps skipped in each process (compilation too).")] = 5,
     warmup_s: Annotated[float, typer.Option("--warmup-s", min=0.0, help="And seconds, at least (GPU clocks ramp up).")] = 1.0,
     steps: Annotated[int, typer.Option("--steps", min=2, help="Steps timed in each fresh process.")] = 20,
@@ -138,7 +139,7 @@ def fix_command(
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=_skipped(skip), fork=fork,
-        shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s,
+        shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s, extend_blocks=extend_blocks,
     )  # fmt: skip
     if blocks == 1:
         raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")

@@ -121,7 +121,13 @@ def run_aa(
     blocks_verdict, block_means = None, []
     if options.blocks >= 2:
         say("A/A in blocks of one process (the no-op switched off and on)")
-        r = harness("aa-blocks", ("noop",), False, ("noop",))
+        # judged as the session judges a fix in blocks: more pairs where the planned ones lean to a saving
+        extend = options.extend_blocks
+        r = (
+            harness("aa-blocks", ("noop",), False, ("noop",), extend)
+            if extend
+            else harness("aa-blocks", ("noop",), False, ("noop",))
+        )
         if r.failure is None:
             blocks_verdict = verdict_of(
                 Attempt(("noop",), None, runs=[r], in_blocks=True), options.same_within
@@ -140,6 +146,12 @@ def run_aa(
     if len(block_means) >= 2 * options.blocks:
         rate, n = false_positive_rate(block_means, options.blocks, comparisons=COMPARISONS)
         found.append(FalsePositives("block pair", options.blocks, n, rate))
+    if options.extend_blocks and len(block_means) >= 2 * (options.blocks + options.extend_blocks):
+        # the two looks of an extending schedule, where the A/A's blocks hold them (it extended)
+        rate, n = false_positive_rate(
+            block_means, options.blocks, extend=options.extend_blocks, comparisons=COMPARISONS
+        )
+        found.append(FalsePositives("block pair", options.blocks + options.extend_blocks, n, rate))
     h, p = spread_of(how, rounds), spread_of("fresh interpreters, one after another", fresh)
     ratio = spread_ratio(list(h.means_us), list(p.means_us)) if h and p else None
     ref = rounds[0] if rounds else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpudoctor.fixes.candidates import LOADER_PACES, Candidate, loader_wait_share
 from gpudoctor.fixes.catalog import spec_of, title_of
@@ -19,7 +19,7 @@ from gpudoctor.fixes.stalls import stall_of
 from gpudoctor.fixes.verify import NumericsCheck, compare_pairs, decision
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.timing.blocks import block_pairs
-from gpudoctor.timing.paired import Pair, PairedComparison
+from gpudoctor.timing.paired import ALPHA_EXTENDED, Pair, PairedComparison
 
 FALLBACK_RANDOM_NOTE = (
     "timed with Inductor's fallback_random=True, so that dropout draws as in eager mode and the losses "
@@ -93,8 +93,15 @@ def step_distributions(at: Attempt) -> tuple[StepDistribution | None, StepDistri
 
 
 def timing_of(at: Attempt, same_within: float) -> PairedComparison | None:
+    """The paired test over the attempt's pairs; over blocks extended past their plan (their planned
+    pairs leaned to a saving undecided), at ALPHA_EXTENDED (`timing.paired`)."""
     pairs, unit = unit_pairs(at)
-    return compare_pairs(pairs, unit=unit, same_within=same_within)
+    extended = sum(r.block_layout.extended for r in at.runs if r.block_layout) if at.in_blocks else 0
+    if not extended:
+        return compare_pairs(pairs, unit=unit, same_within=same_within)
+    c = compare_pairs(pairs, unit=unit, same_within=same_within, alpha=ALPHA_EXTENDED)
+    more = f"; {extended} pairs added to those planned (they leaned to a saving, undecided): α {ALPHA_EXTENDED:g}"
+    return replace(c, test=c.test + more) if c is not None else None
 
 
 # a change whose whole 95% interval after two process pairs lies beyond this (a saving or a loss) is

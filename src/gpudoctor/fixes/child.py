@@ -62,6 +62,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--switch", default="", help="fixes turned off and on in blocks (an in-process A/B)")
     parser.add_argument("--pairs", type=int, default=8, help="block pairs of the in-process A/B")
     parser.add_argument("--block-s", type=float, default=0.5, help="seconds a block lasts at least")
+    parser.add_argument("--extend-pairs", type=int, default=0,
+                        help="block pairs added, once, where the planned ones lean to a saving undecided")  # fmt: skip
     parser.add_argument("--block-steps", type=int, default=2, help="steps a block lasts at least")
     parser.add_argument("--settle", type=int, default=1, help="untimed steps before every block")
     parser.add_argument("--order-seed", type=int, default=None,
@@ -181,7 +183,8 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     plan = None
     if switch:
         plan = BlockPlan(pairs=args.pairs, min_steps=args.block_steps, min_seconds=args.block_s,
-                         settle=args.settle, prewarm=max(args.warmup, 1), seed=args.order_seed)  # fmt: skip
+                         settle=args.settle, prewarm=max(args.warmup, 1), seed=args.order_seed,
+                         extend_pairs=args.extend_pairs)  # fmt: skip
     # a loader's workers fill a queue ahead of the loop: warm up until it holds what it holds for good,
     # and time past it, so that batches made during the warm-up do not flatter the timed steps
     queued = sum(p.workers * PREFETCH for p in patches if isinstance(p, Workers))

@@ -290,13 +290,20 @@ class ForkLauncher(SubprocessLauncher):
             proc.stdout.close()
 
     def __call__(
-        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+        self,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> RoundResult:
         if self._proc is None:  # the server went away: the rest in fresh interpreters
-            return super().__call__(label, fixes, exact_random, switch)
+            return super().__call__(label, fixes, exact_random, switch, extend)
         out, log = round_files(self.rounds_dir, label)
         out.unlink(missing_ok=True)
-        argv = self.command(out, fixes, exact_random, switch)[3:]  # without `python -m gpudoctor.fixes.child`
+        argv = self.command(out, fixes, exact_random, switch, extend)[
+            3:
+        ]  # without `python -m gpudoctor.fixes.child`
         pid: int | None = None
         try:
             assert self._proc.stdin is not None
@@ -318,7 +325,7 @@ class ForkLauncher(SubprocessLauncher):
             raise
         except (OSError, ServerGone, ValueError, KeyError) as err:
             why = f"the fork server went away at round {label} ({type(err).__name__}: {err})"
-            return self._fresh(why, label, fixes, exact_random, switch)
+            return self._fresh(why, label, fixes, exact_random, switch, extend)
         result = read_round(out, log, code, fixes, exact_random)
         left = end_group(pid)  # what the round started and left running must not run beside the next
         if left:
@@ -326,18 +333,24 @@ class ForkLauncher(SubprocessLauncher):
         broke = self._fork_broke(result)
         if broke is not None:  # the fork, not the script
             why = f"a round forked from the server could not use the GPU ({broke}) at round {label}"
-            return self._fresh(why, label, fixes, exact_random, switch)
+            return self._fresh(why, label, fixes, exact_random, switch, extend)
         self._forked_ok = self._forked_ok or result.failure is None
         return result
 
     def _fresh(
-        self, why: str, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+        self,
+        why: str,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> RoundResult:
         """The server is done with: this round and the rest in fresh interpreters, the session told why."""
         self.close()
         if self.on_gone is not None:
             self.on_gone(f"{why}: that round and the rest ran in fresh interpreters")
-        return super().__call__(label, fixes, exact_random, switch)
+        return super().__call__(label, fixes, exact_random, switch, extend)
 
     def _fork_broke(self, result: RoundResult) -> str | None:
         """Why `result` failed for being forked, or None: CUDA saying it cannot start in a forked

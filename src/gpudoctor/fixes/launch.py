@@ -32,10 +32,16 @@ class SubprocessLauncher:
         self.options, self.rounds_dir, self.extra = options, rounds_dir, extra
 
     def command(
-        self, out: Path, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+        self,
+        out: Path,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> list[str]:
         o = self.options
-        blocks = ["--switch", ",".join(switch), "--pairs", str(o.blocks), "--block-s", str(o.block_s)]
+        blocks = ["--switch", ",".join(switch), "--pairs", str(o.blocks), "--block-s", str(o.block_s),
+                  *(["--extend-pairs", str(extend)] if extend else [])]  # fmt: skip
         return [
             sys.executable, "-m", "gpudoctor.fixes.child", "--fixes", ",".join(fixes), "--out", str(out),
             "--warmup", str(o.warmup), "--steps", str(o.steps), "--record", str(o.record), "--seed", str(o.seed),
@@ -45,10 +51,17 @@ class SubprocessLauncher:
         ]  # fmt: skip
 
     def __call__(
-        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+        self,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> RoundResult:
         out, log = round_files(self.rounds_dir, label)
-        argv = self.command(out, fixes, exact_random, switch)[3:]  # after `python -m gpudoctor.fixes.child`
+        argv = self.command(out, fixes, exact_random, switch, extend)[
+            3:
+        ]  # after `python -m gpudoctor.fixes.child`
         run = run_child(
             "gpudoctor.fixes.child", argv, result=out, log=log, timeout_s=self.options.child_timeout_s
         )

@@ -34,6 +34,9 @@ class FixOptions:
     stack: bool = True
     blocks: int = 8  # block pairs of an in-process A/B (0: every fix in fresh processes)
     block_s: float = 0.5  # seconds a block lasts at least (its periodic stalls inside it)
+    # block pairs added, once, to an in-process A/B whose planned pairs lean to a saving undecided,
+    # where the time budget has room (timing.blocks; 0: never)
+    extend_blocks: int = 16
 
 
 @dataclass(frozen=True)
@@ -52,8 +55,14 @@ class Launcher(Protocol):
     """Runs one round in a process of its own: the script with `fixes` applied (none: the baseline);
     with `switch`, an A/B inside that process, in blocks: `switch` is what its two sides differ by,
     those among `fixes` on B's side alone, the others (wrappers of the root's forward that B's
-    replace: compile:reduce-overhead for compile) on A's alone."""
+    replace: compile:reduce-overhead for compile) on A's alone; `extend`: block pairs it may add where
+    the planned ones lean to a saving undecided (passed only where more than 0)."""
 
     def __call__(
-        self, label: str, fixes: tuple[str, ...], exact_random: bool, switch: tuple[str, ...] = ()
+        self,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> RoundResult: ...

@@ -281,7 +281,10 @@ class FixSession:
         obs = self.reference.observations if self.reference else None
         t0 = self.clock()
         exact = random_differs((*fixes, *replaced), obs)
-        r = self._round(f"{index:02d}-{label}-blocks", fixes, exact, switch=(*moving, *replaced))
+        extend = self._extension(fixes, moving, round_s, cand)
+        r = self._round(
+            f"{index:02d}-{label}-blocks", fixes, exact, switch=(*moving, *replaced), extend=extend
+        )
         if not self._lag_s(fixes, moving):  # the typical A/B in one process: a lagging one is longer
             self.budget.block_s.append(self.clock() - t0)
         self._open = []
@@ -312,10 +315,32 @@ class FixSession:
         workers = max([worker_count(f) for f in fixes if f.startswith("workers:")] + own + [0])
         if not workers:
             return 0.0
+        return (2 * self.options.blocks + 1) * (workers * PREFETCH + 1) * self._kept_step_s()
+
+    def _kept_step_s(self) -> float:
+        """The mean step of the configuration kept so far (the script's where none is), in seconds."""
+        if self.reference is None:
+            return 0.0
         kept = self.chain[-1].candidate if self.chain else [self.reference]
         steps = [r.mean_step_us for r in kept if r.mean_step_us]
-        step_s = (statistics.median(steps) if steps else 0.0) / 1e6
-        return (2 * self.options.blocks + 1) * (workers * PREFETCH + 1) * step_s
+        return (statistics.median(steps) if steps else 0.0) / 1e6
+
+    def _extension(
+        self, fixes: tuple[str, ...], moving: tuple[str, ...], round_s: float, cand: Candidate | None
+    ) -> int:
+        """Block pairs an A/B in one process may add where its planned pairs lean to a saving undecided
+        (`timing.blocks`): `extend_blocks`, where the budget has room for them beside the round and the
+        time kept back — each block at least `block_s` and two steps, a settling step, and its share of
+        the switch's lag. Blocks are cheap beside the process start and the compilation they follow."""
+        more = self.options.extend_blocks
+        if not more:
+            return 0
+        step_s = self._kept_step_s()
+        o = self.options
+        extra = 2 * more * (max(o.block_s, 2 * step_s) + step_s)
+        extra += self._lag_s(fixes, moving) * 2 * more / (2 * o.blocks + 1)
+        reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
+        return more if self.budget.fits_s(round_s + extra + reserve) else 0
 
     def _try_processes(
         self,
@@ -578,14 +603,20 @@ class FixSession:
 
     # -- one round ---------------------------------------------------------------------------------------
     def _round(
-        self, label: str, fixes: tuple[str, ...], exact_random: bool = False, switch: tuple[str, ...] = ()
+        self,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool = False,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
     ) -> RoundResult:
         t0 = self.clock()
-        result = (
-            self.launch(label, fixes, exact_random, switch)
-            if switch
-            else self.launch(label, fixes, exact_random)
-        )
+        if switch and extend:
+            result = self.launch(label, fixes, exact_random, switch, extend)
+        elif switch:
+            result = self.launch(label, fixes, exact_random, switch)
+        else:
+            result = self.launch(label, fixes, exact_random)
         if not switch:
             self.budget.record(fixes, self.clock() - t0)
         if result.leftover_processes and not any(n.startswith(LEFTOVER) for n in self.notes):

@@ -36,12 +36,12 @@ class Judged(Protocol):
 
 
 def compare_pairs(
-    pairs: Sequence[Pair], *, unit: str, same_within: float = SAME_WITHIN
+    pairs: Sequence[Pair], *, unit: str, same_within: float = SAME_WITHIN, alpha: float = ALPHA
 ) -> PairedComparison | None:
     """The paired test over `pairs` (blocks or processes side by side); None under two pairs."""
     if len(pairs) < 2:
         return None
-    return paired_compare(pairs, unit=unit, same_within=same_within)
+    return paired_compare(pairs, unit=unit, same_within=same_within, alpha=alpha)
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,12 @@ A/A blocks of three workloads on the H100: `benchmarks/aa_blocks_replay.py`):
   has spent compiling) moved during a block, the block is set aside (`redone`) and timed again, the
   same configuration in the same place of its pair, up to `redo` times in a schedule; past that the
   compilations are the loop's own and count.
+- **More pairs where a saving is in sight.** With `extend_pairs`, a schedule whose planned pairs
+  leave the verdict undecided but lean to a saving (`leans_to_a_saving`: a ratio ≤ 1 − `lean`, the
+  paired test ambiguous) times `extend_pairs` more, once: blocks are cheap beside the process start and
+  the compilation they follow (channels_last under torch.compile on timm's ConvNeXt: 8 s of blocks in a
+  90 s round). The verdict over all of them is then taken at `paired.ALPHA_EXTENDED`, which keeps the
+  two looks' false-positive rate under the one look's 5%.
 - **A random order for each pair** (A B or B A, a coin each, `seed`), not a fixed A B B A: a stall, a
   slow spell spanning two blocks, or a cycle of the loop that happens to line up with a fixed schedule
   then favours neither side, and the sign-flip test over the pairs (`paired.paired_compare`) is a
@@ -40,12 +46,12 @@ from __future__ import annotations
 import math
 import secrets
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from gpudoctor.timing.clock import HostClock, PerfCounterClock
-from gpudoctor.timing.paired import Pair, pairs_in_order, random_orders, sides
+from gpudoctor.timing.paired import LEAN, Pair, leans_to_a_saving, pairs_in_order, random_orders, sides
 from gpudoctor.timing.stepclock import StepClock
 
 PERIOD_CORRELATION = 0.5  # a cycle: the steps correlate at least this much one period apart …
@@ -65,10 +71,14 @@ class BlockPlan:
     max_period: int = 16
     seed: int | None = None  # the pairs' orders; None: drawn afresh
     redo: int = 4  # blocks timed again because the process compiled inside them, at most
+    extend_pairs: int = 0  # pairs added, once, where the planned ones lean to a saving undecided
+    lean: float = LEAN
 
     def __post_init__(self) -> None:
         if (
             self.pairs < 2
+            or self.extend_pairs < 0
+            or not 0.0 <= self.lean < 1.0
             or self.min_steps < 1
             or self.min_seconds < 0
             or self.settle < 0
@@ -104,6 +114,7 @@ class BlockLayout:
     steps: int  # in every block: a whole number of periods
     b_first: tuple[bool, ...]  # each pair's order: the candidate first
     seed: int
+    extended: int = 0  # pairs added past the plan's: its pairs leaned to a saving undecided
 
 
 def block_pairs(blocks: tuple[Block, ...] | list[Block]) -> list[Pair]:
@@ -239,12 +250,28 @@ class BlockSchedule:
             self._begin(len(self.blocks))  # the same configuration, settled and timed again
             return False
         self.blocks.append(Block(self.on, self._count, elapsed, spans.times_us, spans.clock))
-        if len(self.blocks) == len(self.order):
+        if len(self.blocks) == len(self.order) and self._extends():
+            pass  # the added pairs' orders are in `order` now: on with the next block
+        elif len(self.blocks) == len(self.order):
             self._set(True)
             self._phase = "done"
             return True
         self._begin(len(self.blocks))
         return False
+
+    def _extends(self) -> bool:
+        """At the planned pairs' end: where they lean to a saving undecided, `extend_pairs` more pairs
+        (their orders drawn from the seed's second stream), once."""
+        plan, layout = self.plan, self.layout
+        if not plan.extend_pairs or layout is None or layout.extended:
+            return False
+        if not leans_to_a_saving(block_pairs(self.blocks), plan.lean):
+            return False
+        more = random_orders(plan.extend_pairs, np.random.default_rng([self.seed, 1]))
+        self.b_first = [*self.b_first, *more]
+        self.order = sides(self.b_first)
+        self.layout = replace(layout, b_first=tuple(self.b_first), extended=plan.extend_pairs)
+        return True
 
     def _calibrated(self, times_us: tuple[float, ...]) -> None:
         pace = sum(times_us) / len(times_us)

@@ -33,6 +33,15 @@ from gpudoctor.timing.compare import ALPHA, SAME_WITHIN, Verdict
 ORDER_COVARIATE_FROM = 6  # pairs (with both orders among them) from which drift is regressed out
 SIGN_FLIP_FROM = 6  # pairs from which the permutation test can reach p < 0.05 (2/2^6 = 0.031) and must
 EXACT_UP_TO = 16  # pairs whose 2^n sign flips are enumerated; more are sampled
+# Blocks extended past their plan (`timing.blocks`, `BlockPlan.extend_pairs`): the planned pairs are
+# looked at once, and where they lean to a saving of LEAN or more undecided, more pairs are timed and
+# the verdict over all of them is taken at ALPHA_EXTENDED. Two looks at 5% would let a no-op through
+# more often than one; at 3% for the second (near Pocock's 2.94% for two looks), simulated no-op A/As
+# of 8 + 16 pairs called 0.9–2.6% faster or slower (per-pair noise 5–20%), the planned 8 alone 1.0–3.0%,
+# while a true 5% saving was found in 88% of them at 5% noise, where 8 pairs found 42%
+# (`tests/test_timing_paired.py`, `benchmarks/aa_blocks_replay.py` on recorded step series).
+LEAN = 0.02
+ALPHA_EXTENDED = 0.03
 
 
 @dataclass(frozen=True)
@@ -174,10 +183,32 @@ def sides(b_first: Sequence[bool]) -> list[bool]:
     return [side for first in b_first for side in ((True, False) if first else (False, True))]
 
 
+def leans_to_a_saving(pairs: Sequence[Pair], lean: float = LEAN, same_within: float = SAME_WITHIN) -> bool:
+    """Undecided (the paired test ambiguous) with B at least `lean` faster than A: more pairs may
+    tell a saving that is there (see ALPHA_EXTENDED)."""
+    if len(pairs) < 2:
+        return False
+    c = paired_compare(pairs, same_within=same_within)
+    return c.verdict == Verdict.AMBIGUOUS.value and c.ratio <= 1 - lean
+
+
+def sequential_verdict(
+    pairs: Sequence[Pair], planned: int, *, unit: str = "block pair", same_within: float = SAME_WITHIN
+) -> str:
+    """The verdict of a schedule that may extend (`BlockPlan.extend_pairs`) on pairs recorded past its
+    plan: its first `planned` pairs alone where they do not lean to a saving, else all of them at
+    ALPHA_EXTENDED (what the session would have judged)."""
+    first = list(pairs[:planned])
+    if len(pairs) <= planned or not leans_to_a_saving(first, same_within=same_within):
+        return paired_compare(first, unit=unit, same_within=same_within).verdict
+    return paired_compare(pairs, unit=unit, same_within=same_within, alpha=ALPHA_EXTENDED).verdict
+
+
 def false_positive_rate(
     units: Sequence[float],
     pairs: int,
     *,
+    extend: int = 0,
     unit: str = "block pair",
     pairing: bool = False,
     orders: str = "random",
@@ -194,16 +225,22 @@ def false_positive_rate(
     (processes: every pairing of the recorded ones is a comparison the session could have made, drift
     between them included) — labels them as the session would (`orders`: "random", a coin for each
     pair as blocks are ordered; "abba", A B B A … or B A A B … as processes are) and asks for a
-    verdict. Returns (share of faster or slower verdicts, comparisons made)."""
+    verdict. With `extend`, each comparison takes 2·(`pairs` + `extend`) units and is judged as an
+    extending block schedule is (`sequential_verdict`). Returns (share of faster or slower verdicts,
+    comparisons made)."""
     if orders not in ("random", "abba"):
         raise ValueError(f"orders is random or abba, not {orders!r}")
-    n = 2 * pairs
+    if extend and decide_fn is not None:
+        raise ValueError("an extending schedule is judged by sequential_verdict, not a decide_fn")
+    n = 2 * (pairs + extend)
     if len(units) < n:
-        raise ValueError(f"{len(units)} units cannot make {pairs} pairs")
+        raise ValueError(f"{len(units)} units cannot make {pairs + extend} pairs")
     rng = np.random.default_rng(seed)
     values = np.asarray(units, dtype=np.float64)
     judge = decide_fn or (
-        lambda ps: paired_compare(ps, unit=unit, same_within=same_within, alpha=alpha).verdict
+        (lambda ps: sequential_verdict(ps, pairs, unit=unit, same_within=same_within))
+        if extend
+        else (lambda ps: paired_compare(ps, unit=unit, same_within=same_within, alpha=alpha).verdict)
     )
     false = 0
     for _ in range(comparisons):
@@ -213,9 +250,9 @@ def false_positive_rate(
             start = int(rng.integers(0, len(values) - n + 1))
             picked = values[start : start + n]
         if orders == "random":
-            labels = sides(random_orders(pairs, rng))
+            labels = sides(random_orders(pairs + extend, rng))
         else:
-            labels = abba(pairs)
+            labels = abba(pairs + extend)
             if rng.random() < 0.5:
                 labels = [not s for s in labels]
         verdict = judge(pairs_in_order(list(zip(labels, picked.tolist(), strict=True))))
