@@ -30,6 +30,7 @@ A/B of issue 26 (those with `measured_at`), the others are the earlier harness's
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -109,14 +110,42 @@ def time_config(
            "--warmup", str(a.timer_warmup), "--window-s", str(a.window_s), "--windows", str(a.windows), "--",
            str(WORKLOADS_DIR / f"{name}.py"), *WORKLOADS[name][0], *(["--expert"] if expert else []),
            *(["--small"] if a.smoke else [])]  # fmt: skip
-    proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
+    limit = getattr(a, "timer_timeout_s", None)
+    proc = run_timer(cmd, limit)
     target.with_suffix(".log").write_text(proc.stdout + proc.stderr)
     try:
         return json.loads(target.read_text())
     # none written, or not whole: this round has no figure, the others go on
     except (OSError, ValueError) as err:
         why = f"{type(err).__name__}: {err}; exit {proc.returncode}"
+        if proc.returncode == TIMED_OUT:
+            why = f"no result in {limit:.0f} s, stopped (its threads' stacks in the log)"
         return {"step_s": None, "error": f"{why}: {(proc.stdout + proc.stderr)[-800:]}"}
+
+
+TIMED_OUT = 124
+
+
+def run_timer(cmd: list[str], limit: float | None, lead_s: float = 20.0) -> subprocess.CompletedProcess[str]:
+    """The timer in a session of its own, its output kept; past `limit` seconds (session 36: a timm
+    round with 16 workers and torch.compile gave no result in 4.5 min, and nothing bounded the wait),
+    its threads' stacks are written to its output (faulthandler's dump, asked for `lead_s` before)
+    and its whole process group killed: that round has no figure, the others go on."""
+    import signal
+
+    environment = env()
+    if limit is not None:
+        environment["GPUDOCTOR_TIMER_STACKS_AFTER_S"] = str(max(limit - lead_s, 1.0))
+    proc = subprocess.Popen(cmd, env=environment, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=limit)
+        return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return subprocess.CompletedProcess(cmd, TIMED_OUT, out, err)
 
 
 def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> dict[str, Any]:
@@ -451,6 +480,8 @@ def main() -> int:
     p.add_argument("--timing-max-s", type=float, default=600.0,
                    help="… and no round past the first --timing-rounds that would end after this long")  # fmt: skip
     p.add_argument("--timer-warmup", type=int, default=8)
+    p.add_argument("--timer-timeout-s", type=float, default=480.0,
+                   help="a timing process with no result after this long is stopped (its stacks kept)")  # fmt: skip
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--windows", type=int, default=5)
     p.add_argument("--previous", type=Path, help="--phase time: the --out of the fix phase (default --out)")

@@ -88,11 +88,11 @@ def test_a_timing_process_that_leaves_an_empty_result_is_that_rounds_error_with_
     fve = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fve)
 
-    def empty_result(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    def empty_result(cmd: list[str], limit: float | None) -> subprocess.CompletedProcess[str]:
         Path(cmd[cmd.index("--out") + 1]).write_text("")
         return subprocess.CompletedProcess(cmd, 1, "", "OSError: [Errno 28] No space left on device\n")
 
-    monkeypatch.setattr(fve.subprocess, "run", empty_result)
+    monkeypatch.setattr(fve, "run_timer", empty_result)
     a = argparse.Namespace(timer_warmup=8, window_s=1.0, windows=3, smoke=False)
     r = fve.time_config("torchvision_augment", "plain", [], False, tmp_path, a, 0)
     # THEN the round has no figure and says why, and the timer's output is kept beside it
@@ -167,3 +167,18 @@ def test_a_fix_far_faster_than_a_weak_expert_is_decided_by_the_speedup_ratio(tmp
     lo, hi = r["share_of_expert_ci"]
     assert lo < fve.GOAL < hi
     assert r["speedup_ratio_ci"][0] > 2.0 and r["meets_goal"] and r["rounds"] == 3
+
+
+def test_a_timer_with_no_result_in_its_time_is_stopped_with_its_stacks(tmp_path: Path) -> None:
+    # GIVEN a "timer" that hangs (as a timm round with 16 workers and torch.compile did, session 36)
+    fve = _fve()
+    hang = tmp_path / "hang.py"
+    hang.write_text(
+        "import faulthandler, os, sys, time\n"
+        "faulthandler.dump_traceback_later(float(os.environ['GPUDOCTOR_TIMER_STACKS_AFTER_S']))\n"
+        "def waiting_forever():\n    time.sleep(600)\n"
+        "waiting_forever()\n"
+    )
+    r = fve.run_timer([sys.executable, str(hang)], 4.0, lead_s=2.0)
+    # THEN it is stopped at its limit, and what it was doing is in its output
+    assert r.returncode == fve.TIMED_OUT and "waiting_forever" in r.stderr

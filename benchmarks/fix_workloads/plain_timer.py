@@ -13,7 +13,9 @@ set aside (`recompiled`) and another window timed in its place, up to `--windows
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,9 @@ def main() -> int:
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    stacks_after = os.environ.get("GPUDOCTOR_TIMER_STACKS_AFTER_S")
+    if stacks_after:  # fix_vs_expert stops a timer with no result: what each thread was doing, first
+        faulthandler.dump_traceback_later(float(stacks_after), exit=False)
 
     import torch
 
