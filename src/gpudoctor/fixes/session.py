@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
-from gpudoctor.fixes.applies import why_not
+from gpudoctor.fixes.applies import why_not, why_not_on_top
 from gpudoctor.fixes.attempt import (
     Attempt,
     Tried,
@@ -143,6 +143,8 @@ class FixSession:
         while queue:
             i, cand = queue.pop(0)
             why = why_not(cand.fix, ref.observations, ref.steps_seen)
+            if why is None and o.stack:
+                why = why_not_on_top(cand.fix, self.final)
             if why is not None:
                 self.tried.append(not_run(cand, why))
             elif o.shared_baseline and not self._in_blocks((cand.fix,)):
