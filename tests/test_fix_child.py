@@ -216,10 +216,16 @@ def test_the_weights_follow_the_switch(tmp_path: Path, capsys: pytest.CaptureFix
 
 
 def test_a_fix_that_cannot_switch_is_a_failed_round_saying_so(tmp_path: Path) -> None:
-    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "fused_optimizer", "--switch", "fused_optimizer",
-              *BLOCKS)  # fmt: skip
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "workers:2", "--switch", "workers:2", *BLOCKS)
     assert r.switch_error is not None and "cannot be switched" in r.switch_error
     assert r.failure is not None and r.failure.startswith("could not be switched in the running process")
+
+
+def test_the_fused_optimizer_switches_in_blocks(tmp_path: Path) -> None:
+    r = child(tmp_path, TRAIN.format(extra="pass"), "--fixes", "fused_optimizer", "--switch", "fused_optimizer",
+              *BLOCKS)  # fmt: skip
+    assert r.failure is None and r.switch_error is None and len(r.blocks) == 4
+    assert r.patches["fused_optimizer"].applied
 
 
 def test_switch_names_fixes_the_round_applies_or_forward_wrappers_of_its_baseline_alone() -> None:

@@ -74,12 +74,11 @@ def test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest(starved: Pa
     # the script never calls zero_grad(set_to_none=False): not run at all
     assert not zero_grad.kept and zero_grad.reason.startswith("does not apply: zero_grad(set_to_none=False)")
     assert zero_grad.rounds == 0
-    # the fused SGD comes after the kept workers: it is tried on top of them, in processes that apply
-    # both patches against processes with the workers alone, with the same losses (zero_grad, not
-    # applicable, never is); kept there, the two are checked together against the script
-    assert (
-        fused.fix == "workers:2+fused_optimizer" and fused.on_top_of == ("workers:2",) and fused.rounds == 2
-    )
+    # the fused SGD comes after the kept workers: it is tried on top of them, switched in blocks of one
+    # process that applies both patches, with the same losses (zero_grad, not applicable, never is);
+    # kept there, the two are checked together against the script
+    assert fused.fix == "workers:2+fused_optimizer" and fused.on_top_of == ("workers:2",)
+    assert fused.unit == "block pair" and fused.rounds == 1
     assert fused.numerics is not None and fused.numerics.ok and report.stacked == ()
     assert (report.combination is not None) == fused.kept
     assert report.final in (("workers:2",), ("workers:2", "fused_optimizer")) and report.complete

@@ -222,6 +222,69 @@ def test_fused_optimizer_falls_back_to_foreach_where_parameters_cannot_be_fused(
     }
 
 
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_the_fused_flag_switches_between_steps_and_the_step_counts_follow(cls: type) -> None:
+    # GIVEN a loop whose optimizer the fix built fused, switched off and on between its steps (its A/B
+    # in blocks of one process)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    seen: list[tuple[object, object, bool]] = []
+    losses: list[float] = []
+    made: list[torch.optim.Optimizer] = []
+
+    def body() -> None:
+        opt = cls(model.parameters(), lr=0.01)
+        made.append(opt)
+        for on in (True, False, False, True, False, True):
+            patch.switch(on)
+            group = opt.param_groups[0]
+            seen.append((group["fused"], group["foreach"], opt._step_supports_amp_scaling))
+            loss = model(torch.ones(2, 4)).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+
+    c = ctx(__file__)
+    patch = build_patch("fused_optimizer", c)
+    c.finder.install()
+    try:
+        with patched([patch]):
+            body()
+    finally:
+        c.finder.uninstall()
+    # THEN each step ran as its side asked — the script's flags (as it wrote them: defaults) or fused —
+    # every step counted once whichever ran it, and the loss went down through the switches
+    assert seen == [(True, None, True), (None, None, False), (None, None, False), (True, None, True),
+                    (None, None, False), (True, None, True)]  # fmt: skip
+    state = made[0].state[model.weight]
+    assert float(state["step"]) == 6 and losses[-1] < losses[0]
+    assert patch.outcome().applied
+
+
+def test_the_fused_flag_switched_off_moves_device_step_counts_to_the_cpu() -> None:
+    from gpudoctor.fixes.patches.optimizer import _set_flags
+
+    class Count:  # a step count on a device (no GPU here): where it is, and where `.to` sends it
+        def __init__(self, device: str) -> None:
+            self.device = torch.device(device)
+
+        def to(self, device: object) -> Count:
+            return Count(str(device))
+
+    # GIVEN a fused optimizer's step counts on the parameters' device
+    p = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.Adam([p], lr=0.1, foreach=False)
+    opt.state[p]["step"] = Count("cuda:0")
+    # THEN the script's foreach side moves them to the CPU, where a foreach step reads them
+    _set_flags(opt, {"fused": None, "foreach": None})
+    assert opt.state[p]["step"].device.type == "cpu" and opt.param_groups[0]["fused"] is None
+    # AND the fused side moves them back to where the parameter is (here: the CPU, so they stay)
+    opt.state[p]["step"] = Count("cuda:0")
+    _set_flags(opt, {"fused": True, "foreach": None})
+    assert opt.state[p]["step"].device.type == p.device.type and opt._step_supports_amp_scaling
+
+
 def test_zero_grad_set_to_none() -> None:
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -598,7 +661,7 @@ def test_fixes_that_switch_and_those_that_cannot() -> None:
     from gpudoctor.fixes.catalog import can_switch
 
     assert can_switch(("tf32",)) and can_switch(("compile:reduce-overhead",)) and can_switch(("noop",))
-    assert not can_switch(("workers:4",)) and not can_switch(("fused_optimizer",)) and not can_switch(())
+    assert not can_switch(("workers:4",)) and not can_switch(()) and can_switch(("fused_optimizer",))
     # autocast beneath a torch.compile that stays, and one compile mode in another's place: each side's
     # forward built from its own wrappers (fixes.patches.forward.ForwardVariants)
     assert can_switch(("autocast",)) and can_switch(("compile",), ("compile:reduce-overhead",))

@@ -26,6 +26,15 @@ from gpudoctor.fixes.verify import check_numerics, decision, noise_floor
 from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
 
 
+@pytest.fixture
+def fused_in_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused optimizer as a fix that cannot switch in a running process (as it was before its flag
+    switched): these tests' fresh-process fix."""
+    from gpudoctor.fixes.patches.optimizer import FusedOptimizer
+
+    monkeypatch.setattr(FusedOptimizer, "switchable", False)
+
+
 # -- the statistics: the timing core's paired test (tests/test_timing_paired.py), read as a verdict --
 def pairs(rng: np.random.Generator, a: float, b: float, noise: float, n: int = 6) -> list[Pair]:
     """n pairs of mean steps measured side by side, each pair's two units sharing the machine's drift."""
@@ -147,7 +156,9 @@ def test_outputs_are_compared_against_their_absolute_sum() -> None:
 
 
 # -- the session ---------------------------------------------------------------------------------------
-def test_a_switchable_fix_is_timed_in_blocks_of_one_process_the_others_in_process_pairs() -> None:
+def test_a_switchable_fix_is_timed_in_blocks_of_one_process_the_others_in_process_pairs(
+    fused_in_processes: None,
+) -> None:
     clock = FakeClock()
     launcher = FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 104.0, "tf32": 80.0})
     report = session(launcher, clock, "tf32,fused_optimizer", stack=False).run()
@@ -249,7 +260,7 @@ def test_kept_fixes_not_faster_together_than_the_script_leave_the_first_alone() 
     assert any(n.endswith("fused optimizer alone is recommended") for n in report.notes)
 
 
-def test_kept_fixes_whose_check_is_undecided_stay_recommended() -> None:
+def test_kept_fixes_whose_check_is_undecided_stay_recommended(fused_in_processes: None) -> None:
     # GIVEN fresh processes too noisy to tell in the two pairs the budget leaves: each fix was faster
     # on top of the one before it, so the two stay, with a note
     clock = FakeClock()
@@ -407,7 +418,7 @@ def test_an_a_a_no_op_gets_no_verdict() -> None:
     assert not v.kept and v.verdict in ("same", "ambiguous") and v.unit == "block pair"
 
 
-def test_ctrl_c_keeps_the_results_so_far() -> None:
+def test_ctrl_c_keeps_the_results_so_far(fused_in_processes: None) -> None:
     clock = FakeClock()
     launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0, "fused_optimizer": 80.0})
     launcher.interrupt_at = 5  # during fused_optimizer's second pair
@@ -471,7 +482,7 @@ def test_each_rule_is_calibrated_against_its_own_estimate() -> None:
     }
 
 
-def test_baseline_processes_far_apart_are_reported_with_the_spread() -> None:
+def test_baseline_processes_far_apart_are_reported_with_the_spread(fused_in_processes: None) -> None:
     # GIVEN baseline processes whose means alternate between 100 and 120 µs (a host-bound loop that
     # runs slower on some cores, say)
     from gpudoctor.report.fix_view import headline
@@ -499,7 +510,7 @@ def test_baseline_processes_far_apart_are_reported_with_the_spread() -> None:
     assert any(n.startswith("the baseline's own processes differ by up to 20%") for n in report.notes)
 
 
-def test_baseline_processes_close_together_leave_no_note() -> None:
+def test_baseline_processes_close_together_leave_no_note(fused_in_processes: None) -> None:
     clock = FakeClock()
     report = session(
         FakeLauncher(clock, {"baseline": 100.0, "fused_optimizer": 80.0}), clock, "fused_optimizer"

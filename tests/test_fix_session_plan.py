@@ -24,6 +24,15 @@ def judged(v: FixVerdict) -> bool:
     return v.verdict is not None or v.reason.startswith("does not apply")
 
 
+@pytest.fixture
+def fused_in_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fused optimizer as a fix that cannot switch in a running process (as it was before its flag
+    switched): these tests' fresh-process fix."""
+    from gpudoctor.fixes.patches.optimizer import FusedOptimizer
+
+    monkeypatch.setattr(FusedOptimizer, "switchable", False)
+
+
 # -- the time budget -------------------------------------------------------------------------------------
 def test_the_budget_starts_no_fix_whose_rounds_would_not_fit() -> None:
     clock = FakeClock()
@@ -121,7 +130,7 @@ def test_shared_baseline_rounds_turn_the_order_and_judge_each_fix_against_them()
     assert len(paired.calls) == 19
 
 
-def test_shared_baseline_leaves_switchable_fixes_to_their_blocks() -> None:
+def test_shared_baseline_leaves_switchable_fixes_to_their_blocks(fused_in_processes: None) -> None:
     clock = FakeClock()
     launcher = FakeLauncher(
         clock, {"baseline": 100.0, "fused_optimizer": 80.0, "tf32": 90.0, "workers:4": 85.0}

@@ -1,10 +1,18 @@
 """The optimizer step in one or a few kernels: `fused=True` (or `foreach=True` where fused kernels do not
 take these parameters) given to every torch.optim optimizer the script constructs, by wrapping the
-classes' constructors; and `zero_grad(set_to_none=True)` wherever the script asked to keep zeroed grads."""
+classes' constructors; and `zero_grad(set_to_none=True)` wherever the script asked to keep zeroed grads.
+
+The fused flag switches in a running process (its A/B in blocks, as TF32's does): torch.optim's step
+reads `fused` and `foreach` from each parameter group at every call, so `switch` sets them back to what
+the script asked for and again to the fix's. A fused step keeps each parameter's step count on its
+device, a foreach step without `capturable` on the CPU: the counts move with the switch (a foreach
+step reading counts on the GPU would synchronize on each), and `_step_supports_amp_scaling` (what a
+GradScaler asks of a fused optimizer) follows the flag."""
 
 from __future__ import annotations
 
 import inspect
+import weakref
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
@@ -28,6 +36,22 @@ OPTIMIZERS = (
 class FusedOptimizer(FixPatch):
     fix_id = "fused_optimizer"
     order = 20
+    switchable = True
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        # each optimizer the fix changed: (a weak reference, the script's flags, the fix's flags)
+        self._made: list[tuple[Any, dict[str, Any], dict[str, Any]]] = []
+        self._on = True
+
+    def switch(self, on: bool) -> None:
+        if on == self._on:
+            return
+        self._on = on
+        for ref, script, fix in self._made:
+            opt = ref()
+            if opt is not None:
+                _set_flags(opt, fix if on else script)
 
     def _apply(self) -> None:
         import torch
@@ -84,6 +108,10 @@ class FusedOptimizer(FixPatch):
         new = {"fused": True, "foreach": None} if fused else {"foreach": True}
         was = ", ".join(f"{k}={kwargs[k]}" for k in ("foreach", "fused") if k in kwargs) or "defaults"
         init(opt, params, *args, **{**kwargs, **new})
+        script = {"fused": kwargs.get("fused"), "foreach": kwargs.get("foreach")}
+        self._made.append((weakref.ref(opt), script, {**script, **new}))
+        if not self._on:  # built while the script's side runs (a second optimizer, mid-loop)
+            _set_flags(opt, script)
         if not self.first_time_at(site):
             return
         shown = {k: "True" for k, v in new.items() if v}
@@ -94,6 +122,26 @@ class FusedOptimizer(FixPatch):
         what = ", ".join(f"{k}=True" for k in shown)
         self.snippet = f"optimizer = torch.optim.{cls.__name__}(model.parameters(), ..., {what})"
         self.changed(f"{cls.__name__}({what}) (was {was})", edit)
+
+
+def _set_flags(opt: Any, flags: dict[str, Any]) -> None:
+    """Give every parameter group of `opt` these `fused`/`foreach` flags, its step counts where that
+    kind of step keeps them (the device for fused or capturable, else the CPU)."""
+    fused = bool(flags.get("fused"))
+    for group in opt.param_groups:
+        for k in ("fused", "foreach"):
+            if k in group:
+                group[k] = flags.get(k)
+        on_device = fused or bool(group.get("capturable"))
+        for p in group["params"]:
+            state = opt.state.get(p)
+            step = state.get("step") if state else None
+            if step is None or not hasattr(step, "to"):
+                continue
+            want = p.device if on_device else "cpu"
+            if str(step.device) != str(want):
+                state["step"] = step.to(want)
+    opt._step_supports_amp_scaling = fused
 
 
 def _fusable(params: list[Any]) -> bool:
