@@ -1,6 +1,7 @@
 """On a real GPU: the in-process A/B of `gpudoctor fix` — fixes switched off and on in blocks of one
 process, A B B A … — for the fixes whose switching touches CUDA state: channels_last (weights, gradients
-and Adam's state converted back and forth), bfloat16 autocast, TF32, and torch.compile with CUDA graphs
+and Adam's state converted back and forth), bfloat16 autocast, TF32, the fused optimizer (its step
+counts moved between the GPU and the CPU with the flag), and torch.compile with CUDA graphs
 (the graphs' memory pool beside eager steps); and two compiled forwards held in one process, each with
 CUDA graphs of its own — autocast beneath a compile that stays, plain compile in CUDA graphs' place. Each
 round must time every block on CUDA events, leave the loss finite, and find what it should. Marked `gpu`;
@@ -56,7 +57,7 @@ def blocks_round(tmp_path: Path, body: str, fix: str) -> RoundResult:
                             "--pairs", "6", "--block-s", "0.2", "--", str(script)]))  # fmt: skip
 
 
-@pytest.mark.parametrize("fix", ["channels_last", "autocast", "compile:reduce-overhead"])
+@pytest.mark.parametrize("fix", ["channels_last", "autocast", "compile:reduce-overhead", "fused_optimizer"])
 def test_a_fix_switched_in_blocks_on_the_gpu_times_every_block(tmp_path: Path, fix: str) -> None:
     r = blocks_round(tmp_path, CONVNET, fix)
     assert r.failure is None and r.switch_error is None, r.failure

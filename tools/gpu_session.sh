@@ -105,11 +105,16 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             mapfile -t ids < <(seq 0 $((n - 1)))
         fi
         # each queue on its share of its GPU's NUMA-local cores: side by side, no queue's compile
-        # workers or loader workers run on another's cores (tools/gpu_cores.py; unpinned where unknown)
+        # workers or loader workers run on another's cores (tools/gpu_cores.py; unpinned where unknown).
+        # The shares are those of every GPU of the host, whichever this call uses: two fvep steps started
+        # apart (one per GPU) took all 32 cores each in session 36, and a fix run on one GPU slowed the
+        # other's timing (the HF Trainer's script 60 ms a step against 43)
         local -A cores=()
-        local gpu_id list_of
+        local gpu_id list_of all
+        all=$(nvidia-smi -L 2>/dev/null | wc -l)
+        [ "$all" -ge 1 ] || all=1
         if [ -z "${SMOKE:-}" ] && command -v taskset >/dev/null; then
-            while read -r gpu_id list_of; do cores[$gpu_id]=$list_of; done < <("$PY" tools/gpu_cores.py "${ids[@]}")
+            while read -r gpu_id list_of; do cores[$gpu_id]=$list_of; done < <("$PY" tools/gpu_cores.py $(seq 0 $((all - 1))))
         fi
         local prev=()
         [ -n "${arg5:-}" ] && prev=(--previous "$(realpath "$arg5")")
