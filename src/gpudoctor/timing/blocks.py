@@ -250,9 +250,7 @@ class BlockSchedule:
             self._begin(len(self.blocks))  # the same configuration, settled and timed again
             return False
         self.blocks.append(Block(self.on, self._count, elapsed, spans.times_us, spans.clock))
-        if len(self.blocks) == len(self.order) and self._extends():
-            pass  # the added pairs' orders are in `order` now: on with the next block
-        elif len(self.blocks) == len(self.order):
+        if len(self.blocks) == len(self.order) and not self._extends():  # extended: on with its pairs
             self._set(True)
             self._phase = "done"
             return True
