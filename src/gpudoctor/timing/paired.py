@@ -38,8 +38,10 @@ EXACT_UP_TO = 16  # pairs whose 2^n sign flips are enumerated; more are sampled
 # the verdict over all of them is taken at ALPHA_EXTENDED. Two looks at 5% would let a no-op through
 # more often than one; at 3% for the second (near Pocock's 2.94% for two looks), simulated no-op A/As
 # of 8 + 16 pairs called 0.9–2.6% faster or slower (per-pair noise 5–20%), the planned 8 alone 1.0–3.0%,
-# while a true 5% saving was found in 88% of them at 5% noise, where 8 pairs found 42%
-# (`tests/test_timing_paired.py`, `benchmarks/aa_blocks_replay.py` on recorded step series).
+# while a true 5% saving was found in 88% of them at 5% noise, where 8 pairs found 42%; on the fake
+# loader-bound loop of `tests/test_timing_blocks.py`, A/A 1% faster and 1% slower as with 8 pairs, a 5%
+# saving found in 88% (8 pairs: 50%). The recorded step series of `benchmarks/aa_blocks_replay.py` are too
+# short for 24 pairs: not yet measured on them.
 LEAN = 0.02
 ALPHA_EXTENDED = 0.03
 
