@@ -567,3 +567,16 @@ def test_an_undecided_lean_in_blocks_times_more_pairs_where_the_budget_has_room(
     launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 97.0}, noise=0.15)
     session(launcher, clock, "tf32", extend_blocks=0).run()
     assert launcher.extends == [0, 0]
+
+
+def test_added_pairs_cost_at_most_what_their_round_does() -> None:
+    # GIVEN pinned batches tried on top of 16 kept workers at 55 ms a step: before every block the
+    # batches in flight settle (16 × 4 + 1 = 65 steps, 3.6 s), so a block pair costs ~8 s, not ~1 s
+    clock = FakeClock()
+    step = {"baseline": 400_000.0, "workers:16": 55_000.0, "workers:16+pin_memory": 53_000.0}
+    launcher = FakeLauncher(clock, step, noise=0.15)
+    session(launcher, clock, "workers:16,pin_memory").run()
+    labels = [label for label, *_ in launcher.calls]
+    (k,) = [i for i, label in enumerate(labels) if label.endswith("pin_memory-blocks")]
+    # THEN it may add fewer pairs than 16: no more than its own round's cost (~84 s) buys
+    assert 2 <= launcher.extends[k] < 16

@@ -333,16 +333,23 @@ class FixSession:
         """Block pairs an A/B in one process may add where its planned pairs lean to a saving undecided
         (`timing.blocks`): `extend_blocks`, where the budget has room for them beside the round and the
         time kept back — each block at least `block_s` and two steps, a settling step, and its share of
-        the switch's lag. Blocks are cheap beside the process start and the compilation they follow."""
+        the switch's lag. Blocks are cheap beside the process start and the compilation they follow;
+        where they are not (pinned batches behind 16 workers settle 65 steps before every block: 16
+        pairs would add about 2 minutes to a 90 s round), fewer pairs are added, at most what the
+        round itself costs, and none where that is under two."""
         more = self.options.extend_blocks
         if not more:
             return 0
         step_s = self._kept_step_s()
         o = self.options
-        extra = 2 * more * (max(o.block_s, 2 * step_s) + step_s)
-        extra += self._lag_s(fixes, moving) * 2 * more / (2 * o.blocks + 1)
+        per_pair = 2 * (max(o.block_s, 2 * step_s) + step_s)
+        per_pair += self._lag_s(fixes, moving) * 2 / (2 * o.blocks + 1)
+        if per_pair > 0:
+            more = min(more, int(round_s // per_pair))
+        if more < 2:
+            return 0
         reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
-        return more if self.budget.fits_s(round_s + extra + reserve) else 0
+        return more if self.budget.fits_s(round_s + more * per_pair + reserve) else 0
 
     def _try_processes(
         self,
