@@ -52,12 +52,17 @@ def ctx(script: str | None = None) -> PatchContext:
 
 def run_patched(fix: str, body: Any, context: PatchContext | None = None, **kwargs: Any) -> FixPatch:
     """Apply `fix` (and the root finder), run `body()`, undo; the patch, for its outcome."""
+    return run_with_patch(fix, lambda _patch: body(), context, **kwargs)
+
+
+def run_with_patch(fix: str, body: Any, context: PatchContext | None = None, **kwargs: Any) -> FixPatch:
+    """As `run_patched`, `body` given the patch (to switch it)."""
     c = context or ctx(__file__)
     patch = build_patch(fix, c, **kwargs)
     c.finder.install()
     try:
         with patched([patch]):
-            body()
+            body(patch)
     finally:
         c.finder.uninstall()
     return patch
@@ -232,7 +237,7 @@ def test_the_fused_flag_switches_between_steps_and_the_step_counts_follow(cls: t
     losses: list[float] = []
     made: list[torch.optim.Optimizer] = []
 
-    def body() -> None:
+    def body(patch: FixPatch) -> None:
         opt = cls(model.parameters(), lr=0.01)
         made.append(opt)
         for on in (True, False, False, True, False, True):
@@ -245,14 +250,7 @@ def test_the_fused_flag_switches_between_steps_and_the_step_counts_follow(cls: t
             opt.zero_grad()
             losses.append(loss.item())
 
-    c = ctx(__file__)
-    patch = build_patch("fused_optimizer", c)
-    c.finder.install()
-    try:
-        with patched([patch]):
-            body()
-    finally:
-        c.finder.uninstall()
+    patch = run_with_patch("fused_optimizer", body)
     # THEN each step ran as its side asked — the script's flags (as it wrote them: defaults) or fused —
     # every step counted once whichever ran it, and the loss went down through the switches
     assert seen == [(True, None, True), (None, None, False), (None, None, False), (True, None, True),
@@ -544,20 +542,13 @@ def observed_switching(
     """What `look()` sees after a first call with the fix on, then off, on, off, on; then undone."""
     seen: list[Any] = []
 
-    def body() -> None:
+    def body(patch: FixPatch) -> None:
         model(x)  # finds the root
         for on in (True, False, True, False, True):
             patch.switch(on)
             seen.append(look())
 
-    c = ctx(__file__)
-    patch = build_patch(fix, c, **kwargs)
-    c.finder.install()
-    try:
-        with patched([patch]):
-            body()
-    finally:
-        c.finder.uninstall()
+    run_with_patch(fix, body, **kwargs)
     return seen
 
 
