@@ -201,8 +201,9 @@ def timing_result(name: str, final: list[str], runs: dict[str, list[dict[str, An
         share, meets = judged(name, final, expert, ours)
         result.update(expert_speedup=expert, gpudoctor_speedup=ours, speedup_ratio=ours / expert,
                       share_of_expert=share, meets_goal=meets)  # fmt: skip
-        result["share_of_expert_ci"] = share_ci(result["runs"]) if share is not None else None
-        result["speedup_ratio_ci"] = ratio_ci(result["runs"])
+        share_interval, ratio_interval = intervals(result["runs"])
+        result["share_of_expert_ci"] = share_interval if share is not None else None
+        result["speedup_ratio_ci"] = ratio_interval
     return result
 
 
@@ -218,35 +219,26 @@ def judged(name: str, final: list[str], expert: float, ours: float) -> tuple[flo
     return share, share >= GOAL
 
 
-def share_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int = 2000) -> list[float] | None:
-    """The 95% interval of gpudoctor's share of the expert's gain, (plain/ours − 1) / (plain/expert − 1),
-    from each process's windows (seconds, steps): per configuration, processes resampled, then the
-    windows' mean step within them."""
-    import numpy as np
-
-    drawn = _resampled(runs, resamples)
-    if drawn is None:
-        return None
-    plain, expert, ours = drawn
-    gain = plain / expert - 1
-    share = np.where(np.abs(gain) > 1e-9, (plain / ours - 1) / np.where(np.abs(gain) > 1e-9, gain, 1), np.nan)
-    lo, hi = np.nanquantile(share, [0.025, 0.975])
-    return [float(lo), float(hi)]
-
-
-def ratio_ci(runs: dict[str, list[list[list[float]] | None]], *, resamples: int = 2000) -> list[float] | None:
-    """The 95% interval of gpudoctor's speedup over the expert's (the expert's step / gpudoctor's), from
-    the same resampling as the share's. Where the expert gains little (Lightning's host-bound loop,
-    1.06×) the share's denominator is near zero and its interval spans thousands of percent; this ratio
+def intervals(
+    runs: dict[str, list[list[list[float]] | None]], *, resamples: int = 2000
+) -> tuple[list[float] | None, list[float] | None]:
+    """The 95% intervals, from one resampling of each process's windows (seconds, steps) — per
+    configuration, processes resampled, then the windows' mean step within them — of gpudoctor's share
+    of the expert's gain, (plain/ours − 1) / (plain/expert − 1), and of its speedup over the expert's
+    (the expert's step / gpudoctor's). Where the expert gains little (Lightning's host-bound loop,
+    1.06×) the share's denominator is near zero and its interval spans thousands of percent; the ratio
     stays well-defined, and an interval above 1 means the goal is met whatever the share's."""
     import numpy as np
 
     drawn = _resampled(runs, resamples)
     if drawn is None:
-        return None
-    _, expert, ours = drawn
-    lo, hi = np.quantile(expert / ours, [0.025, 0.975])
-    return [float(lo), float(hi)]
+        return None, None
+    plain, expert, ours = drawn
+    gain = plain / expert - 1
+    share = np.where(np.abs(gain) > 1e-9, (plain / ours - 1) / np.where(np.abs(gain) > 1e-9, gain, 1), np.nan)
+    share_lo, share_hi = np.nanquantile(share, [0.025, 0.975])
+    ratio_lo, ratio_hi = np.quantile(expert / ours, [0.025, 0.975])
+    return [float(share_lo), float(share_hi)], [float(ratio_lo), float(ratio_hi)]
 
 
 def _resampled(
@@ -355,10 +347,12 @@ def rescore(path: Path) -> None:
     doc = json.loads(path.read_text())
     for w in doc["workloads"]:
         t = w.get("timing") or {}
-        if t.get("share_of_expert") and "share_of_expert_ci" not in t:
-            t["share_of_expert_ci"] = share_ci(t["runs"])
-        if t.get("runs") and t.get("speedup_ratio") and "speedup_ratio_ci" not in t:
-            t["speedup_ratio_ci"] = ratio_ci(t["runs"])
+        if t.get("runs") and ("share_of_expert_ci" not in t or "speedup_ratio_ci" not in t):
+            share_interval, ratio_interval = intervals(t["runs"])
+            if t.get("share_of_expert") and "share_of_expert_ci" not in t:
+                t["share_of_expert_ci"] = share_interval
+            if t.get("speedup_ratio") and "speedup_ratio_ci" not in t:
+                t["speedup_ratio_ci"] = ratio_interval
         print(_line(w))
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
