@@ -38,8 +38,10 @@
 #                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
-#   aa:NAMES         benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
-#                    beside gpudoctor fix --aa on each -> $BG_OUT/aa/
+#   aa:NAMES[:GPU]   benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
+#                    beside gpudoctor fix --aa on each -> $BG_OUT/aa/; GPU: on that GPU alone
+#                    (CUDA_VISIBLE_DEVICES), on its share of the host's cores as an fvep queue has, so that
+#                    it can run beside an fvep on the other GPU (a second gpu_session in its own bg job)
 #
 # Wheels for what the machine lacks (.whl/, carried) are installed first, into /tmp/site. On the CPU, to
 # check the plumbing: SMOKE=1 PYTHON=.venv/bin/python bash tools/gpu_session.sh fve:per_param_optimizer
@@ -49,9 +51,15 @@ OUT_DIR=${BG_OUT:-$PWD/gpu-session-out}
 PY=${PYTHON:-python3}
 SMOKE=(${SMOKE:+--smoke})
 mkdir -p "$OUT_DIR"
+# once per machine: a second session started beside a first (e.g. `aa` on GPU 1 beside `fvep` on GPU 0)
+# must not rewrite /tmp/site under the first one's imports
 if [ -z "${SMOKE:-}" ] && ls .whl/*.whl >/dev/null 2>&1; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-        .whl/*.whl || exit 1
+    wheels=$(cd .whl && ls -- *.whl | sort | tr '\n' ' ')
+    if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$wheels" ]; then
+        "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            .whl/*.whl || exit 1
+        printf '%s' "$wheels" >/tmp/site/.wheels
+    fi
 fi
 export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
@@ -162,7 +170,19 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             --fixtures "$OUT_DIR/mg$tag/fx" "${only[@]}" "${cpu[@]}" "${pin[@]}"
         ;;
     aa)
-        "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
+        local pin=() visible=()
+        if [ -n "${arg2:-}" ]; then
+            visible=(env CUDA_VISIBLE_DEVICES="$arg2")
+            local all list_of gpu_id
+            all=$(nvidia-smi -L 2>/dev/null | wc -l)
+            if [ -z "${SMOKE:-}" ] && [ "$all" -ge 1 ] && command -v taskset >/dev/null; then
+                while read -r gpu_id list_of; do
+                    [ "$gpu_id" = "$arg2" ] && pin=(taskset -c "$list_of")
+                done < <("$PY" tools/gpu_cores.py $(seq 0 $((all - 1))))
+            fi
+            echo "aa on GPU $arg2, cores ${pin[2]:-any}"
+        fi
+        "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
         ;;
     zoo)
         mkdir -p "$OUT_DIR/zoo"
