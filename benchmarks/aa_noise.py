@@ -180,7 +180,8 @@ def _line(w: dict[str, Any]) -> str:
         return f"{w['workload']}: failed: {str(w['error'])[:300]}"
     p, h = (w.get("plain") or {}).get("spread"), w.get("harness")
     fp = ", ".join(
-        f"{f['unit']} {100 * f['rate']:.1f}% of {f['comparisons']}" for f in w.get("false_positives") or []
+        f"{f['unit']} ×{f.get('pairs', '?')} {100 * f['rate']:.1f}% of {f['comparisons']}"
+        for f in w.get("false_positives") or []
     )
     return (
         (
