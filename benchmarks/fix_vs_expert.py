@@ -38,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +149,21 @@ def run_timer(cmd: list[str], limit: float | None, lead_s: float = 20.0) -> subp
         return subprocess.CompletedProcess(cmd, TIMED_OUT, out, err)
 
 
-def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    name: str,
+    final: list[str],
+    out: Path,
+    a: argparse.Namespace,
+    on_round: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
     """The script as written, the expert's, and gpudoctor's kept fixes, each in fresh processes,
     alternating round by round; the mean step of each process over its windows. After
     `--timing-rounds` rounds, more (up to `--timing-max-rounds`) while the share's 95% interval still
     holds the goal on both sides: a host-bound loop whose 1 s windows are 20% apart (the HF Trainer's)
     gets an answer, not an interval from 54% to 128%. (Looking after each round makes the interval a
-    little optimistic; with at most three looks it stays a fair guide, and every round is recorded.)"""
+    little optimistic; with at most three looks it stays a fair guide, and every round is recorded.)
+    `on_round` is given the result so far, marked `partial`, after each round but the last: a run cut
+    short (session 37: a device lease ended 400 s into timm's three rounds) keeps the rounds it finished."""
     configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     result: dict[str, Any] = {}
@@ -170,6 +179,8 @@ def measure(name: str, final: list[str], out: Path, a: argparse.Namespace) -> di
         result, done = timing_result(name, final, runs), k + 1
         if done >= a.timing_rounds and not undecided(name, final, result):
             break
+        if on_round is not None:
+            on_round(result | {"rounds": done, "partial": True})
     result["rounds"] = done
     return result
 
@@ -299,6 +310,10 @@ def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None
             continue
         if w["fix"].get("findings") is None:  # measured before the summary kept them
             w["fix"]["findings"] = findings_of(path.parent / "fix" / w["workload"])
+        if (w.get("timing") or {}).get("partial"):
+            print(
+                f"{path}: its timing was cut after {w['timing']['rounds']} round(s); merged, marked partial"
+            )
         w["measured_at"] = measured_at
         if host_note:
             w["host"] = host_note
@@ -512,10 +527,8 @@ def main() -> int:
             result = one_workload(name, a)
         except Exception as err:  # one workload's failure must not lose the others' results
             result = {"workload": name, "error": f"{type(err).__name__}: {err}", "fix": None, "timing": None}
-        result.update(wall_s=time.perf_counter() - t0, environment=environment(),
-                      options={k: getattr(a, k) for k in OPTIONS})  # fmt: skip
-        (a.out / f"fix_vs_expert_{name}.json").write_text(json.dumps(result, indent=1))
-        print(_line(result), flush=True)
+        write_record(result, a, wall_s=time.perf_counter() - t0)
+        print(_line(json.loads((a.out / f"fix_vs_expert_{name}.json").read_text())), flush=True)
     combined = [json.loads(f.read_text()) for f in sorted(a.out.glob("fix_vs_expert_*.json"))]
     (a.out / "fix_vs_expert.json").write_text(
         json.dumps({"goal_share_of_expert": GOAL, "workloads": combined}, indent=1)
@@ -530,17 +543,24 @@ def one_workload(name: str, a: argparse.Namespace) -> dict[str, Any]:
         return {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": None,
                 "timing": None, "error": fix_run["error"]}  # fmt: skip
     summary = summarize_fix(source / "fix" / name)
-    timing = measure(name, summary["final"], a.out, a) if a.phase in ("all", "time") else None
     earlier = source / f"fix_vs_expert_{name}.json"
     if a.phase == "time" and earlier.exists():
         fix_run = json.loads(earlier.read_text()).get("fix_run")
-    return {
-        "workload": name,
-        "expert": WORKLOADS[name][1],
-        "fix_run": fix_run,
-        "fix": summary,
-        "timing": timing,
-    }
+    record = {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": summary}
+
+    def so_far(timing: dict[str, Any]) -> None:  # the record as it would be, were the run cut here
+        write_record(record | {"timing": timing}, a)
+
+    timing = measure(name, summary["final"], a.out, a, so_far) if a.phase in ("all", "time") else None
+    return record | {"timing": timing}
+
+
+def write_record(result: dict[str, Any], a: argparse.Namespace, wall_s: float | None = None) -> None:
+    """One workload's `fix_vs_expert_<name>.json`, with the environment and options it ran under."""
+    result = result | {"environment": environment(), "options": {k: getattr(a, k) for k in OPTIONS}}
+    if wall_s is not None:
+        result["wall_s"] = wall_s
+    (a.out / f"fix_vs_expert_{result['workload']}.json").write_text(json.dumps(result, indent=1))
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -565,6 +585,8 @@ def _line(r: dict[str, Any]) -> str:
         share += "; {:.2f}× the expert's speed, 95% CI {:.2f}–{:.2f}".format(
             t["speedup_ratio"], *t["speedup_ratio_ci"]
         )
+    if t.get("partial"):
+        share += f"; cut after {t['rounds']} round(s), more were due"
     speed = (
         f"expert {t['expert_speedup']:.2f}×, gpudoctor {t['gpudoctor_speedup']:.2f}×"
         if t.get("expert_speedup")

@@ -182,3 +182,44 @@ def test_a_timer_with_no_result_in_its_time_is_stopped_with_its_stacks(tmp_path:
     r = fve.run_timer([sys.executable, str(hang)], 4.0, lead_s=2.0)
     # THEN it is stopped at its limit, and what it was doing is in its output
     assert r.returncode == fve.TIMED_OUT and "waiting_forever" in r.stderr
+
+
+def test_a_timing_cut_short_keeps_the_rounds_it_finished_and_merges_them_marked(tmp_path: Path) -> None:
+    # GIVEN the timing phase of timm's 10-minute fix run of session 37 (the committed fix phase), and a
+    # device lease that ends during its third round (as it did 400 s into that timing)
+    import argparse
+
+    fve = _fve()
+    means = {"plain": 0.132, "expert": 0.0335, "gpudoctor": 0.036}
+
+    def fake(name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int) -> dict:
+        if k == 2:
+            raise KeyboardInterrupt  # the machine is gone: nothing after this runs
+        windows = [[1.0, int(1.0 / means[label])] for _ in range(5)]
+        return {"step_s": sum(w[0] for w in windows) / sum(w[1] for w in windows), "windows": windows}
+
+    fve.time_config = fake
+    fve.environment = lambda: {"device": "NVIDIA H100 80GB HBM3"}  # as on the GPU machine (merge keeps those)
+    out = tmp_path / "fve_gpu0"
+    out.mkdir()
+    a = argparse.Namespace(out=out, phase="time", previous=REPO / "benchmarks/results/fix_runs/s37",
+                           timing_rounds=3, timing_max_rounds=6, timing_max_s=3600.0)  # fmt: skip
+    for k in fve.OPTIONS:
+        a.__dict__.setdefault(k, None)
+    with pytest.raises(KeyboardInterrupt):
+        fve.one_workload("timm_convnext_fp32", a)
+    # THEN its record holds the two rounds it finished, marked partial, with the fix it timed
+    record = json.loads((out / "fix_vs_expert_timm_convnext_fp32.json").read_text())
+    t = record["timing"]
+    assert t["partial"] and t["rounds"] == 2 and len(t["runs"]["plain"]) == 2
+    assert record["fix"]["final"] == ["workers:8", "autocast", "pin_memory", "compile"]
+    assert t["share_of_expert"] == pytest.approx((0.132 / 0.036 - 1) / (0.132 / 0.0335 - 1), rel=0.01)
+    assert record["fix_run"] is not None and "cut after 2 round(s)" in fve._line(record)
+    # AND the merge takes it, saying so
+    into = tmp_path / "fix_vs_expert.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(out),
+           "--measured-at", "abc1234", "--into", str(into)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "cut after 2 round(s); merged, marked partial" in done.stdout
+    assert json.loads(into.read_text())["workloads"][0]["timing"]["partial"] is True
