@@ -298,8 +298,17 @@ def main() -> int:
 
     table: dict[str, Any] = {}
     failed: dict[str, str] = {}
+
+    def write(cases_left: list[str]) -> None:  # after each case: a run cut short keeps the cases it ended
+        result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
+                  "pinned": args.pin, "capture_nvml": not args.no_nvml, "pairs": args.pairs,
+                  "block_s": args.block_s, "table": table, "failed": failed, "cases_left": cases_left}  # fmt: skip
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / f"light_toggle_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")
+
+    cases = args.cases.split(",")
     with tempfile.TemporaryDirectory() as name:
-        for case in args.cases.split(","):
+        for k, case in enumerate(cases):
             env = {**run_env(args.cpu), **CASES[case], **({"PIN_CORES": "1"} if args.pin else {}),
                    **({"LIGHT_NVML": "0"} if args.no_nvml else {})}  # fmt: skip
             folder = Path(name) / case
@@ -313,11 +322,8 @@ def main() -> int:
             ranks = [json.loads((folder / f"rank{r}.json").read_text()) for r in range(args.nproc)]
             table[case] = {**compare(ranks), "ranks": ranks}
             print(row_text(case, table[case]), flush=True)
-    result = {"schema": SCHEMA, "environment": environment(not args.cpu), "nproc": args.nproc,
-              "pinned": args.pin, "capture_nvml": not args.no_nvml, "pairs": args.pairs, "block_s": args.block_s, "table": table,
-              "failed": failed}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"light_toggle_{args.nproc}.json").write_text(json.dumps(result, indent=1) + "\n")
+            write(cases[k + 1 :])
+    write([c for c in cases if c not in table])
     return 1 if failed else 0
 
 

@@ -69,6 +69,7 @@ def test_the_light_toggle_benchmark_runs_its_cpu_path(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "light_toggle_2.json").read_text())
     assert result["schema"] == "gpudoctor.bench.light_toggle/1" and result["nproc"] == 2
+    assert result["cases_left"] == []  # written after each case too: a run cut short keeps the cases it ended
     for case in ("ddp", "straggler"):
         row = result["table"][case]
         assert row["pairs"] == 2 and row["ratio"] > 0 and len(row["ranks"]) == 2
