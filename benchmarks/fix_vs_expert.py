@@ -162,7 +162,7 @@ def measure(
     holds the goal on both sides: a host-bound loop whose 1 s windows are 20% apart (the HF Trainer's)
     gets an answer, not an interval from 54% to 128%. (Looking after each round makes the interval a
     little optimistic; with at most three looks it stays a fair guide, and every round is recorded.)
-    `on_round` is given the result so far, marked `partial`, after each round but the last: a run cut
+    `on_round` is given the result so far, marked `partial`, after each round more may follow: a run cut
     short (session 37: a device lease ended 400 s into timm's three rounds) keeps the rounds it finished."""
     configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
