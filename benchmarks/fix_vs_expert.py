@@ -22,6 +22,9 @@ runs left out; a workload measured again replaces the earlier one):
     PYTHONPATH=src python3 benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT [--host-note TEXT]
         [--into benchmarks/results/fix_vs_expert.json]   # --budget 5m runs: into fix_vs_expert_5m.json
 
+A workload timed more than once under DIR (the same kept fixes timed on two GPUs at once: `gpu_session.sh
+fvep:NAME,NAME:10m:0+1:time:PREV`) is merged as one timing, its processes pooled (`pooled`).
+
 Each merged workload records the commit of the tree that measured it (`measured_at`; the device's copy
 has no .git) and what shared its host; the status counts only workloads measured with gpudoctor fix's
 A/B of issue 26 (those with `measured_at`), the others are the earlier harness's.
@@ -317,10 +320,65 @@ def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None
         w["measured_at"] = measured_at
         if host_note:
             w["host"] = host_note
+        w["_source"] = str(path.relative_to(runs).parent) if path.parent != runs else "."
         short = (w.get("options") or {}).get("budget") == "5m"
         found.setdefault(into.with_name(f"{into.stem}_5m.json") if short else into, []).append(w)
     for target, workloads in found.items():
-        _merge_into(target, workloads)
+        by_name: dict[str, list[dict[str, Any]]] = {}
+        for w in workloads:
+            by_name.setdefault(w["workload"], []).append(w)
+        merged = []
+        for name, records in by_name.items():
+            if len(records) > 1:
+                print(f"{name}: {len(records)} timings of one kept configuration, their processes pooled "
+                      f"({', '.join(r['_source'] for r in records)})")  # fmt: skip
+            merged.append(pooled(name, records) if len(records) > 1 else records[0])
+        for w in merged:
+            w.pop("_source", None)
+        _merge_into(target, merged)
+
+
+def pooled(name: str, records: list[dict[str, Any]]) -> dict[str, Any]:
+    """One record from several timings of the same kept configuration (`fvep` with the workload named
+    once per GPU, each queue timing it on its own GPU and cores: the rounds of one lease doubled, as a
+    10-minute call fits only three of timm's). Every process is a unit of its configuration, whichever
+    queue ran it, so their windows are pooled and judged again as one timing; each source's own figures
+    stay under `pooled_from`. Timings of different kept configurations cannot be pooled."""
+    finals = {tuple(r["fix"]["final"]) for r in records}
+    if len(finals) > 1:
+        raise SystemExit(
+            f"{name}: its timings under the merged folder timed different kept fixes "
+            f"({'; '.join('+'.join(f) or 'nothing' for f in sorted(finals))}): merge them apart"
+        )
+    final = list(records[0]["fix"]["final"])
+    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "expert": [], "gpudoctor": []}
+    errors: dict[str, list[str]] = {c: [] for c in runs}
+    sources = []
+    for r in records:
+        t = r.get("timing") or {}
+        for c in runs:
+            for w in (t.get("runs") or {}).get(c) or []:
+                steps = sum(n for _, n in w) if w else 0
+                runs[c].append({"step_s": sum(sec for sec, _ in w) / steps if steps else None, "windows": w})
+            errors[c] += (t.get("errors") or {}).get(c) or []
+        sources.append({"from": r["_source"], "rounds": t.get("rounds"), "partial": bool(t.get("partial")),
+                        "cuda_visible_devices": (r.get("environment") or {}).get("cuda_visible_devices"),
+                        "step_ms": t.get("step_ms"), "share_of_expert": t.get("share_of_expert"),
+                        "share_of_expert_ci": t.get("share_of_expert_ci")})  # fmt: skip
+    timing = timing_result(name, final, runs)
+    for c, errs in errors.items():
+        timing["errors"][c] = errs
+    rounds = sum(s["rounds"] or 0 for s in sources)
+    least = min((r.get("options") or {}).get("timing_rounds") or 3 for r in records)
+    timing.update(rounds=rounds, pooled_from=sources)
+    if rounds < least:
+        timing["partial"] = True
+    first = records[0]
+    devices = [s["cuda_visible_devices"] for s in sources if s["cuda_visible_devices"] is not None]
+    environment = dict(first.get("environment") or {})
+    if devices:
+        environment["cuda_visible_devices"] = ",".join(dict.fromkeys(devices))
+    return first | {"timing": timing, "environment": environment}
 
 
 def _merge_into(into: Path, workloads: list[dict[str, Any]]) -> None:

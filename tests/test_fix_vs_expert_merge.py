@@ -223,3 +223,66 @@ def test_a_timing_cut_short_keeps_the_rounds_it_finished_and_merges_them_marked(
     assert done.returncode == 0, done.stderr
     assert "cut after 2 round(s); merged, marked partial" in done.stdout
     assert json.loads(into.read_text())["workloads"][0]["timing"]["partial"] is True
+
+
+def _timed(source: Path, rounds: list[dict[str, float]], final: list[str], gpu: str) -> None:
+    """A timing record as fix_vs_expert writes it: each round's processes as windows (s, steps)."""
+    runs = {
+        c: [[[1.0, round(1.0 / r[c])] for _ in range(5)] for r in rounds]
+        for c in ("plain", "expert", "gpudoctor")
+    }
+    source.mkdir(parents=True)
+    record = {
+        "workload": "timm_convnext_fp32",
+        "expert": "x",
+        "fix_run": {"exit_code": 0},
+        "fix": FIX | {"final": final},
+        "timing": {"runs": runs, "rounds": len(rounds), "partial": len(rounds) < 3, "errors": {},
+                   "step_ms": {}, "share_of_expert": 0.5},
+        "environment": {"device": "NVIDIA H100 80GB HBM3", "cuda_visible_devices": gpu},
+        "options": {"budget": "10m", "smoke": False, "timing_rounds": 3},
+    }  # fmt: skip
+    (source / "fix_vs_expert_timm_convnext_fp32.json").write_text(json.dumps(record))
+
+
+def test_timings_of_one_kept_configuration_on_two_gpus_are_pooled_into_one(tmp_path: Path) -> None:
+    # GIVEN timm's kept fixes timed at once on GPU 0 (two rounds, cut) and GPU 1 (three rounds)
+    kept = ["workers:8", "autocast", "pin_memory", "compile"]
+    gpu0 = [
+        {"plain": 0.150, "expert": 0.040, "gpudoctor": 0.050},
+        {"plain": 0.160, "expert": 0.036, "gpudoctor": 0.048},
+    ]
+    gpu1 = [{"plain": 0.140, "expert": 0.045, "gpudoctor": 0.044}] * 3
+    _timed(tmp_path / "runs" / "fve_gpu0", gpu0, kept, "0")
+    _timed(tmp_path / "runs" / "fve_gpu1", gpu1, kept, "1")
+    into = tmp_path / "fix_vs_expert.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(tmp_path / "runs"),
+           "--measured-at", "abc1234", "--into", str(into)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # THEN one record, its five rounds' processes judged together (each configuration's median process)
+    (w,) = json.loads(into.read_text())["workloads"]
+    t = w["timing"]
+    assert t["rounds"] == 5 and "partial" not in t and len(t["runs"]["expert"]) == 5
+    # each configuration's median process (as whole steps per 1 s window: 45 ms is 22 steps, 45.5 ms)
+    plain, expert, ours = 1 / 7, 1 / 22, 1 / 23  # medians of 150/160/140 ms, 40/36/45 ms, 50/48/44 ms
+    assert t["step_ms"]["expert"] == pytest.approx(1e3 * expert)
+    assert t["step_ms"]["gpudoctor"] == pytest.approx(1e3 * ours)
+    assert t["share_of_expert"] == pytest.approx((plain / ours - 1) / (plain / expert - 1))
+    assert t["share_of_expert_ci"] is not None
+    assert [s["from"] for s in t["pooled_from"]] == ["fve_gpu0", "fve_gpu1"]
+    assert [s["rounds"] for s in t["pooled_from"]] == [2, 3] and t["pooled_from"][0]["partial"]
+    assert w["environment"]["cuda_visible_devices"] == "0,1" and "_source" not in w
+    assert "2 timings of one kept configuration, their processes pooled" in done.stdout
+
+
+def test_timings_of_different_kept_fixes_are_not_pooled(tmp_path: Path) -> None:
+    rounds = [{"plain": 0.150, "expert": 0.040, "gpudoctor": 0.050}] * 3
+    _timed(tmp_path / "runs" / "fve_gpu0", rounds, ["autocast"], "0")
+    _timed(tmp_path / "runs" / "fve_gpu1", rounds, ["autocast", "compile"], "1")
+    into = tmp_path / "fix_vs_expert.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(tmp_path / "runs"),
+           "--measured-at", "abc1234", "--into", str(into)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "timed different kept fixes" in done.stderr
+    assert "Traceback" not in done.stderr and not into.exists()

@@ -22,7 +22,9 @@
 #                    fix/NAME/ of an earlier fix phase: the timing alone; FVE_ARGS: more options for
 #                    fix_vs_expert.py (e.g. "--timing-max-s 300") -> $BG_OUT/fve_gpuK/; merge with
 #                    `benchmarks/fix_vs_expert.py --merge DIR --measured-at COMMIT` (each queue's
-#                    environment names its CUDA_VISIBLE_DEVICES). Run nothing else on the host meanwhile
+#                    environment names its CUDA_VISIBLE_DEVICES; a name given once per GPU, e.g.
+#                    fvep:timm_convnext_fp32,timm_convnext_fp32:10m:0+1:time:PREV, times the same kept
+#                    fixes on each, and the merge pools their processes). Run nothing else on the host meanwhile
 #                    that is being timed: the queues' loaders and compile workers perturb it.
 #   mgo:PARALLEL[:PAIRS[:pin[:STEPS[:parts]]]]  benchmarks/multi_gpu_overhead.py --parallel PARALLEL (ddp or
 #                    fsdp) --pairs PAIRS (default 4) --steps STEPS (default 100) on GPUs 0 and 1 (pin: --pin,
