@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -74,7 +75,8 @@ def main() -> int:
         order = a.config if k % 2 == 0 else a.config[::-1]
         for label, fixes, expert in order:
             t0 = time.perf_counter()
-            r = time_one(a.workload, fixes, expert, a.out / f"{label}-{k}.json", a)
+            stem = re.sub(r"[^A-Za-z0-9_.-]", "_", label)  # a device run brings back plain names only
+            r = time_one(a.workload, fixes, expert, a.out / f"{stem}-{k}.json", a)
             runs[label].append(r)
             step = r.get("step_s")
             print(f"round {k} {label:<16} {'-' if step is None else f'{step * 1e3:.1f} ms'} "
