@@ -85,3 +85,50 @@ def test_a_window_in_which_the_script_recompiled_is_set_aside_and_timed_again(
     assert len(result["recompiled"]) == 1 and result["recompiled"][0][2] > 0
     assert len(result["windows"]) == 80
     assert not (tmp_path / "t.json.partial").exists()
+
+
+LOADER_WITH_WORKERS = """\
+import time
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+
+class Items(Dataset):
+    def __len__(self):
+        return 100_000
+
+    def __getitem__(self, index):
+        time.sleep(0.004)  # each worker makes a batch of 2 in about 8 ms
+        return torch.randn(4)
+
+
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+loader = DataLoader(Items(), batch_size=2, num_workers=2, prefetch_factor=3)
+for step, batch in enumerate(loader):
+    if step == 0:
+        time.sleep(0.5)  # a first step that compiles: the workers fill their queue meanwhile
+    model(batch).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_the_warm_up_spends_the_batches_a_loaders_workers_hold_in_flight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, drain: bool
+) -> None:
+    # GIVEN a loop paced by 2 workers × prefetch_factor 3, whose queue fills while its first step compiles
+    script, out = tmp_path / "train.py", tmp_path / "t.json"
+    script.write_text(LOADER_WITH_WORKERS)
+    argv = ["plain_timer.py", "--out", str(out), "--warmup", "3", "--window-s", "0.1", "--windows", "2",
+            *([] if drain else ["--no-drain"]), "--", str(script)]  # fmt: skip
+    monkeypatch.setattr(sys, "argv", argv)
+    assert plain_timer.main() == 0
+    # THEN the warm-up adds the 6 batches in flight (or keeps its 3 with --no-drain), and timing goes on
+    result = json.loads(out.read_text())
+    assert result["warmup_steps"] == (3 + 2 * 3 if drain else 3)
+    assert len(result["windows"]) == 2 and result["step_s"] > 0
+    from torch.utils.data import DataLoader
+
+    assert DataLoader.__iter__.__name__ == "__iter__"  # the timer's hook is gone
