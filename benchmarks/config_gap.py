@@ -8,9 +8,10 @@ process, and print each one's mean step and its ratio to the first.
         --config gd+fused=workers:8,autocast,pin_memory,compile,fused_optimizer \\
         --config expert=@expert --config plain=@plain
 
-A longer warm-up than fix_vs_expert's (`--warmup`, default 40 steps) lets a loader's prefetched batches
-drain before the windows, so a loader-bound loop is timed at the pace its workers keep, not at the pace
-of the batches queued while it compiled.
+Each process is fix_vs_expert's (`time_config`: the same timer, its output under OUT/timing/, stopped
+with its threads' stacks after `--timeout-s`); the timer's warm-up (`--warmup`, then the batches a
+loader's workers hold in flight) is spent before the windows. Session 38 ran it with `--warmup 40`,
+before the timer spent those batches itself.
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-TIMER = HERE / "fix_workloads" / "plain_timer.py"
+import fix_vs_expert  # beside this file: its timer's command line and bounded wait, one for both
 
 
 def parse_config(text: str) -> tuple[str, list[str], bool]:
@@ -39,36 +38,20 @@ def parse_config(text: str) -> tuple[str, list[str], bool]:
     return label, [f for f in spec.split(",") if f], False
 
 
-def time_one(
-    workload: str, fixes: list[str], expert: bool, target: Path, a: argparse.Namespace
-) -> dict[str, Any]:
-    cmd = [sys.executable, str(TIMER), "--out", str(target), "--fixes", ",".join(fixes),
-           "--warmup", str(a.warmup), "--window-s", str(a.window_s), "--windows", str(a.windows), "--",
-           str(HERE / "fix_workloads" / f"{workload}.py"), *(["--expert"] if expert else []), *(["--small"] if a.small else [])]  # fmt: skip
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout_s)
-        log = proc.stdout + proc.stderr
-    except subprocess.TimeoutExpired as err:
-        log = f"stopped after {a.timeout_s:.0f} s: {err}"
-    target.with_suffix(".log").write_text(log)
-    try:
-        return json.loads(target.read_text())
-    except (OSError, ValueError) as err:
-        return {"step_s": None, "error": f"{type(err).__name__}: {err}: {log[-600:]}"}
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", required=True)
+    p.add_argument("--workload", required=True, choices=list(fix_vs_expert.WORKLOADS))
     p.add_argument("--config", type=parse_config, action="append", required=True)
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--warmup", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=8)
     p.add_argument("--window-s", type=float, default=1.0)
     p.add_argument("--windows", type=int, default=6)
     p.add_argument("--timeout-s", type=float, default=240.0)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--small", action="store_true", help="the workload's --small form (a CPU check)")
     a = p.parse_args()
+    # fix_vs_expert.time_config's names for these options; its runs under OUT/timing/
+    a.timer_warmup, a.timer_timeout_s, a.smoke = a.warmup, a.timeout_s, a.small
     a.out.mkdir(parents=True, exist_ok=True)
     runs: dict[str, list[dict[str, Any]]] = {label: [] for label, _, _ in a.config}
     for k in range(a.rounds):
@@ -76,7 +59,7 @@ def main() -> int:
         for label, fixes, expert in order:
             t0 = time.perf_counter()
             stem = re.sub(r"[^A-Za-z0-9_.-]", "_", label)  # a device run brings back plain names only
-            r = time_one(a.workload, fixes, expert, a.out / f"{stem}-{k}.json", a)
+            r = fix_vs_expert.time_config(a.workload, stem, fixes, expert, a.out, a, k)
             runs[label].append(r)
             step = r.get("step_s")
             print(f"round {k} {label:<16} {'-' if step is None else f'{step * 1e3:.1f} ms'} "

@@ -26,10 +26,8 @@ def test_configurations_timed_in_turn_with_their_ratio_to_the_first(tmp_path: Pa
     for row in table.values():
         assert row["step_ms"] > 0 and len(row["per_round_ms"]) == 2
     # no '+' in a file name (a device run leaves such files out)
-    assert sorted(p.name for p in tmp_path.glob("plain_fused-*.json")) == [
-        "plain_fused-0.json",
-        "plain_fused-1.json",
-    ]
+    names = sorted(p.name for p in (tmp_path / "timing").glob("*plain_fused-*.json"))
+    assert names == ["item_logging-plain_fused-0.json", "item_logging-plain_fused-1.json"]
 
 
 def test_a_config_that_is_neither_fixes_nor_a_named_form_is_one_line(tmp_path: Path) -> None:
