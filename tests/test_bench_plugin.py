@@ -56,10 +56,11 @@ def test_a_regression_against_the_baseline_fails_the_test(pytester: pytest.Pytes
     write_tests(pytester, 100)
     base = pytester.path / "base.json"
     pytester.runpytest_inprocess(*args, "--gpudoctor-save", str(base)).assert_outcomes(passed=2)
-    # the loop gets 30 times longer: test_loop must fail, test_two (unchanged, loose threshold) must pass
+    # the loop gets 30 times longer: test_loop must fail, test_two (unchanged, loose threshold) must pass.
+    # The threshold is 200%: a 33 ns lambda read 1.57x its baseline once on a loaded host (session 38)
     write_tests(pytester, 3000)
     result = pytester.runpytest_inprocess(
-        *args, "--gpudoctor-compare", str(base), "--gpudoctor-threshold", "0.5"
+        *args, "--gpudoctor-compare", str(base), "--gpudoctor-threshold", "2.0"
     )
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*test_loop*regression*slower than the baseline*"])
