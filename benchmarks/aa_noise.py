@@ -9,6 +9,7 @@ blocks; `--merge` pools the workloads (the acceptance: harness spread ≤ 2× pl
 false-positive rate ≤ 5%, no live no-op called faster or slower).
 
     PYTHONPATH=src python3 benchmarks/aa_noise.py --out $OUT/aa --only hf_trainer_bert,timm_convnext_fp32
+    PYTHONPATH=src python3 benchmarks/aa_noise.py --out $OUT/aa --only '' --script benchmarks/outside/accelerate_timm.py
     .venv/bin/python benchmarks/aa_noise.py --out /tmp/aa --smoke --only item_logging        # the CPU path
     PYTHONPATH=src python3 benchmarks/aa_noise.py --merge DIR [--into benchmarks/results/aa_noise.json]
 
@@ -47,6 +48,15 @@ def spread(means: list[float], to_ms: float) -> dict[str, Any] | None:
     }
 
 
+def script_of(name: str, a: argparse.Namespace) -> list[str]:
+    """The command line of workload `name`: a script given with `--script` (named by its file's stem,
+    run as it is), else benchmarks/fix_workloads/NAME.py (with `--small` under `--smoke`)."""
+    given = {Path(s).stem: Path(s).resolve() for s in getattr(a, "script", None) or []}
+    if name in given:
+        return [str(given[name])]
+    return [str(WORKLOADS_DIR / f"{name}.py"), *(["--small"] if a.smoke else [])]
+
+
 def plain_processes(name: str, out: Path, a: argparse.Namespace) -> dict[str, Any]:
     """The script as written, `--plain` times in a row, each a fresh interpreter timed by plain_timer."""
     means, errors = [], []
@@ -54,8 +64,7 @@ def plain_processes(name: str, out: Path, a: argparse.Namespace) -> dict[str, An
         target = out / "plain" / f"{name}-{k}.json"
         target.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, str(TIMER), "--out", str(target), "--warmup", str(a.timer_warmup),
-               "--window-s", str(a.window_s), "--windows", str(a.windows), "--",
-               str(WORKLOADS_DIR / f"{name}.py"), *(["--small"] if a.smoke else [])]  # fmt: skip
+               "--window-s", str(a.window_s), "--windows", str(a.windows), "--", *script_of(name, a)]  # fmt: skip
         proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
         if target.exists() and json.loads(target.read_text()).get("step_s"):
             means.append(json.loads(target.read_text())["step_s"])
@@ -82,7 +91,7 @@ def harness(name: str, out: Path, a: argparse.Namespace) -> dict[str, Any]:
             "--child-timeout",
             "300",
         ]
-    cmd += [str(WORKLOADS_DIR / f"{name}.py"), *(["--small"] if a.smoke else [])]
+    cmd += script_of(name, a)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env(), cwd=ROOT, capture_output=True, text=True, check=False)
     (out / f"aa_{name}.log").write_text(proc.stdout + proc.stderr)
@@ -202,7 +211,10 @@ def _line(w: dict[str, Any]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path)
-    p.add_argument("--only", default="", help=f"comma-separated workloads (default: {','.join(DEFAULT)})")
+    p.add_argument("--only", default=None,
+                   help=f"comma-separated workloads (default: {','.join(DEFAULT)}; '' for none)")  # fmt: skip
+    p.add_argument("--script", action="append", default=[], type=Path,
+                   help="a training script of one's own (any path; repeatable), named by its file's stem")  # fmt: skip
     p.add_argument("--plain", type=int, default=4, help="plain sequential processes per workload")
     p.add_argument("--rounds", type=int, default=4, help="gpudoctor fix --aa --rounds (process pairs)")
     p.add_argument("--blocks", type=int, default=8, help="gpudoctor fix --aa --blocks (pairs, recorded 3×)")
@@ -220,10 +232,19 @@ def main() -> int:
         return 0
     if a.out is None:
         p.error("--out is required")
-    names = [n for n in a.only.split(",") if n] or list(DEFAULT)
+    names = list(DEFAULT) if a.only is None else [n for n in a.only.split(",") if n]
     unknown = [n for n in names if not (WORKLOADS_DIR / f"{n}.py").is_file()]
     if unknown:
         p.error(f"unknown workloads {unknown}")
+    missing = [str(s) for s in a.script if not s.is_file()]
+    if missing:
+        p.error(f"no such script: {', '.join(missing)}")
+    stems = [s.stem for s in a.script]
+    if len(set(stems + names)) < len(stems) + len(names):
+        p.error("two workloads of one name (a script's file stem names it)")
+    names += stems
+    if not names:
+        p.error("no workload: name some with --only or --script")
     if a.smoke:
         a.block_s, a.window_s, a.windows, a.timer_warmup = 0.1, 0.3, 2, 3
     a.out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +254,10 @@ def main() -> int:
             result = summarize(name, plain_processes(name, a.out, a), harness(name, a.out, a))
         except Exception as err:  # one workload's failure must not lose the others' results
             result = {"workload": name, "error": f"{type(err).__name__}: {err}"}
-        result.update(wall_s=time.perf_counter() - t0, environment=environment(), smoke=a.smoke,
+        command = [
+            str(Path(c).relative_to(ROOT)) if Path(c).is_relative_to(ROOT) else c for c in script_of(name, a)
+        ]
+        result.update(wall_s=time.perf_counter() - t0, environment=environment(), smoke=a.smoke, command=command,
                       options={k: getattr(a, k) for k in ("plain", "rounds", "blocks", "block_s", "windows")})  # fmt: skip
         (a.out / f"aa_noise_{name}.json").write_text(json.dumps(result, indent=1))
         print(_line(result), flush=True)

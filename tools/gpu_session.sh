@@ -40,7 +40,8 @@
 #                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
 #   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
-#   aa:NAMES[:GPU]   benchmarks/aa_noise.py --only NAMES (comma-separated workloads): plain processes
+#   aa:NAMES[:GPU]   benchmarks/aa_noise.py --only NAMES (comma-separated workloads; a name ending in .py is
+#                    a script of one's own, a path in the tree, passed as --script): plain processes
 #                    beside gpudoctor fix --aa on each -> $BG_OUT/aa/; GPU: on that GPU alone
 #                    (CUDA_VISIBLE_DEVICES), on its share of the host's cores as an fvep queue has, so that
 #                    it can run beside an fvep on the other GPU (a second gpu_session in its own bg job)
@@ -184,7 +185,17 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             fi
             echo "aa on GPU $arg2, cores ${pin[2]:-any}"
         fi
-        "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" --only "$arg1" "${SMOKE[@]}"
+        # names ending in .py are scripts of one's own (paths in the tree), the rest fix workloads
+        local names=() scripts=() items=() item
+        IFS=, read -ra items <<<"$arg1"
+        for item in "${items[@]}"; do
+            case "$item" in
+            *.py) scripts+=(--script "$item") ;;
+            *) names+=("$item") ;;
+            esac
+        done
+        "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" \
+            --only "$(IFS=,; echo "${names[*]}")" "${scripts[@]}" "${SMOKE[@]}"
         ;;
     zoo)
         mkdir -p "$OUT_DIR/zoo"
