@@ -537,7 +537,8 @@ def test_a_change_whose_interval_lies_past_40_percent_after_two_pairs_stops_ther
 
 def test_stopping_at_two_pairs_past_40_percent_is_rare_under_a_a() -> None:
     # GIVEN the harness's own processes recorded on the H100 (benchmarks/results/aa_noise.json: the
-    # unchanged script against itself, 8 processes per workload, up to 31% apart on the HF Trainer)
+    # unchanged script against itself, 8 processes per workload, up to 31% apart on the HF Trainer; two
+    # of the workloads are scripts from benchmarks/outside/)
     import json
     from pathlib import Path
 
@@ -556,7 +557,7 @@ def test_stopping_at_two_pairs_past_40_percent_is_rare_under_a_a() -> None:
         for w in doc["workloads"]
     }  # fmt: skip
     # THEN two pairs of them are settled as a change past ±40% in at most 0.2% of resampled comparisons
-    assert len(rates) == 4 and max(rates.values()) <= 0.002
+    assert len(rates) >= 4 and max(rates.values()) <= 0.002
 
 
 def test_timm_convnext_gets_its_four_verdicts_within_five_minutes_with_pinned_batches_on_top() -> None:
