@@ -15,13 +15,13 @@ REPO = Path(__file__).resolve().parent.parent
 def test_configurations_timed_in_turn_with_their_ratio_to_the_first(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "benchmarks" / "config_gap.py"), "--workload", "item_logging", "--small",
            "--out", str(tmp_path), "--rounds", "2", "--warmup", "5", "--windows", "1", "--window-s", "0.2",
-           "--config", "plain=@plain", "--config", "plain+fused=fused_optimizer", "--config", "expert=@expert"]  # fmt: skip
+           "--config", "plain+fused=fused_optimizer", "--config", "expert=@expert"]  # fmt: skip
     env = os.environ | {"PYTHONPATH": str(REPO / "src")}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     table = json.loads((tmp_path / "config_gap.json").read_text())["table"]
-    assert list(table) == ["plain", "plain+fused", "expert"]
-    assert table["plain"]["ratio_to_first"] == 1.0
+    assert list(table) == ["plain+fused", "expert"]
+    assert table["plain+fused"]["ratio_to_first"] == 1.0
     assert table["plain+fused"]["fixes"] == ["fused_optimizer"] and table["expert"]["expert"]
     for row in table.values():
         assert row["step_ms"] > 0 and len(row["per_round_ms"]) == 2
