@@ -386,6 +386,25 @@ def test_where_the_loader_still_paces_the_loop_more_workers_come_before_the_gpu_
     assert report.final_saving_pct == pytest.approx(100 * (1 - 24 / 112), abs=2)
 
 
+def test_where_the_loader_still_paces_the_loop_with_the_most_workers_offered_the_report_says_so() -> None:
+    # GIVEN the same ConvNeXt where only 8 workers are offered (the most its host's cores allow, say),
+    # with which the loop still waits 20 of its 46 ms for them, whatever is done to the GPU's work
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, TIMM_STEP, round_s=16.0)
+    launcher.seen = {"conv2d": True}
+    launcher.loader_wait_us = {"autocast+workers:8": 20.0, "autocast+workers:8+compile": 20.0}
+    report = session(launcher, clock, "autocast,workers:8,compile", budget_s=900.0).run()
+    # THEN the report says the loader paces the kept configuration and no more workers are left, once,
+    # with what would make the batches come faster
+    paced = [n for n in report.notes if "no larger worker count is left to try" in n]
+    assert len(paced) == 1
+    # (said of the latest kept configuration: compile on top took 46 to 45 ms, which the fake clock's
+    # noiseless steps keep)
+    assert report.final == ("autocast", "workers:8", "compile")
+    assert re.search(r"with autocast\+workers:8\+compile the loop still spent 4\d% of its step waiting for "
+                     r"its DataLoader's workers", paced[0]) and "augmentation on the GPU" in paced[0]  # fmt: skip
+
+
 def test_a_loader_on_the_training_thread_pacing_the_loop_once_bfloat16_is_kept_gets_workers_next() -> None:
     # GIVEN ConvNeXt-tiny in float32, GPU-bound at 107 ms a step, each batch made on the training thread
     # in 20 ms (19% of the step: no reason to start with workers); bfloat16 cuts the GPU's work to where
