@@ -194,8 +194,10 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
             *) names+=("$item") ;;
             esac
         done
-        "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" \
-            --only "$(IFS=,; echo "${names[*]}")" "${scripts[@]}" "${SMOKE[@]}"
+        local only=()  # `aa` alone: aa_noise's default workloads
+        [ -n "$arg1" ] && only=(--only "$(IFS=,; echo "${names[*]}")")
+        "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" "${only[@]}" \
+            "${scripts[@]}" "${SMOKE[@]}"
         ;;
     zoo)
         mkdir -p "$OUT_DIR/zoo"
