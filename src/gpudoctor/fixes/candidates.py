@@ -338,11 +338,16 @@ def more_workers_first(queue: list[tuple[int, Candidate]], have: int) -> list[tu
     the bottleneck, and a GPU fix timed on top of it shows little (it is not timed again). The smaller
     counts keep their places: each is a minute or more of process pairs, which a 5-minute budget
     spends on the four most promising fixes instead."""
-    more = [qc for qc in queue if qc[1].fix.startswith("workers:") and worker_count(qc[1].fix) > have]
+    more = larger_worker_counts(queue, have)
     if not more:
         return queue
     top = max(more, key=lambda qc: worker_count(qc[1].fix))
     return [top] + [qc for qc in queue if qc is not top]
+
+
+def larger_worker_counts(queue: list[tuple[int, Candidate]], have: int) -> list[tuple[int, Candidate]]:
+    """The worker counts left in `queue` above `have`."""
+    return [qc for qc in queue if qc[1].fix.startswith("workers:") and worker_count(qc[1].fix) > have]
 
 
 def worker_count(fix: str) -> int:

@@ -44,6 +44,7 @@ from gpudoctor.fixes.candidates import (
     choose,
     defer_answered,
     defer_under_compile,
+    larger_worker_counts,
     loader_wait_share,
     more_workers_first,
     worker_count,
@@ -197,19 +198,19 @@ class FixSession:
         kept_workers = [worker_count(f) for f in self.final if f.startswith("workers:")]
         own = [lo.num_workers for r in kept.candidate if r.observations for lo in r.observations.loaders]
         have = max(kept_workers or own or [0])
-        ahead = more_workers_first(queue, have)
         doing = "waiting for its DataLoader's workers" if have else "making its batches"
-        if ahead[:1] != queue[:1] and ahead[0][1].fix.startswith("workers:"):
-            more = worker_count(ahead[0][1].fix)
-            self.notes.append(
-                f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step "
-                f"{doing}: {_workers(more)} in place of {have} tried next"
-            )
-        elif not any(qc[1].fix.startswith("workers:") and worker_count(qc[1].fix) > have for qc in queue):
+        if not larger_worker_counts(queue, have):
             self.notes = [n for n in self.notes if not n.endswith(STILL_PACED)]  # the latest kept says it
             self.notes.append(
                 f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step {doing}, "
                 f"and no larger worker count is left to try: {STILL_PACED}"
+            )
+            return queue
+        ahead = more_workers_first(queue, have)
+        if ahead[:1] != queue[:1]:  # the largest count left, moved to the front
+            self.notes.append(
+                f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step "
+                f"{doing}: {_workers(worker_count(ahead[0][1].fix))} in place of {have} tried next"
             )
         return ahead
 
