@@ -125,6 +125,8 @@ class ModuleProbe:
     def _pre(self, module: Any, args: Any) -> None:
         import torch
 
+        if torch.compiler.is_compiling():  # traced into a compiled graph: fold away, as _post does
+            return
         depth = len(self._stack)
         in_backward = getattr(torch._C, "_current_graph_task_id", lambda: -1)() != -1
         if depth > MAX_DEPTH or in_backward:
@@ -143,6 +145,10 @@ class ModuleProbe:
         self._stack.append((id(module), record))
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        if torch.compiler.is_compiling():
+            return
         while self._stack:  # a forward that raised left its entry: drop it
             ident, record = self._stack.pop()
             if ident == id(module):
@@ -151,8 +157,6 @@ class ModuleProbe:
             return
         if record is None:
             return
-        import torch
-
         if self.cuda:
             record["end"] = torch.cuda.Event(enable_timing=True)
             record["end"].record()

@@ -38,10 +38,15 @@ class RootWatcher:
         self.user_code = user_code
         self._depth = threading.local()
         self._handles: list[Any] = []
+        self._compiling: Callable[[], bool] = lambda: False
 
     def start(self) -> RootWatcher:
+        import torch
         from torch.nn.modules import module
 
+        # Under torch.compile the hooks are traced into the user's graph: they must fold away there (a
+        # constant False branch), not break the graph or read our caches while other threads write them.
+        self._compiling = torch.compiler.is_compiling
         self._handles = [
             module.register_module_forward_pre_hook(self._pre),
             module.register_module_forward_hook(self._post, always_call=True),
@@ -54,6 +59,8 @@ class RootWatcher:
         self._handles = []
 
     def _pre(self, module: Any, args: Any) -> None:
+        if self._compiling():
+            return
         depth = getattr(self._depth, "n", 0)
         self._depth.n = depth + 1
         if depth == 0:
@@ -61,6 +68,8 @@ class RootWatcher:
             self.on_root(call, module)
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
+        if self._compiling():
+            return
         self._depth.n = max(getattr(self._depth, "n", 1) - 1, 0)
 
     def _via(self, frame: FrameType | None) -> str | None:
@@ -90,7 +99,15 @@ class CallHook:
     """A forward pre-hook on one module instance: `on_call()` at each of its calls."""
 
     def __init__(self, module: Any, on_call: Callable[[], None]) -> None:
-        self.handle = module.register_forward_pre_hook(lambda _m, _a: on_call())
+        import torch
+
+        compiling = torch.compiler.is_compiling
+
+        def pre(_module: Any, _args: Any) -> None:
+            if not compiling():  # inside a compiled caller: folded away, not traced
+                on_call()
+
+        self.handle = module.register_forward_pre_hook(pre)
 
     def remove(self) -> None:
         self.handle.remove()

@@ -1,0 +1,59 @@
+"""The run's global module hooks under torch.compile: traced into the user's graph, they fold away there —
+no graph break (which would slow the compiled step we measure) and no reads of our caches while the
+discovery threads write them (CI once saw dynamo fail with "dictionary changed size during iteration")."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from gpudoctor.runner.discovery import RootCall
+from gpudoctor.runner.loops import UserCode
+from gpudoctor.runner.modules import CallHook, RootWatcher
+
+
+def _graphs_of(fn: Any, *args: Any) -> int:
+    torch._dynamo.reset()
+    graphs: list[Any] = []
+
+    def counting(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compile(fn, backend=counting)(*args)
+    return len(graphs)
+
+
+def test_the_root_watcher_and_call_hook_do_not_break_a_compiled_graph() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    roots: list[tuple[RootCall, Any]] = []
+    calls: list[int] = []
+    watcher = RootWatcher(lambda call, module: roots.append((call, module)), UserCode()).start()
+    hook = CallHook(model, lambda: calls.append(1))
+    try:
+        x = torch.randn(4, 8)
+        assert _graphs_of(lambda t: model(t).sum(), x) == 1  # one graph: the hooks folded away
+        assert roots == [] and calls == []  # nothing recorded from inside the compiled code
+        model(x)  # the same model called eagerly is still seen
+        assert [m for _c, m in roots] == [model] and calls == [1]
+    finally:
+        hook.remove()
+        watcher.stop()
+        torch._dynamo.reset()
+
+
+def test_the_memory_probe_does_not_break_a_compiled_graph() -> None:
+    from gpudoctor.runner.memory_probe import ModuleProbe
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    probe = ModuleProbe({}, lambda: 0, cuda=False).install()
+    try:
+        x = torch.randn(4, 8)
+        assert _graphs_of(lambda t: model(t).sum(), x) == 1
+        assert probe.calls == []
+        model(x)
+        assert [c["type"] for c in probe.calls] == ["Linear", "ReLU", "Sequential"]  # in order of return
+    finally:
+        probe.remove()
+        torch._dynamo.reset()
