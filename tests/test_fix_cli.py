@@ -64,7 +64,9 @@ def starved(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 @pytest.mark.slow
 def test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest(starved: Path, tmp_path: Path) -> None:
     out = tmp_path / "fix"
-    result = fix("--out", str(out), "--only", "workers:2,zero_grad_none,fused_optimizer", "--rounds", "2",
+    # three pairs of processes: two (df 1) call a 53% saving "too noisy" when the pairs' ratios differ by
+    # a sixth (CI saw it once in ~15 runs: 0.43 and 0.51)
+    result = fix("--out", str(out), "--only", "workers:2,zero_grad_none,fused_optimizer", "--rounds", "3",
                  *FAST, "train.py")  # fmt: skip
     assert result.exit_code == 0, result.output
     report = report_of(out)
