@@ -57,3 +57,39 @@ def test_the_memory_probe_does_not_break_a_compiled_graph() -> None:
     finally:
         probe.remove()
         torch._dynamo.reset()
+
+
+def test_hooks_on_a_root_found_eagerly_do_not_recompile_it_inside_compiled_code() -> None:
+    # GIVEN the fix rounds' root hooks (the numerics recorder, the observer of input shapes) on a model
+    # the script calls once eagerly (a warm-up, an evaluation) and then inside a compiled train step
+    from gpudoctor.fixes.observe import Observer
+    from gpudoctor.runner.hooks import RootFinder
+    from gpudoctor.runner.outputs import OutputRecorder
+
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
+    finder = RootFinder().install()
+    observer = Observer(finder)
+    recorder = OutputRecorder(finder, limit=3)
+    observer.apply()
+    recorder.apply()
+    try:
+        model(torch.randn(2, 8))
+        # WHEN the compiled step calls it six times
+        torch._dynamo.reset()
+        graphs: list[Any] = []
+
+        def counting(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
+            graphs.append(graph)
+            return graph.forward
+
+        step = torch.compile(lambda t: model(t).sum(), backend=counting)
+        for _ in range(6):
+            step(torch.randn(2, 8))
+        # THEN it compiled once (traced, the hooks' lists and removals recompiled it at each call before)
+        assert len(graphs) == 1
+        assert recorder.values()[0] == "output" and len(recorder.values()[1]) == 1  # the eager call's
+    finally:
+        recorder.undo()
+        observer.undo()
+        finder.uninstall()
+        torch._dynamo.reset()

@@ -360,6 +360,10 @@ class Observer:
         self._autocast_hook = leaf.register_forward_pre_hook(seen)
 
     def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        import torch
+
+        if torch.compiler.is_compiling():  # the root called inside compiled code: not traced into it
+            return
         self._shapes.append(_shapes(args, kwargs))
         if self._autocast_hook is not None:
             self._autocast_hook.remove()

@@ -51,13 +51,17 @@ class OutputRecorder:
         self._hook = module.register_forward_hook(self._on_output)
 
     def _on_output(self, module: Any, args: Any, output: Any) -> None:
+        import torch
+
+        # a root found eagerly may be called inside compiled code too: traced there, the hook would
+        # recompile the user's graph at each call (the list's length is guarded) and at its removal
+        if torch.compiler.is_compiling():
+            return
         if len(self._outputs) >= self.limit:
             self._remove_hook()
             return
         tensor = first_float_tensor(output)
         if tensor is not None:
-            import torch
-
             t = tensor.detach().float()
             self._outputs.append(torch.stack([t.sum(), t.abs().sum()]))
 
