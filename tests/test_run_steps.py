@@ -527,3 +527,26 @@ def test_the_module_view_goes_as_deep_as_the_run_labelled_the_modules(tmp_path: 
         run_script(tmp_path, body, "--module-depth", str(depth))
         view = analysis_of(tmp_path).modules
         assert view is not None and view.depth == depth
+
+
+def test_a_model_compiled_in_place_is_timed_without_breaking_its_graph(tmp_path: Path) -> None:
+    # GIVEN `model.compile()`: every call of the model, gpudoctor's global module hooks included, runs
+    # inside the graph (run in this process: dynamo's counters are this test's)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import torch
+        model = {MLP}.eval()
+        model.compile(backend="eager")
+        with torch.no_grad():
+            for i in range(3000):
+                model(torch.randn(16, 32))
+        """,
+    )
+    # THEN the loop is found, and the hooks, traced, fold away: no graph break (dynamo stopped at
+    # sys._getframe in the root watcher before, and warned on the user's stderr)
+    assert record.step is not None and record.step.source == "loop"
+    assert counters["frames"]["ok"] > 0 and not counters["graph_break"]

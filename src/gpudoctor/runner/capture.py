@@ -551,7 +551,11 @@ class LiveCapture:
         root = detector.root_module
         if root is None or self.options.module_depth < 0:
             return
-        if getattr(root, "_orig_mod", None) is not None:
+        # torch.compile(model), or model.compile() (its hooks too run inside the graph)
+        if (
+            getattr(root, "_orig_mod", None) is not None
+            or getattr(root, "_compiled_call_impl", None) is not None
+        ):
             self.notes.append(
                 "no module view: the root module is compiled (its submodules run inside the graph)"
             )
