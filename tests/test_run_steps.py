@@ -550,3 +550,42 @@ def test_a_model_compiled_in_place_is_timed_without_breaking_its_graph(tmp_path:
     # sys._getframe in the root watcher before, and warned on the user's stderr)
     assert record.step is not None and record.step.source == "loop"
     assert counters["frames"]["ok"] > 0 and not counters["graph_break"]
+
+
+def test_a_compiled_optimizer_step_is_not_recompiled_by_the_step_hooks(tmp_path: Path) -> None:
+    # GIVEN PyTorch's recipe for a compiled optimizer step: torch's global step hooks, gpudoctor's
+    # among them, run inside the compiled function
+    import runpy
+
+    from torch._dynamo.utils import counters
+
+    body = """
+        import torch
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        x = torch.randn(256, 64)
+
+        @torch.compile(backend="eager")
+        def step():
+            opt.step()
+
+        for i in range(300):
+            model(x).sum().backward()
+            step()
+            opt.zero_grad()
+        """
+    plain = tmp_path / "plain.py"
+    plain.write_text(textwrap.dedent(body))
+    torch._dynamo.reset()
+    counters.clear()
+    runpy.run_path(str(plain), run_name="__main__")
+    plain_frames, plain_breaks = counters["frames"]["total"], set(counters["graph_break"])
+    torch._dynamo.reset()  # the optimizer's code objects compiled afresh for the script's own optimizer
+    counters.clear()
+    record, _ = run_script(tmp_path, body)
+    # THEN the steps are found, and dynamo compiles about what it does for the plain script (a few more
+    # frames: the hooks put in and taken out change what its guards check) where the hooks, traced,
+    # recompiled it at nearly every step (646 frames for the plain script's 10) and broke its graph
+    assert record.step is not None
+    assert counters["frames"]["total"] <= 2 * plain_frames
+    assert set(counters["graph_break"]) <= plain_breaks
