@@ -14,7 +14,7 @@ from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
-from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
+from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site, eager_only
 from gpudoctor.util.serial import Serialized
 
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
@@ -328,7 +328,7 @@ class Observer:
         if torch.is_autocast_enabled(device):  # entered around the call (a compiled root shows it only here)
             self._root["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
         self._shapes.append(_shapes(args, {}))
-        self._hook = module.register_forward_pre_hook(self._on_call, with_kwargs=True)
+        self._hook = module.register_forward_pre_hook(eager_only(self._on_call), with_kwargs=True)
         self._watch_autocast(module, first.device.type)
 
     def _watch_autocast(self, root: Any, device: str) -> None:
@@ -360,10 +360,6 @@ class Observer:
         self._autocast_hook = leaf.register_forward_pre_hook(seen)
 
     def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        import torch
-
-        if torch.compiler.is_compiling():  # the root called inside compiled code: not traced into it
-            return
         self._shapes.append(_shapes(args, kwargs))
         if self._autocast_hook is not None:
             self._autocast_hook.remove()

@@ -149,6 +149,27 @@ def call_site(frame: FrameType | None = None) -> CallSite | None:
 RootCallback = Callable[[Any, tuple[Any, ...]], "tuple[Any, ...] | None"]
 
 
+def eager_only(hook: Callable[..., Any]) -> Callable[..., Any]:
+    """`hook` (for one of torch's hook points) where it runs eagerly; traced into code the user compiled
+    (a model called from a compiled function, `model.compile()`, a compiled optimizer step) it does
+    nothing and returns None: `torch.compiler.is_compiling()` is a constant there, so the branch folds
+    away — the hook neither breaks the user's graph (Dynamo stops at `sys._getframe`, timers, weak sets)
+    nor recompiles it at each call (it guards on the lists and counters a hook changes)."""
+    import functools
+
+    import torch
+
+    compiling = torch.compiler.is_compiling
+
+    @functools.wraps(hook)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if compiling():
+            return None
+        return hook(*args, **kwargs)
+
+    return wrapper
+
+
 class RootFinder:
     """Finds the module the script calls per step: the first module with parameters called while no
     other module's forward runs. Global forward hooks watch until that first call ends, then leave
@@ -167,19 +188,16 @@ class RootFinder:
         self._callbacks: list[RootCallback] = []
         self._handles: list[Any] = []
         self._depth = 0
-        self._compiling: Callable[[], bool] = lambda: False
 
     def on_root(self, callback: RootCallback) -> None:
         self._callbacks.append(callback)
 
     def install(self) -> RootFinder:
-        import torch
         from torch.nn.modules import module
 
-        self._compiling = torch.compiler.is_compiling
         self._handles = [
-            module.register_module_forward_pre_hook(self._pre),
-            module.register_module_forward_hook(self._post, always_call=True),
+            module.register_module_forward_pre_hook(eager_only(self._pre)),
+            module.register_module_forward_hook(eager_only(self._post), always_call=True),
         ]
         return self
 
@@ -189,8 +207,6 @@ class RootFinder:
         self._handles = []
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        if self._compiling():
-            return None
         self._depth += 1
         if self._depth != 1 or self.root is not None or next(module.parameters(), None) is None:
             return None
@@ -208,8 +224,6 @@ class RootFinder:
         return new_args
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        if self._compiling():
-            return
         self._depth -= 1
         if self._depth == 0 and self.root is not None:
             self.uninstall()

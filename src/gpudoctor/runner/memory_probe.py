@@ -12,6 +12,8 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from gpudoctor.runner.hooks import eager_only
+
 MAX_DEPTH = 4  # modules this deep below a root are not measured (their parents include them)
 
 
@@ -111,9 +113,9 @@ class ModuleProbe:
     def install(self) -> ModuleProbe:
         from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        self._handles = [
-            register_module_forward_pre_hook(self._pre),
-            register_module_forward_hook(self._post),
+        self._handles = [  # eager only: inside a compiled graph, nothing to time module by module
+            register_module_forward_pre_hook(eager_only(self._pre)),
+            register_module_forward_hook(eager_only(self._post)),
         ]
         return self
 
@@ -125,8 +127,6 @@ class ModuleProbe:
     def _pre(self, module: Any, args: Any) -> None:
         import torch
 
-        if torch.compiler.is_compiling():  # traced into a compiled graph: fold away, as _post does
-            return
         depth = len(self._stack)
         in_backward = getattr(torch._C, "_current_graph_task_id", lambda: -1)() != -1
         if depth > MAX_DEPTH or in_backward:
@@ -145,10 +145,6 @@ class ModuleProbe:
         self._stack.append((id(module), record))
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        import torch
-
-        if torch.compiler.is_compiling():
-            return
         while self._stack:  # a forward that raised left its entry: drop it
             ident, record = self._stack.pop()
             if ident == id(module):
@@ -157,6 +153,8 @@ class ModuleProbe:
             return
         if record is None:
             return
+        import torch
+
         if self.cuda:
             record["end"] = torch.cuda.Event(enable_timing=True)
             record["end"].record()

@@ -15,11 +15,19 @@ from types import FrameType
 from typing import Any
 
 from gpudoctor.runner.discovery import RootCall
+from gpudoctor.runner.hooks import eager_only
 from gpudoctor.runner.loops import UserCode
 
 MODULE_LABEL = "gpudoctor.module: "
 # Frames that only carry a call along (decorators, context managers, module call machinery).
-_PLUMBING = ("utils/_contextlib.py", "nn/modules/module.py", "_dynamo/", "functools.py", "contextlib.py")
+_PLUMBING = (
+    "utils/_contextlib.py",
+    "nn/modules/module.py",
+    "_dynamo/",
+    "functools.py",
+    "contextlib.py",
+    "gpudoctor/runner/hooks.py",  # eager_only's wrapper around the hooks themselves
+)
 
 
 def module_name(module: Any) -> str:
@@ -38,18 +46,14 @@ class RootWatcher:
         self.user_code = user_code
         self._depth = threading.local()
         self._handles: list[Any] = []
-        self._compiling: Callable[[], bool] = lambda: False
 
     def start(self) -> RootWatcher:
-        import torch
         from torch.nn.modules import module
 
-        # Under torch.compile the hooks are traced into the user's graph: they must fold away there (a
-        # constant False branch), not break the graph or read our caches while other threads write them.
-        self._compiling = torch.compiler.is_compiling
+        # eager only: traced, `_via` stopped Dynamo at each module and read a cache other threads write
         self._handles = [
-            module.register_module_forward_pre_hook(self._pre),
-            module.register_module_forward_hook(self._post, always_call=True),
+            module.register_module_forward_pre_hook(eager_only(self._pre)),
+            module.register_module_forward_hook(eager_only(self._post), always_call=True),
         ]
         return self
 
@@ -59,8 +63,6 @@ class RootWatcher:
         self._handles = []
 
     def _pre(self, module: Any, args: Any) -> None:
-        if self._compiling():
-            return
         depth = getattr(self._depth, "n", 0)
         self._depth.n = depth + 1
         if depth == 0:
@@ -68,8 +70,6 @@ class RootWatcher:
             self.on_root(call, module)
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
-        if self._compiling():
-            return
         self._depth.n = max(getattr(self._depth, "n", 1) - 1, 0)
 
     def _via(self, frame: FrameType | None) -> str | None:
@@ -96,18 +96,10 @@ def _function_name(frame: FrameType) -> str:
 
 
 class CallHook:
-    """A forward pre-hook on one module instance: `on_call()` at each of its calls."""
+    """A forward pre-hook on one module instance: `on_call()` at each of its eager calls."""
 
     def __init__(self, module: Any, on_call: Callable[[], None]) -> None:
-        import torch
-
-        compiling = torch.compiler.is_compiling
-
-        def pre(_module: Any, _args: Any) -> None:
-            if not compiling():  # inside a compiled caller: folded away, not traced
-                on_call()
-
-        self.handle = module.register_forward_pre_hook(pre)
+        self.handle = module.register_forward_pre_hook(eager_only(lambda _m, _a: on_call()))
 
     def remove(self) -> None:
         self.handle.remove()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpudoctor.runner.hooks import Restorer, RootFinder
+from gpudoctor.runner.hooks import Restorer, RootFinder, eager_only
 
 
 class OutputRecorder:
@@ -48,20 +48,18 @@ class OutputRecorder:
         self._restorer.restore()
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
-        self._hook = module.register_forward_hook(self._on_output)
+        # eager only: a root found eagerly may be called inside compiled code as well, which the hook's
+        # list and removal would recompile at each call
+        self._hook = module.register_forward_hook(eager_only(self._on_output))
 
     def _on_output(self, module: Any, args: Any, output: Any) -> None:
-        import torch
-
-        # a root found eagerly may be called inside compiled code too: traced there, the hook would
-        # recompile the user's graph at each call (the list's length is guarded) and at its removal
-        if torch.compiler.is_compiling():
-            return
         if len(self._outputs) >= self.limit:
             self._remove_hook()
             return
         tensor = first_float_tensor(output)
         if tensor is not None:
+            import torch
+
             t = tensor.detach().float()
             self._outputs.append(torch.stack([t.sum(), t.abs().sum()]))
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.discovery import Observations, RootCall, StepDefinition, decide
+from gpudoctor.runner.hooks import eager_only
 from gpudoctor.runner.loops import LoopKey, LoopWatcher, UserCode
 from gpudoctor.runner.modules import CallHook, RootWatcher
 
@@ -76,20 +77,16 @@ class StepDetector:
         self._idle_iterations: dict[LoopKey, int] = {}  # loop iterations since the last step
         self._last_step = time.perf_counter()
         self._compiling = CompileTime()  # while discovering: compilation is not "nothing repeats"
-        self._in_compiled: Callable[[], bool] = lambda: False  # torch.compiler.is_compiling, once installed
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> StepDetector:
-        import torch
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
         from torch.utils.data import dataloader
 
-        # a compiled optimizer step (`torch.compile(optimizer.step)`, as PyTorch's recipe has it) traces
-        # these hooks: there they fold away (counted, they recompiled it at nearly every step), and
-        # the steps are found from the model's calls or the loop instead
-        self._in_compiled = torch.compiler.is_compiling
-        self._post_hook = register_optimizer_step_post_hook(self._on_optimizer_step)
-        self._pre_hook = register_optimizer_step_pre_hook(self._label_closure)
+        # eager only: a compiled optimizer step (`torch.compile` around `optimizer.step()`, PyTorch's recipe)
+        # traces them, and they recompiled it at nearly every step; its steps come from the other sources
+        self._post_hook = register_optimizer_step_post_hook(eager_only(self._on_optimizer_step))
+        self._pre_hook = register_optimizer_step_pre_hook(eager_only(self._label_closure))
         original = dataloader._BaseDataLoaderIter.__next__
         detector = self
 
@@ -145,7 +142,7 @@ class StepDetector:
         self._step()
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self.definition is EXPLICIT or self._in_compiled():
+        if self.definition is EXPLICIT:
             return
         if self._lead_optimizer is None:
             self._lead_optimizer = id(optimizer)
@@ -157,7 +154,7 @@ class StepDetector:
     def _label_closure(self, optimizer: Any, args: Any, kwargs: Any) -> Any:
         """While tracing, the closure given to optimizer.step (Lightning, LBFGS) runs in a profiler range
         of its own, so its forward and backward are not counted as the optimizer's."""
-        if not self.label_closures or self._in_compiled():
+        if not self.label_closures:
             return None
         if kwargs.get("closure") is not None:
             return args, {**kwargs, "closure": _labelled(kwargs["closure"])}
