@@ -351,13 +351,13 @@ class Observer:
 
         def seen(module: Any, args: tuple[Any, ...]) -> None:
             # once (removed at the root's next call: not while torch iterates the leaf's hooks)
-            if looked or torch.compiler.is_compiling():
+            if looked:
                 return
             looked.append(True)
             if root_info is not None and torch.is_autocast_enabled(device):
                 root_info["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
 
-        self._autocast_hook = leaf.register_forward_pre_hook(seen)
+        self._autocast_hook = leaf.register_forward_pre_hook(eager_only(seen))
 
     def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         self._shapes.append(_shapes(args, kwargs))
