@@ -374,11 +374,16 @@ def test_aa_times_the_script_against_itself_beside_plain_processes(starved: Path
         and report.processes.unit == "process pair"
         and report.processes.pairs == 2
     )
-    # the no-op in blocks: three times the session's block pairs recorded, resampled at its size
-    assert report.blocks is not None and report.blocks.unit == "block pair" and report.blocks.pairs == 6
+    # the no-op in blocks: three times the session's block pairs recorded, resampled at its size — and
+    # where those 6 leaned to a saving undecided, 16 more (--extend-blocks' default), as a fix's would
+    # be, resampled at the two looks as well (CI saw that once: 1.3% saved at the first look)
+    assert report.blocks is not None and report.blocks.unit == "block pair"
+    assert report.blocks.pairs in (6, 6 + 16)
+    extended = [("block pair", 2 + 16, 200)] if report.blocks.pairs > 6 else []
     assert [(f.unit, f.pairs, f.comparisons) for f in report.false_positives] == [
         ("process pair", 2, 200),
         ("block pair", 2, 200),
+        *extended,
     ]
     assert "the harness's spread is" in result.output and "false-positive rate over 200" in result.output
     assert starved.read_text() == STARVED
