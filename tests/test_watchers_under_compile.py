@@ -1,6 +1,8 @@
-"""The run's global module hooks under torch.compile: traced into the user's graph, they fold away there —
-no graph break (which would slow the compiled step we measure) and no reads of our caches while the
-discovery threads write them (CI once saw dynamo fail with "dictionary changed size during iteration")."""
+"""gpudoctor's hooks in torch under torch.compile (`runner.hooks.eager_only`: the root watcher, the call hook,
+the memory probe, the fix rounds' numerics recorder and observer): traced into the user's graph, they fold
+away there — no graph break, no recompilation (either would change the compiled step we measure) and no
+reads of our caches while the discovery threads write them (CI once saw dynamo fail with "dictionary
+changed size during iteration"). The step detector's optimizer hooks: tests/test_run_steps.py."""
 
 from __future__ import annotations
 
