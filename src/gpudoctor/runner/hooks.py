@@ -8,6 +8,7 @@ call; seeding. Nothing here runs at import or imports torch at import.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import re
 import sys
@@ -155,8 +156,6 @@ def eager_only(hook: Callable[..., Any]) -> Callable[..., Any]:
     nothing and returns None: `torch.compiler.is_compiling()` is a constant there, so the branch folds
     away — the hook neither breaks the user's graph (Dynamo stops at `sys._getframe`, timers, weak sets)
     nor recompiles it at each call (it guards on the lists and counters a hook changes)."""
-    import functools
-
     import torch
 
     compiling = torch.compiler.is_compiling
