@@ -48,6 +48,8 @@ class OutputRecorder:
         self._restorer.restore()
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        if self._hook is not None or self._outputs or module is not self.finder.root:
+            return  # the first top-level module's outputs stand for the step's
         # eager only: a root found eagerly may be called inside compiled code as well, which the hook's
         # list and removal would recompile at each call
         self._hook = module.register_forward_hook(eager_only(self._on_output))
