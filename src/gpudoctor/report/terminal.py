@@ -43,6 +43,7 @@ from gpudoctor.report.style import (
 from gpudoctor.report.traced import (
     GPU_SECTIONS,
     counted,
+    memory_peaks,
     per_call_sentence,
     per_second,
     steps_count,
@@ -50,7 +51,7 @@ from gpudoctor.report.traced import (
 )
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.text import printable
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_us
 
 MAX_STEP_ROWS = 12
 
@@ -258,10 +259,7 @@ def render_memory(analysis: Analysis, console: Console) -> None:
     cap = m.capacity
     line(
         console,
-        f"peak allocated {fmt_bytes(m.peak_allocated)}"
-        + (f" ({fmt_pct(m.peak_allocated / cap)})" if cap else ""),
-        f"peak reserved {fmt_bytes(m.peak_reserved)}"
-        + (f" ({fmt_pct(m.peak_reserved / cap)})" if cap else ""),
+        *memory_peaks(m),
         f"capacity {fmt_bytes(cap)}" if cap else "capacity not recorded",
         f"device {m.device}",
     )

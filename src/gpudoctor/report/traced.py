@@ -3,8 +3,9 @@ its figures per traced second. Text only, from the analysis as it is."""
 
 from __future__ import annotations
 
+from gpudoctor.analysis.memory import MemoryReport
 from gpudoctor.analysis.summary import Analysis
-from gpudoctor.util.units import fmt_pct, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
 
 # What a trace without GPU activity cannot fill: left out of every report, and said once.
 GPU_SECTIONS = "GPU time, top kernels, roofline, launches, transfers, host synchronizations and GPU memory"
@@ -65,3 +66,31 @@ def per_second(a: Analysis) -> list[tuple[str, str]]:
     if c.allocator_calls:
         rows.append(("cudaMalloc/cudaFree per second", f"{c.allocator_calls / seconds:,.0f}"))
     return rows
+
+
+def memory_peaks(m: MemoryReport) -> list[str]:
+    """The trace's memory peaks, as every renderer says them: the allocator's totals where the events
+    carry them; else the rise of allocated memory from the trace's start (what was allocated before the
+    trace began is not in it), and no reserved figure."""
+    cap = m.capacity
+
+    def of(b: int) -> str:
+        return f" ({fmt_pct(b / cap)})" if cap else ""
+
+    if m.is_rise:
+        parts = [
+            f"allocated memory rose by up to {fmt_bytes(m.peak_allocated)}{of(m.peak_allocated)} from the "
+            "trace's start (its memory events carry no allocator totals: what was allocated before is unknown)"
+        ]
+    else:
+        parts = [f"peak allocated {fmt_bytes(m.peak_allocated)}{of(m.peak_allocated)}"]
+    if m.reserved_recorded:
+        parts.append(f"peak reserved {fmt_bytes(m.peak_reserved)}{of(m.peak_reserved)}")
+    else:
+        parts.append("reserved not recorded")
+    return parts
+
+
+def memory_tile(m: MemoryReport) -> tuple[str, str]:
+    """(label, value) of the memory figure a summary leads with."""
+    return ("memory rise from trace start" if m.is_rise else "peak memory", fmt_bytes(m.peak_allocated))
