@@ -170,10 +170,15 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
     per_call = per_call_sentence(analysis)
     if per_call:
         line(console, per_call)
-    if len(analysis.steps) > MAX_STEP_ROWS:
-        dim_line(console, f"per-step table left out: {len(analysis.steps)} steps (at most {MAX_STEP_ROWS})")
+    shown = (*analysis.warmup_steps, *analysis.steps)
+    if len(shown) > MAX_STEP_ROWS:
+        dim_line(console, f"per-step table left out: {len(shown)} steps (at most {MAX_STEP_ROWS})")
         return
-    _step_table(analysis.steps, console, gpu=bool(analysis.trace.gpu_activities))
+    _step_table(shown, console, gpu=bool(analysis.trace.gpu_activities), warmup=len(analysis.warmup_steps))
+    if analysis.warmup_steps:
+        dim_line(
+            console, "warm-up: at the trace's start, left out of the medians and every figure over the steps"
+        )
 
 
 # Per-step columns: header, value of a step (µs, or a share for "GPU busy").
@@ -190,16 +195,17 @@ _STEP_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def _step_table(steps: tuple[StepSummary, ...], console: Console, gpu: bool) -> None:
+def _step_table(steps: tuple[StepSummary, ...], console: Console, gpu: bool, warmup: int = 0) -> None:
     columns = [(h, f) for h, f in _STEP_COLUMNS if any(f(s) for s in steps)]
     missing = [h for h, f in _STEP_COLUMNS if all(f(s) is None for s in steps)]
     zero = [
         h.replace("\n", " ") for h, f in _STEP_COLUMNS if not any(f(s) for s in steps) and h not in missing
     ]
     t = table("step", "duration", *(h for h, _ in columns), "launch\ncalls")
-    for s in steps:
+    for i, s in enumerate(steps):
         cells = [pct(f(s)) if h == "GPU\nbusy" else dur(f(s)) for h, f in columns]
-        t.add_row(str(s.number), fmt_us(s.duration_us), *cells, count(s.cpu.launch_count))
+        number = f"{s.number} warm-up" if i < warmup else str(s.number)
+        t.add_row(number, fmt_us(s.duration_us), *cells, count(s.cpu.launch_count))
     console.print(t)
     if missing and gpu:
         not_available(console, "GPU busy and idle per step: no GPU activity in this trace")
