@@ -9,11 +9,12 @@
   `computeProperties` in `cudaDeviceProp`'s names (`major`, `multiProcessorCount`);
 - `warmup_first_step.json.gz`: `zoo/control_cnn` (three steps, GPU-bound, nothing planted) with a
   fourth step before them, 20x as long: a copy of its first step after a warm-up of cudnn autotuning
-  kernels and 100 `cudaMalloc`/`cudaFree` calls;
+  kernels and 100 `cudaMalloc`/`cudaFree` calls (its flow events left out);
 - `toy_four_kernels.json.gz`: written by hand: four additions, each one kernel (3-92 us).
 
-The format of each field follows Kineto's `output_json.cpp` and `CudaDeviceProperties.cpp` of the time
-(pytorch/kineto 1e9a1a97) and the traces its TensorBoard plugin shipped as samples.
+The format of each field follows Kineto's `output_json.cpp` and `CudaDeviceProperties.cpp` as of
+pytorch/kineto#211 (May 2021), the traces its TensorBoard plugin shipped as samples, and (for
+`computeProperties`) that plugin's test traces.
 
     python tools/make_old_traces.py [OUT_DIR]     (default: tests/fixtures/old_traces)
 """
@@ -183,7 +184,8 @@ def with_warmup(doc: Doc, factor: float = 20.0) -> Doc:
     step = {**first, "name": f"ProfilerStep#{number}", "ts": begin, "dur": first["ts"] - begin - 1.0}
     step["args"] = {"External id": ID_OFFSET - 1}
     out = {k: v for k, v in doc.items() if k != "traceEvents"}
-    kept = [e for e in events if e.get("ph") != "X" or e.get("cat") in (*HOST_CATS, *GPU_CATS, "Trace")]
+    # flow events left out: gpudoctor links by ids, and the file stays small
+    kept = [e for e in events if e.get("ph") == "M" or e.get("cat") in (*HOST_CATS, *GPU_CATS, "Trace")]
     out["traceEvents"] = [*kept, step, *filler, *copied]
     return out
 
