@@ -66,9 +66,12 @@ class GpuTimeline:
     concurrent_kinds_us: dict[str, float]  # each kind's own union, overlaps included
 
 
-def gpu_timeline(trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None = None) -> GpuTimeline:
+def gpu_timeline(
+    trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None = None, first: int = 0
+) -> GpuTimeline:
     """Busy and idle per step, over the profiled steps, and over the GPU's own span. `gpu` restricts
-    the GPU activity considered (default: all kernels, copies and memsets)."""
+    the GPU activity considered (default: all kernels, copies and memsets). The profiled-steps window
+    starts at `steps[first]`: warm-up steps before it have their own breakdown and are left out of it."""
     if gpu is None:
         gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
@@ -82,7 +85,7 @@ def gpu_timeline(trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None =
         return _breakdown(a, b, busy_layers, idle)
 
     per_step = tuple(window(s.window_start_us, s.window_end_us) for s in steps)
-    profiled = window(steps[0].window_start_us, steps[-1].window_end_us) if steps else None
+    profiled = window(steps[first].window_start_us, steps[-1].window_end_us) if steps else None
     return GpuTimeline(per_step, profiled, window(float(start.min()), float(end.max())), concurrent)
 
 

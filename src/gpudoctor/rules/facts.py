@@ -7,6 +7,10 @@ host-caused idle figure from the trace is scaled by `host_scale` = real idle / t
 
 Without steps (no markers, no repeating iteration) the traced time is one whole "step": every figure
 is over it and every saving a share of it, so no rule extrapolates a per-step saving from a whole trace.
+
+Every per-step figure is a mean over the same steps as the traced step time, the analysis's steps
+(warm-up steps at the trace's start left out): the busy time and the idle time by cause then add up to
+the step, so no set of shares of one step adds up to more than all of it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from gpudoctor.analysis.summary import Analysis
 @dataclass(frozen=True)
 class Facts:
     steps: int  # profiled steps averaged (1 when the trace has no steps: then the traced time)
-    traced_step_us: float  # median profiled step time
+    traced_step_us: float  # mean profiled step time (of the steps every figure here is a mean over)
     step_us: float  # the step time savings are a share of: unprofiled if known, else traced
     busy_us: float  # GPU busy per step (mean)
     traced_idle_us: float  # GPU idle per step, as traced (mean)
@@ -105,7 +109,7 @@ def facts_of(a: Analysis, unprofiled_us: float | None = None) -> Facts | None:
     whole = a.whole_trace
     if a.steps and all(s.gpu is not None for s in a.steps):
         rows = list(a.steps)
-        traced = statistics.median(s.duration_us for s in rows)
+        traced = statistics.fmean(s.duration_us for s in rows)
     elif not a.steps and whole is not None and whole.gpu is not None:
         rows = [whole]
         traced = whole.duration_us

@@ -31,6 +31,10 @@ MIN_RARE_NAMES = 2  # one rare name is a stray (a kernel every N iterations), no
 MAX_CANDIDATES = 64
 KGRAM = 16  # items matched at each boundary
 FAST_RUN = 4096  # boundaries checked at once where the sequence keeps its period exactly
+# Fewer GPU activities than this are a few calls, not a loop (two iterations of four activities at the
+# least): no iterations are read into them. Steps read into fewer than rules.registry's
+# MIN_KERNELS_WITHOUT_STEPS kernels are too little GPU work to diagnose all the same.
+MIN_GPU_SEQUENCE = 8
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,8 @@ def sequence_iterations(trace: Trace) -> Repetition | None:
     where it does not repeat at least twice."""
     rows, tokens = launch_sequence(trace)
     items = "GPU activities"
+    if trace.has_gpu and len(rows) < MIN_GPU_SEQUENCE:
+        return None
     if len(rows) < 4 and not trace.has_gpu:
         rows, tokens = op_sequence(trace)
         items = "top-level ops"

@@ -25,6 +25,8 @@ RAW_ARGS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete I
 class Args(msgspec.Struct, frozen=True, gc=False):
     correlation: int | None = -1
     external_id: int | None = msgspec.field(name="External id", default=-1)
+    # PyTorch <= 1.9 wrote the CPU op's id on runtime calls and GPU activity in lower case
+    external_id_older: int | None = msgspec.field(name="external id", default=-1)
     device: int | None = -1
     stream: int | None = -1
     bytes: int | None = -1
