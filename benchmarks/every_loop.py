@@ -1,5 +1,6 @@
-"""Acceptance of issue 13 on the GPU: `gpudoctor run`, unmodified, on the loops people run (the scripts in
-benchmarks/every_loop/, written as their users write them), each beside the same loop timed plainly.
+"""Does `gpudoctor run` find the step and time it right? `gpudoctor run`, unmodified, on the loops people
+run (the scripts in benchmarks/every_loop/, written as their users write them), each beside the same loop
+timed plainly.
 
 For each workload, in fresh processes one after another on the same machine (P G P, or P G P G P ...):
   plain      the script alone; after a warm-up it times a window of >= 2 s with the GPU synchronized at the

@@ -118,8 +118,8 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         # each queue on its share of its GPU's NUMA-local cores: side by side, no queue's compile
         # workers or loader workers run on another's cores (tools/gpu_cores.py; unpinned where unknown).
         # The shares are those of every GPU of the host, whichever this call uses: two fvep steps started
-        # apart (one per GPU) took all 32 cores each in session 36, and a fix run on one GPU slowed the
-        # other's timing (the HF Trainer's script 60 ms a step against 43)
+        # apart (one per GPU) would otherwise each take all the host's cores, and a fix run on one GPU
+        # slow the other's timing
         local -A cores=()
         local gpu_id list_of all
         all=$(nvidia-smi -L 2>/dev/null | wc -l)
