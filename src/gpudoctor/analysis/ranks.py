@@ -1,13 +1,9 @@
-"""`rank_overview(analyses) -> RankOverview`: the ranks of a distributed run side by side — each rank's step
-time, GPU busy share by kind and idle share by cause — and the slowest rank, the one the others wait on in
-their collectives. Pure: it reads the `Analysis` of each rank, nothing else.
-
-The profiler slows each rank's host unevenly, so where the unprofiled step is known the slowest rank is
-judged against it: when the heaviest GPU's work and the transfer account for the step the GPUs pace the
-run (the rank with the most GPU work); otherwise a host does. Which host, NVML's unprofiled utilization
-says (the rank whose GPU idles most, by HOST_IDLE_GAP); whether it is a straggler and what it costs, its
-own host time within its span of each step, less the gaps it spent blocked on a full launch queue. Why:
-docs/run.md, "The ranks judged against the unprofiled step"."""
+"""`rank_overview(analyses) -> RankOverview`: the ranks of a distributed run side by side — step time, GPU
+busy by kind, idle by cause — and the slowest rank, the one the others wait on in their collectives. Pure.
+Since the profiler slows the ranks' hosts unevenly, the slowest rank is judged against the unprofiled step
+where it is known: by GPU work where the GPUs pace the run, else by NVML's unprofiled utilization
+(`HOST_IDLE_GAP`) and the rank's own host time within its span of each step. Why: docs/run.md, "The ranks
+judged against the unprofiled step"."""
 
 from __future__ import annotations
 

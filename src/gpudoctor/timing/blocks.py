@@ -1,19 +1,12 @@
 """An A/B inside one running loop: the baseline (A) and the candidate (B) alternate in blocks of steps,
-switched at step boundaries by a callback, so that both share one process, one compilation and the same
-GPU clocks, and drift cancels between adjacent blocks. Each block is a window synchronized at its ends:
-its mean step is what the loop's throughput pays, slow steps included.
+switched at step boundaries, so both share one process, one compilation and the same GPU clocks, and
+drift cancels between adjacent blocks; each block's mean step is timed between two synchronizations.
 
-The blocks of one side are made exchangeable with the other's: each holds the same whole number of the
-loop's cycles (`loop_period`, found in a calibration of the baseline's steps: a loader whose workers hand
-over their batches together makes slow and fast steps in turn); untimed steps come before every block
-(`settle`, and `lag` where a switch reaches the loop only after the batches in flight); a block in which
-the process compiled is timed again (`redo`); each pair's order is a coin (`seed`), so the sign-flip test
-is a randomization test; and a schedule that leans to a saving undecided times `extend_pairs` more, judged
-at `paired.ALPHA_EXTENDED`. What these rules measured on recorded A/A blocks: docs/results.md (lab).
-
-`BlockSchedule.boundary()` is called at every step boundary after the warm-up, with the candidate's
-configuration on; it says when the schedule is done, the candidate's configuration switched back on. No
-torch here but through the step clock and `sync`."""
+Blocks are made exchangeable: each holds the same whole number of the loop's cycles (`loop_period`, from a
+calibration of the baseline's steps), untimed steps precede every block (`settle`, `lag`), a block in which
+the process compiled is timed again (`redo`), each pair's order is a coin (`seed`), and an undecided
+schedule leaning to a saving times `extend_pairs` more. Why: docs/fix.md, steps 4, 5 and 10; what they
+measured: docs/results.md. `BlockSchedule.boundary()` is called at every step boundary after the warm-up."""
 
 from __future__ import annotations
 

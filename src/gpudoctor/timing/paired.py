@@ -1,13 +1,11 @@
-"""A/B comparison where the unit is a pair, not a step: one baseline (A) and one candidate (B) mean step,
-measured next to each other (two blocks of one process, or two fresh processes). Steps are not independent
-samples (a slow clock or a loader refill moves many at once); pairs are, up to drift, which each pair's
-order cancels: A B, B A, … for processes (`abba`), a coin per pair for blocks (`random_orders`).
+"""A/B comparison where the unit is a pair, not a step: a baseline (A) and a candidate (B) mean step measured
+next to each other (two blocks of one process, or two processes). Steps are not independent samples; pairs
+are, up to drift, which each pair's order cancels (`abba` for processes, a coin per pair for blocks).
 
 The test: Student's t on ln(B/A) over the pairs, the pair's order a covariate from six pairs in both
-orders (a linear drift then leaves the variance); from six pairs the exact sign-flip test must reject as
-well (skewed block means; a randomization test where the orders were coins). Faster or slower only when
-p < α and the whole 95% interval lies beyond ±`same_within`; "same" when it lies within; else ambiguous.
-Its false-positive rate is calibrated on A/A data (`false_positive_rate`; docs/results.md, "Fixes")."""
+orders, and from six pairs an exact sign-flip test that must reject too. Faster or slower only when p < α
+and the whole 95% interval lies beyond ±`same_within`; "same" within it; else ambiguous. Calibrated on A/A
+data (`false_positive_rate`; docs/results.md, "Fixes")."""
 
 from __future__ import annotations
 
