@@ -1,20 +1,7 @@
-"""The GPU timeline: busy time by kind and idle time by cause, per step and overall.
-
-Busy is the union of all GPU activity (kernels, copies, memsets) on every stream of the device: the
-GPU is idle only when no stream runs anything. Each idle gap is put down to one cause, judged from the
-activity that ends it and the runtime call that launched that activity:
-
-- `launch_gap`: the launching call started before the gap opened (the work was queued, yet the GPU
-  waited): device-side launch latency between back-to-back kernels, or a cross-stream dependency;
-- `sync`: the host issued the next work only after the gap opened, and a host synchronization
-  (cudaDeviceSynchronize / StreamSynchronize / EventSynchronize, a synchronous copy) was in flight
-  when it opened: the part of the gap until that call returned (the round trip);
-- `host_wait`: the host issued the next work only after the gap opened: Python, the data loader or
-  launch overhead kept the GPU waiting (after a sync, the rest of the gap: the queue was drained, so
-  every host delay showed);
-- `other`: the activity that ends the gap has no recorded launching call.
-See docs/analysis.md for how this relates to HTA's per-stream idle-time breakdown.
-"""
+"""The GPU timeline: busy time by kind and idle time by cause, per step and overall. Busy is the union of
+all GPU activity on every stream; each idle gap is put down to one cause — `launch_gap`, `sync`,
+`host_wait` or `other` — from the activity that ends it and the call that launched that activity. The
+definitions, and how they differ from HTA's per-stream breakdown: docs/analysis.md, "GPU timeline"."""
 
 from __future__ import annotations
 

@@ -172,8 +172,7 @@ class FixSession:
         """Where the script's training thread spends a fifth of its step or more on its loader's
         batches, a worker count goes first (the group's first, as ranked): until the loader is off the
         training thread, a GPU fix timed against the script shows little even where the GPU bounds the
-        step (timm's ConvNeXt-tiny in float32 on an H100 host, 85 of each 124 ms making batches:
-        bfloat16 autocast against it measured +7%, CI −4 to +17%, not kept)."""
+        step."""
         share = loader_wait_share([ref]) if self.options.stack else None
         first = next((qc for qc in queue if qc[1].fix.startswith("workers:")), None)
         if share is None or share < LOADER_PACES or first is None or queue[0] is first:

@@ -1,17 +1,9 @@
-"""`Facts`: the per-step quantities every rule reasons with, computed once from an `Analysis`, with the
-profiler's own overhead taken out where the unprofiled step time is known.
-
-The profiler slows the host (every op, launch and Python call is recorded), not the GPU's kernels. So
-when the unprofiled step time T is known, the GPU's real idle time per step is T − busy, and each
-host-caused idle figure from the trace is scaled by `host_scale` = real idle / traced idle.
-
-Without steps (no markers, no repeating iteration) the traced time is one whole "step": every figure
-is over it and every saving a share of it, so no rule extrapolates a per-step saving from a whole trace.
-
-Every per-step figure is a mean over the same steps as the traced step time, the analysis's steps
-(warm-up steps at the trace's start left out): the busy time and the idle time by cause then add up to
-the step, so no set of shares of one step adds up to more than all of it.
-"""
+"""`Facts`: the per-step quantities every rule reasons with, computed once from an `Analysis`. The profiler
+slows the host, not the GPU's kernels, so where the unprofiled step time T is known the GPU's real idle
+time is T − busy and each host-caused idle figure is scaled by `host_scale` (real idle / traced idle).
+Without steps the traced time is one whole, so no rule extrapolates a per-step saving from a whole trace.
+Every per-step figure is a mean over the analysis's steps (warm-up steps left out), so the busy time and
+the idle time by cause add up to the step."""
 
 from __future__ import annotations
 

@@ -1,11 +1,8 @@
 """What the script computed in its first steps, for `gpudoctor fix`'s numerics guard: the losses (every
-scalar `backward()` is called on) or, in loops with no backward, a summary of the root module's output
-(sum and sum of absolute values of its first floating tensor). Values stay on the device until `values()`
-reads them all at once, so recording adds no synchronization to the steps.
-
-`OutputRecorder` is a patch (apply/undo): install it after the fixes' patches, so that it sees the loss
-before any of them (a gradient scaler) changes it.
-"""
+scalar `backward()` is called on) or, with no backward, a summary of the root module's output. Values
+stay on the device until `values()` reads them at once, so recording adds no synchronization.
+`OutputRecorder` is a patch (apply/undo), installed after the fixes' patches so that it sees the loss
+before any of them (a gradient scaler) changes it."""
 
 from __future__ import annotations
 
