@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 ENV = "GPUDOCTOR_PROOF_STOPWATCH"
@@ -128,12 +129,15 @@ class Stopwatch:
 
 
 # -- torch's hooks, once the script imported it -------------------------------------------------------
-def hook_torch(watch: Stopwatch, torch: Any) -> None:
-    """The step's source, the DataLoader's batches in flight, and CUDA synchronization."""
+def hook_torch(watch: Stopwatch, torch: Any) -> Callable[[], None]:
+    """The step's source, the DataLoader's batches in flight, and CUDA synchronization; returns what
+    takes them out again. A process forked from this one (a DataLoader's worker) takes them out at
+    once: they are the training process's, and would only slow the worker."""
     from torch.utils.data import dataloader
 
     compiling = torch.compiler.is_compiling
     iterate = dataloader.DataLoader.__iter__
+    undo: list[Callable[[], None]] = []
 
     def counted_iter(loader: Any) -> Any:
         workers = int(getattr(loader, "num_workers", 0) or 0)
@@ -143,6 +147,7 @@ def hook_torch(watch: Stopwatch, torch: Any) -> None:
         return iterate(loader)
 
     dataloader.DataLoader.__iter__ = counted_iter
+    undo.append(lambda: setattr(dataloader.DataLoader, "__iter__", iterate))
 
     def sync() -> None:
         if torch.cuda.is_initialized():
@@ -150,6 +155,8 @@ def hook_torch(watch: Stopwatch, torch: Any) -> None:
 
     watch.sync = sync
     if watch.source == "optimizer":
+        from torch.optim.optimizer import register_optimizer_step_post_hook
+
         lead: list[int] = []
 
         def stepped(optimizer: Any, *args: Any) -> None:
@@ -160,9 +167,7 @@ def hook_torch(watch: Stopwatch, torch: Any) -> None:
             if id(optimizer) == lead[0]:
                 watch.on_step()
 
-        from torch.optim.optimizer import register_optimizer_step_post_hook
-
-        register_optimizer_step_post_hook(stepped)
+        undo.append(register_optimizer_step_post_hook(stepped).remove)
     elif watch.source == "dataloader":
         take = dataloader._BaseDataLoaderIter.__next__
 
@@ -172,8 +177,17 @@ def hook_torch(watch: Stopwatch, torch: Any) -> None:
             return out
 
         dataloader._BaseDataLoaderIter.__next__ = batch
+        undo.append(lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", take))
     else:
-        RootCalls(watch, torch).install()
+        undo.append(RootCalls(watch, torch).install().remove)
+
+    def take_out() -> None:
+        while undo:
+            undo.pop()()
+
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=take_out)
+    return take_out
 
 
 class RootCalls:
@@ -185,8 +199,9 @@ class RootCalls:
         self.watch, self.torch = watch, torch
         self.depth = 0
         self.handles: list[Any] = []
+        self.root: Any = None
 
-    def install(self) -> None:
+    def install(self) -> RootCalls:
         from torch.nn.modules import module as nn_module
 
         compiling = self.torch.compiler.is_compiling
@@ -199,16 +214,24 @@ class RootCalls:
             if compiling():
                 return
             self.depth -= 1
-            if self.depth == 0 and self.is_root(mod):
-                for h in self.handles:
-                    h.remove()
-                mod.register_forward_hook(lambda *a: None if compiling() else self.watch.on_step())
+            if self.depth == 0 and self.root is None and self.is_root(mod):
+                self.root = mod
+                self.remove()
+                self.handles = [
+                    mod.register_forward_hook(lambda *a: None if compiling() else self.watch.on_step())
+                ]
                 self.watch.on_step()
 
         self.handles = [
             nn_module.register_module_forward_pre_hook(before),
             nn_module.register_module_forward_hook(after, always_call=True),
         ]
+        return self
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
 
     def is_root(self, mod: Any) -> bool:
         inner = getattr(mod, "_orig_mod", mod)  # a module the script compiled
