@@ -104,6 +104,7 @@ def fix_command(
     stack: Annotated[bool, typer.Option("--stack/--no-stack", help="Try each fix after a kept one on top of what is kept (one bottleneck at a time), and those not faster alone on top of the recommendation; --no-stack: every fix against the script alone.")] = True,
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
     proof: Annotated[bool, typer.Option("--proof/--no-proof", help="Apply the recommended diff to a copy of your files and time it against the script as plain processes (python script.py), the report's headline; --no-proof: the harness's figure alone.")] = True,
+    proof_half_width: Annotated[float, typer.Option("--proof-half-width", min=0.1, max=50.0, help="The proof times pairs of plain processes until the speedup's 95% interval is within ± this % of it (3 pairs at least, 10 at most, fewer where --budget ends first).")] = 5.0,
     aa: Annotated[bool, typer.Option("--aa", help="A/A: time the script against itself and a patch that changes nothing (in processes and in blocks), beside plain processes: the noise floor, and the test's false-positive rate here.")] = False,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
@@ -142,7 +143,7 @@ def fix_command(
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=_skipped(skip), fork=fork,
         shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s, extend_blocks=extend_blocks,
-        proof=proof,
+        proof=proof, proof_half_width=proof_half_width / 100,
     )  # fmt: skip
     if blocks == 1:
         raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
