@@ -54,11 +54,13 @@ class Plain:
         self.runs: list[tuple[str, tuple[str, ...], dict[str, str], str]] = []
         self.fail: dict[str, tuple[int | None, dict[str, object] | None, str]] = {}
         self.clock = FakeClock()  # the prover's: each process takes its wall time
+        self.limits: list[float] = []
 
     def __call__(self, argv, *, env, cwd, result, log, timeout_s):  # type: ignore[no-untyped-def]
         side = "patched" if "proof" in argv[1] else "script"
         self.clock.now += self.wall_s
         self.runs.append((side, tuple(argv), env, cwd))
+        self.limits.append(timeout_s)
         if side in self.fail:
             code, doc, tail = self.fail[side]
             return ChildRun(
@@ -104,6 +106,8 @@ def test_the_patched_copy_is_timed_against_the_script_in_alternating_pairs(
         "patched",
     ]
     assert len(proof.pairs) == MIN_PAIRS and [p.patched_first for p in proof.pairs] == [False, True, False]
+    # each side's first process gets the rounds' time limit (a patched copy may compile), the next 60 s
+    assert plain.limits == [600.0, 600.0, 60.0, 60.0, 60.0, 60.0]
     assert proof.verdict == "faster" and proof.recommended is True
     assert (
         proof.speedup == pytest.approx(2.0, rel=0.02)

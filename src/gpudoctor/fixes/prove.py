@@ -41,8 +41,7 @@ from gpudoctor.runner.record import StepFound
 from gpudoctor.runner.rundir import proof_files, proof_folders, write_stopwatch
 from gpudoctor.timing.paired import PairedComparison
 
-FIRST_TIMEOUT_S = 600.0  # a plain process's time limit before one has been timed (and the rounds' own)
-TIMEOUT_FACTOR = 3.0  # after that: this many times the longest so far, and at least
+TIMEOUT_FACTOR = 3.0  # a side's processes after its first: this many times its longest so far, and at least
 MIN_TIMEOUT_S = 60.0
 SIDES = ("script", "patched")
 WINDOWS = 4  # the timed span is cut in this many windows (each one set aside where it compiled)
@@ -84,22 +83,22 @@ class PlainProver:
         t0 = self.clock()
         script = Path(self.target.script)
         a_cmd = (sys.executable, self.target.script, *self.target.args)
-        blank = Stated(a_cmd, str(self.cwd), t0, self.clock, request.step)
+        stated = Stated(a_cmd, str(self.cwd), t0, self.clock, request.step)
         why = self._cannot(request)
         if why is not None:
-            return blank.proof("not made", None, why)
+            return stated.proof("not made", None, why)
         try:
             patched = patched_files(request.diff, self.cwd)
         except PatchError as err:
-            return blank.proof("does not apply", False, f"fix.diff does not apply to your files: {err}")
+            return stated.proof("does not apply", False, f"fix.diff does not apply to your files: {err}")
         copy_dir, _ = proof_folders(self.out)
         try:
             copy = build_shadow(self.cwd / script, patched, copy_dir)
         except (ShadowError, OSError) as err:
-            return blank.proof("not made", None, f"the patched copy could not be made: {err}")
+            return stated.proof("not made", None, f"the patched copy could not be made: {err}")
         boot = write_stopwatch(self.out, Path(stopwatch.__file__).read_text(encoding="utf-8")).resolve()
         b_cmd = (sys.executable, str(copy.script), *self.target.args)
-        return self._pairs(request, blank, a_cmd, b_cmd, boot, str(copy.root))
+        return self._pairs(request, stated, a_cmd, b_cmd, boot, str(copy.root))
 
     def _cannot(self, request: ProofRequest) -> str | None:
         """Why no proof can be made of this recommendation, or None."""
@@ -116,7 +115,7 @@ class PlainProver:
     def _pairs(
         self,
         request: ProofRequest,
-        blank: Stated,
+        known: Stated,
         a_cmd: tuple[str, ...],
         b_cmd: tuple[str, ...],
         boot: Path,
@@ -129,7 +128,7 @@ class PlainProver:
                     "steps": o.steps, "steps_s": o.steps_s, "window_s": max(o.steps_s / WINDOWS, 0.05)}  # fmt: skip
         path = os.pathsep.join(p for p in (str(boot), self.env.get("PYTHONPATH", "")) if p)
         added = {"PYTHONPATH": path, stopwatch.ENV: json.dumps(settings)}
-        stated = replace(blank, patched_command=b_cmd, env=tuple(added.items()), copy=copy)
+        stated = replace(known, patched_command=b_cmd, env=tuple(added.items()), copy=copy)
         processes: list[PlainProcess] = []
         pairs: list[ProofPair] = []
         deadline = None if request.seconds_left is None else self.clock() + request.seconds_left
@@ -177,9 +176,12 @@ class PlainProver:
         result, log = proof_files(self.out, f"{side}-{k}")
         settings["out"] = str(result.resolve())  # the script may change its folder
         env = {**self.env, **added, stopwatch.ENV: json.dumps(settings)}
-        limit = min(self.options.child_timeout_s, FIRST_TIMEOUT_S)
-        if before:
-            limit = min(limit, max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * max(p.wall_s for p in before)))
+        # each side's first process gets the rounds' limit (the patched copy may compile), the next ones
+        # a few times the longest of their side
+        limit = self.options.child_timeout_s
+        own = [p.wall_s for p in before if p.side == side]
+        if own:
+            limit = min(limit, max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * max(own)))
         run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
         return plain_process(side, run, str(log), self.options)
 
