@@ -24,6 +24,7 @@ from gpudoctor.runner import settle
 from gpudoctor.runner.compile_workers import stop_compile_workers
 from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
+from gpudoctor.runner.forked import leave_forked_children
 from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.modules import ModuleLabels
 from gpudoctor.runner.proflog import ProfilerLog
@@ -181,6 +182,7 @@ class LiveCapture:
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
         global _ACTIVE
+        leave_forked_children()  # a DataLoader's workers run as in the script, without gpudoctor's hooks
         self._detector = StepDetector(
             self.boundary, self._on_definition, self.script_files, discover=not self.options.trace_all
         ).install()
