@@ -16,6 +16,7 @@ from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
+from gpudoctor.analysis.precision import LowPrecision, device_phrase, precision_of
 from gpudoctor.analysis.profiler_cost import ProfilerCost, profiler_cost
 from gpudoctor.analysis.roofline import Roofline, roofline
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
@@ -112,6 +113,16 @@ class Analysis(Serialized):
     def window(self) -> TimeBreakdown | None:
         """The breakdown the summary leads with: the profiled steps, else the GPU's own span."""
         return self.timeline.profiled_steps or self.timeline.gpu_window
+
+    @property
+    def low_precision(self) -> LowPrecision:
+        """The reduced-precision math of the trace's device: what advice that names a precision follows."""
+        return precision_of(self.device, self.trace.accelerator)
+
+    @property
+    def device_phrase(self) -> str:
+        """The device as evidence names it ("" where the trace records none)."""
+        return device_phrase(self.device, self.trace.accelerator)
 
 
 def analyze(
