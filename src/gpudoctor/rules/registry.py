@@ -81,16 +81,25 @@ def diagnose(analysis: Analysis) -> Diagnosis:
         )
         return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts), judged=False)
     # A trace alone: each host-side finding's severity is judged again on the step without what the
-    # profiler may have added (the high end of its estimated cost); its saving stays the trace's bound.
-    bare = None
-    if facts.est_unprofiled_us is not None and analysis.profiler_cost is not None:
-        high = analysis.profiler_cost.est_unprofiled_us(facts.traced_step_us, facts.busy_us, UNCERTAINTY)
-        bare = facts_of(analysis, high)
+    # profiler may have added, at 30% above its estimated cost and at the high end of every price; its
+    # saving stays the trace's bound.
+    cost, fitted, bare = analysis.profiler_cost, None, None
+    if facts.est_unprofiled_us is not None and cost is not None:
+        fitted = facts_of(analysis, cost.est_unprofiled_us(facts.traced_step_us, facts.busy_us, UNCERTAINTY))
+        high = cost.high_unprofiled_us(facts.traced_step_us, facts.busy_us)
+        bare = fitted if fitted is not None and high == fitted.step_us else facts_of(analysis, high)
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
-        if f is not None and bare is not None and f.id in HOST_SIDE:
-            f = without_profiler(f, rule(analysis, bare), facts)
+        if (
+            f is not None
+            and cost is not None
+            and fitted is not None
+            and bare is not None
+            and f.id in HOST_SIDE
+        ):
+            at_fit = rule(analysis, fitted)
+            f = without_profiler(f, at_fit, at_fit if bare is fitted else rule(analysis, bare), facts, cost)
         if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
