@@ -19,6 +19,7 @@ from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
 from gpudoctor.analysis.precision import LowPrecision, device_phrase, precision_of
 from gpudoctor.analysis.profiler_cost import ProfilerCost, profiler_cost
 from gpudoctor.analysis.roofline import Roofline, roofline
+from gpudoctor.analysis.step_breakdown import StepBreakdown, step_breakdown
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
@@ -108,6 +109,9 @@ class Analysis(Serialized):
     # What the profiler recorded per step and its estimated host cost; None in an analysis saved before
     # it existed, or a trace without host events.
     profiler_cost: ProfilerCost | None = None
+    # Each step by what happens in it (TensorBoard profiler's Kernel / Memcpy / ... / Other breakdown) and its
+    # kernels' estimated SM efficiency and occupancy; the traced time as one where there are no steps.
+    step_breakdown: StepBreakdown | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -206,7 +210,16 @@ def _analyze(
         modules=module_view(trace, steps, module_depth),
         comms=comm_report(trace, steps, window, link),
         profiler_cost=profiler_cost(trace, steps),
+        step_breakdown=step_breakdown(trace, _breakdown_windows(trace, steps)),
     )
+
+
+def _breakdown_windows(trace: Trace, steps: tuple[Step, ...]) -> list[tuple[int, float, float]]:
+    """The steps' windows, or the traced time as one numbered 0 (none without GPU work)."""
+    if steps:
+        return [(s.number, s.window_start_us, s.window_end_us) for s in steps]
+    span = _whole_span(trace)
+    return [(0, *span)] if span is not None else []
 
 
 def _step_summaries(
@@ -258,15 +271,22 @@ def _unprofiled_notes(unprofiled_us: float, steps: tuple[StepSummary, ...]) -> l
 
 def _whole_trace(trace: Trace, syncs: np.ndarray) -> StepSummary | None:
     """The GPU's span (and the launches of its work) as one step numbered 0; None without GPU work."""
+    span = _whole_span(trace)
+    if span is None:
+        return None
+    whole = steps_from_spans(trace, [span], [0])
+    return _step_summaries(trace, whole, syncs, gpu_timeline(trace, whole), None)[0]
+
+
+def _whole_span(trace: Trace) -> tuple[float, float] | None:
+    """From the first GPU activity (or its launch, if earlier) to the last one's end; None without any."""
     gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
         return None
     launch = launch_rows(trace, gpu)
     launched = launch[launch >= 0]
     start = min(float(trace.ts[gpu].min()), float(trace.ts[launched].min()) if len(launched) else np.inf)
-    end = float((trace.ts[gpu] + trace.dur[gpu]).max())
-    whole = steps_from_spans(trace, [(start, end)], [0])
-    return _step_summaries(trace, whole, syncs, gpu_timeline(trace, whole), None)[0]
+    return start, float((trace.ts[gpu] + trace.dur[gpu]).max())
 
 
 def _launched_within(trace: Trace, step: Step) -> np.ndarray:
