@@ -115,18 +115,19 @@ def breakdown_html(b: StepBreakdown | None) -> str:
         )
     ths = "".join(f"<th>{escape(h)}</th>" for h in head)
     trs = "".join("<tr>" + "".join(_cell(c, i > 0) for i, c in enumerate(r)) + "</tr>" for r in rows)
-    notes = [
-        NOTE + ".",
-        *(["Zero in every step: " + ", ".join(zero) + "."] if zero else []),
-        EFFICIENCY_NOTE + ".",
-    ]
+    notes = [_sentence(NOTE), *([_sentence("zero in every step: " + ", ".join(zero))] if zero else [])]
+    notes.append(_sentence(EFFICIENCY_NOTE))
     cover = _coverage(b)
     if cover:
-        notes.append(cover[0].upper() + cover[1:] + ".")
+        notes.append(_sentence(cover))
     return (
         f'<div class="scroll"><table class="breakdown"><thead><tr>{ths}</tr></thead><tbody>{trs}</tbody>'
         f"</table></div>" + "".join(f'<p class="note">{escape(n)}</p>' for n in notes)
     )
+
+
+def _sentence(text: str) -> str:
+    return text[0].upper() + text[1:] + "."
 
 
 def _cell(text: str, number: bool) -> str:
