@@ -77,7 +77,7 @@ def test_each_moment_goes_to_the_first_role_happening(tmp_path: Path) -> None:
     # AND occupancy and warps per SM weighted by kernel time
     assert e.occupancy_pct == pytest.approx((50 * 400 + 100 * 300) / 700)
     assert e.warps_per_sm == pytest.approx((4 * 400 + 8 * 300) / 700)
-    assert (e.kernel_us, e.estimated_us) == (700, 700)
+    assert (e.kernel_us, e.estimated_us, e.occupancy_us) == (700, 700, 700)
 
 
 @pytest.fixture(scope="module", params=sorted(RECORDED))
@@ -123,7 +123,7 @@ def test_the_occupancy_is_kineto_s_estimate_weighted_by_kernel_time() -> None:
     lo = a.timeline.steps[0].start_us
     inside = np.clip(np.minimum(end, lo + window.duration_us) - np.maximum(start, lo), 0, None)
     occ = trace.occupancy[k].astype(float)
-    ok = (occ > 0) & (inside > 0)
+    ok = ~np.isnan(occ) & (inside > 0)  # as the plugin: a kernel that carries 0 counts
     assert step.number == eff.number
     assert eff.occupancy_pct == pytest.approx(float(np.average(occ[ok], weights=inside[ok])))
 

@@ -5,8 +5,8 @@ c10d / nccl: / gloo: ops), a CUDA runtime or driver call, the DataLoader, a CPU 
 Other. So the parts add to the step. And per step the GPU's estimated SM efficiency, as the plugin
 computed it — at each moment the running kernels' Kineto "blocks per SM" summed and capped at 1, averaged
 over the whole step, idle included — and the kernels' estimated achieved occupancy, weighted by their time
-in the step (Kineto's "est. achieved occupancy %"; 0 means not estimated and is left out, as the kernel
-table does), with their mean warps per SM. Both are None where no kernel in the step carries them."""
+in the step (Kineto's "est. achieved occupancy %"; as the plugin, a kernel that carries 0 counts as 0), with
+their mean warps per SM. Each is None where no kernel in the step carries it."""
 
 from __future__ import annotations
 
@@ -51,6 +51,7 @@ class KernelEfficiency:
     warps_per_sm: float | None  # kernel-time-weighted Kineto "warps per SM"
     kernel_us: float  # kernel time in the step
     estimated_us: float  # of it, in kernels that carry blocks per SM (what SM efficiency rests on)
+    occupancy_us: float = 0.0  # of it, in kernels that carry an occupancy (what occupancy rests on)
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,11 @@ class StepBreakdown:
         return sum(s.duration_us for s in self.steps) / max(len(self.steps), 1)
 
     def mean_of(self, field: str) -> float | None:
-        """The kernel-time-weighted mean over the steps of an efficiency figure; None where no step has it."""
-        pairs = [(getattr(e, field), e.kernel_us) for e in self.efficiency if getattr(e, field) is not None]
+        """The kernel-time-weighted mean over the steps of occupancy or warps per SM (the time of the kernels
+        that carry them); None where no step has it."""
+        pairs = [
+            (getattr(e, field), e.occupancy_us) for e in self.efficiency if getattr(e, field) is not None
+        ]
         weight = sum(w for _, w in pairs)
         if not pairs:
             return None
@@ -138,8 +142,8 @@ def _efficiency(trace: Trace, windows: list[tuple[int, float, float]]) -> tuple[
     kernels = trace.rows(Kind.KERNEL)
     start, end = trace.ts[kernels], trace.ts[kernels] + trace.dur[kernels]
     bps = np.nan_to_num(trace.blocks_per_sm[kernels].astype(np.float64), nan=0.0)
-    occ = np.nan_to_num(trace.occupancy[kernels].astype(np.float64), nan=0.0)
-    warps = np.nan_to_num(trace.warps_per_sm[kernels].astype(np.float64), nan=0.0)
+    occ = trace.occupancy[kernels].astype(np.float64)  # NaN: not in the trace
+    warps = trace.warps_per_sm[kernels].astype(np.float64)
     times, level = _sm_fill(start[bps > 0], end[bps > 0], bps[bps > 0])
     out = []
     for n, a, b in windows:
@@ -150,9 +154,9 @@ def _efficiency(trace: Trace, windows: list[tuple[int, float, float]]) -> tuple[
         if estimated > 0 and b > a:
             lo, hi = np.clip(times[:-1], a, b), np.clip(times[1:], a, b)
             sm = 100.0 * float((level * (hi - lo)).sum()) / (b - a)
-        out.append(
-            KernelEfficiency(n, sm, _weighted(occ, inside), _weighted(warps, inside), kernel_us, estimated)
-        )
+        carried = float(inside[~np.isnan(occ)].sum())
+        occupancy, warps_per_sm = _weighted(occ, inside), _weighted(warps, inside)
+        out.append(KernelEfficiency(n, sm, occupancy, warps_per_sm, kernel_us, estimated, carried))
     return tuple(out)
 
 
@@ -170,5 +174,5 @@ def _sm_fill(start: np.ndarray, end: np.ndarray, bps: np.ndarray) -> tuple[np.nd
 
 
 def _weighted(values: np.ndarray, weights: np.ndarray) -> float | None:
-    ok = (values > 0) & (weights > 0)
+    ok = ~np.isnan(values) & (values >= 0) & (weights > 0)
     return float(np.average(values[ok], weights=weights[ok])) if ok.any() else None

@@ -21,7 +21,7 @@ NOTE = (
 EFFICIENCY_NOTE = (
     "est. SM efficiency: the running kernels' Kineto blocks per SM summed, capped at 1, over the whole step "
     "(idle included); est. occupancy: Kineto's estimated achieved occupancy and warps per SM, weighted by "
-    "kernel time"
+    "kernel time (as the plugin: an occupancy of 0 counts)"
 )
 MISSING = "no step and no GPU work to break down (or an analysis saved before gpudoctor made one)"
 _EFFICIENCY_ROWS = (
