@@ -81,29 +81,29 @@ def diagnose(analysis: Analysis) -> Diagnosis:
         )
         return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts), judged=False)
     # A trace alone: each host-side finding's severity is judged again on the step without what the
-    # profiler may have added, at 30% above its estimated cost and at the high end of every price; its
-    # saving stays the trace's bound.
-    cost, fitted, bare = analysis.profiler_cost, None, None
-    if facts.est_unprofiled_us is not None and cost is not None:
-        fitted = facts_of(analysis, cost.est_unprofiled_us(facts.traced_step_us, facts.busy_us, UNCERTAINTY))
-        high = cost.high_unprofiled_us(facts.traced_step_us, facts.busy_us)
-        bare = fitted if fitted is not None and high == fitted.step_us else facts_of(analysis, high)
+    # profiler may have added; its saving stays the trace's bound.
+    cost, bare = analysis.profiler_cost, _without_profiler(analysis, facts)
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
-        if (
-            f is not None
-            and cost is not None
-            and fitted is not None
-            and bare is not None
-            and f.id in HOST_SIDE
-        ):
-            at_fit = rule(analysis, fitted)
-            f = without_profiler(f, at_fit, at_fit if bare is fitted else rule(analysis, bare), facts, cost)
+        if f is not None and cost is not None and bare is not None and f.id in HOST_SIDE:
+            f = without_profiler(f, rule(analysis, bare[0]), rule(analysis, bare[1]), facts, cost)
         if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
     return Diagnosis(SCHEMA, (*found, *memory), bound(analysis, facts), _summary(facts), _saving_of(facts))
+
+
+def _without_profiler(a: Analysis, f: Facts) -> tuple[Facts, Facts] | None:
+    """On a trace alone, the facts of the step with the profiler's estimated cost taken out 30% above the
+    estimate, and at the high end of every price (`analysis.profiler_cost`); None where the unprofiled
+    step is known or nothing is estimated."""
+    cost = a.profiler_cost
+    if f.est_unprofiled_us is None or cost is None:
+        return None
+    fitted = facts_of(a, cost.est_unprofiled_us(f.traced_step_us, f.busy_us, UNCERTAINTY))
+    high = facts_of(a, cost.high_unprofiled_us(f.traced_step_us, f.busy_us))
+    return (fitted, high) if fitted is not None and high is not None else None
 
 
 def _saving_of(f: Facts) -> str:
