@@ -84,6 +84,7 @@ SERIAL_FILES = frozenset(
         "test_fix_cli.py",
         "test_fix_forkserver.py",
         "test_fix_loader.py",
+        "test_fix_proof_cli.py",
         "test_monitor.py",
         "test_plain_timer.py",
         "test_procgroup.py",

@@ -12,7 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.analysis.profiler_cost import COSTS, COSTS_STATUS, COSTS_WITH_STACK_AND_SHAPES, prices
+from gpudoctor.analysis.profiler_cost import (
+    COSTS,
+    COSTS_STATUS,
+    COSTS_WITH_STACK_AND_SHAPES,
+    UNCERTAINTY,
+    prices,
+)
 from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.rules import Diagnosis, Severity, diagnose
 from gpudoctor.rules.facts import facts_of
@@ -325,3 +331,88 @@ def test_the_recorder_times_a_cuda_graph_step_by_the_gpu_not_its_host_span() -> 
     # THEN its steps are the GPU's (~2.8 ms, as unprofiled), not the host's ProfilerStep spans (< 0.5 ms)
     assert max(counted["host_step_us"]) < 500
     assert counted["traced_step_us"] == pytest.approx([2828, 2827], abs=2)
+
+
+# --- the with-stack compiled control: where the estimate is that uncertain and that large ----------------
+
+DERIVED = json.loads((RECORDED / "derived" / "manifest.json").read_text())["fixtures"]
+CONTROLS = {
+    **{f"derived {n}": RECORDED / "derived" / e["file"] for n, e in DERIVED.items()},
+    **{
+        f"recorded {n}": RECORDED / w["runs"]["stack_shapes"]["file"]
+        for n, w in _RECORDED.items()
+        if w.get("part") == "control" and "runs" in w
+    },
+}
+
+
+def test_the_unconfirmed_prices_reach_as_far_as_the_recordings_show() -> None:
+    # GIVEN the compiled GPT-2 acceptance recording (H100): what its measured profiler cost leaves per
+    # compiled launch once every other record is priced
+    entry = _RECORDED["gpt2_compiled"]
+    path = RECORDED / entry["runs"]["stack_shapes"]["file"]
+    cost = _analysis(path).profiler_cost
+    assert cost is not None
+    traced = statistics.median(entry["runs"]["stack_shapes"]["traced_step_us"])
+    price = prices(cost.options)
+    others = sum(price[k].us * n for k, n in cost.counts.items() if k != "compiled_launch")
+    implied = (traced - entry["unprofiled_step_us"]["median"] - others) / cost.counts["compiled_launch"]
+    # THEN the high end of the provisional launch price is that
+    launch = COSTS["compiled_launch"]
+    assert launch.us * launch.high == pytest.approx(implied, rel=0.02)
+    # AND the high end of with_stack + record_shapes is how far that cost moved between the compiled
+    # probe's two sessions
+    sessions = [
+        json.loads((d / "manifest.json").read_text()) for d in (RECORDED, RECORDED / "reruns/compiled_probe")
+    ]
+
+    def added(doc: dict) -> float:
+        runs = doc["workloads"]["compiled_probe"]["runs"]
+        return statistics.median(runs["stack_shapes"]["traced_step_us"]) - statistics.median(
+            runs["default"]["traced_step_us"]
+        )
+
+    spread = added(sessions[0]) / added(sessions[1])
+    for kind in ("shaped_op", "python_frame"):
+        assert COSTS_WITH_STACK_AND_SHAPES[kind].high == pytest.approx(spread, rel=0.02)
+
+
+def test_a_trace_with_fitted_prices_only_keeps_the_fitted_uncertainty() -> None:
+    cost = _analysis(WELL_TUNED["conv_bf16_train"][0]).profiler_cost
+    assert cost is not None and cost.options == () and cost.unconfirmed_us == 0
+    assert cost.high_us == pytest.approx(UNCERTAINTY * cost.est_us)
+
+
+@pytest.mark.parametrize("name", sorted(CONTROLS))
+def test_the_with_stack_compiled_control_gets_no_critical_or_major_host_side_finding(name: str) -> None:
+    # GIVEN a tuned compiled GPT-2 traced with with_stack + record_shapes, where most of the profiler's
+    # estimated cost is priced at costs not yet confirmed
+    d = _alone(CONTROLS[name])
+    cost = _analysis(CONTROLS[name]).profiler_cost
+    assert cost is not None and cost.unconfirmed_us > 0.5 * cost.est_us
+    # THEN no host-side finding is critical or major on the trace alone
+    serious = [
+        (f.id, f.severity.value)
+        for f in d.findings
+        if f.id in HOST_SIDE and f.severity in (Severity.CRITICAL, Severity.MAJOR)
+    ]
+    assert not serious
+    distortion = d.get("profiler_distortion")
+    assert distortion is not None and "not yet confirmed" in " ".join(distortion.evidence)
+
+
+def test_the_derived_control_is_the_issues_case_and_says_it_cannot_tell() -> None:
+    # GIVEN the derived control: 130 ms traced, a quarter of it GPU work, 65.6 ms of profiler estimated
+    entry = DERIVED["gpt2_compiled_slow_host"]
+    path = RECORDED / "derived" / entry["file"]
+    steps = _analysis(path).step_time_us
+    assert steps is not None and steps.p50 == pytest.approx(entry["traced_step_us"], rel=1e-3)
+    finding = _alone(path).get("launch_overhead")
+    assert finding is not None
+    # THEN with the profiler's cost at 30% above its estimate the launch overhead would be critical (the
+    # verdict the fitted uncertainty alone gave), at the high end of its unconfirmed prices it is gone:
+    # the finding keeps the trace's bound, is minor, and says the trace alone cannot tell
+    assert finding.values["saving_at_fitted_profiler_cost_pct"] >= 20
+    assert finding.values["saving_without_profiler_pct"] < 8
+    assert finding.severity is Severity.MINOR and finding.est_saving_pct >= 20
+    assert "cannot tell" in finding.evidence[-1] and "--step-time-ms" in finding.evidence[-1]

@@ -9,9 +9,13 @@ Parts (each well under 10 minutes on an H100; self-contained: torch, torchvision
   acceptance  three well-tuned workloads — compiled GPT-2 training (bf16, SDPA, fused AdamW), compiled
               ViT-B/16 training, ResNet-50 inference replayed from a CUDA graph — timed unprofiled (before and
               after) and traced with with_stack + record_shapes; their traces are kept (gzipped) as fixtures.
+  control     the with-stack compiled control: the compiled GPT-2 at batch 16 (GPU-bound unprofiled), traced
+              with with_stack + record_shapes over 5 steps and kept; no acceptance bound on its estimate (the
+              trace alone must only not give a critical or major host-side finding: test_profiler_cost.py).
 
     PYTHONPATH=src python tools/measure_profiler_cost.py --part probes --out $OUT/profiler_cost
     PYTHONPATH=src python tools/measure_profiler_cost.py --part acceptance --out $OUT/profiler_cost
+    PYTHONPATH=src python tools/measure_profiler_cost.py --part control --active 5 --out $OUT/profiler_cost
     python tools/measure_profiler_cost.py --fit tests/fixtures/profiler_cost   # on any machine, no GPU
     python tools/measure_profiler_cost.py --merge OTHER_RUN --out tests/fixtures/profiler_cost
 
@@ -75,7 +79,7 @@ def _gpt_blocks(compiled: bool) -> Step:
     return step
 
 
-def _gpt2_expert() -> Step:
+def _gpt2_expert(batch: int = 8) -> Step:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
@@ -85,7 +89,7 @@ def _gpt2_expert() -> Step:
     model = GPT2LMHeadModel(config).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, fused=True)
     model.compile()
-    ids = torch.randint(0, config.vocab_size, (8, 512), device="cuda")
+    ids = torch.randint(0, config.vocab_size, (batch, 512), device="cuda")
 
     def step() -> None:
         with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -159,6 +163,7 @@ ACCEPTANCE: dict[str, Callable[[], Step]] = {
     "vit_compiled": _vit_expert,
     "resnet50_graph_inference": _graph_inference,
 }
+CONTROL: dict[str, Callable[[], Step]] = {"gpt2_compiled_b16": lambda: _gpt2_expert(batch=16)}
 
 
 # ---- timing and tracing ------------------------------------------------------------------------------
@@ -343,7 +348,8 @@ def record(args: argparse.Namespace) -> int:
     if args.part == "probes":
         plan = {name: (build, list(OPTION_SETS), set()) for name, build in PROBES.items()}
     else:
-        plan = {name: (build, ["stack_shapes"], {"stack_shapes"}) for name, build in ACCEPTANCE.items()}
+        kept = ACCEPTANCE if args.part == "acceptance" else CONTROL
+        plan = {name: (build, ["stack_shapes"], {"stack_shapes"}) for name, build in kept.items()}
     manifest_path = out / "manifest.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {"workloads": {}}
     manifest["environment"] = environment()
@@ -452,7 +458,7 @@ def merge(source: Path, dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--part", choices=("probes", "acceptance"))
+    p.add_argument("--part", choices=("probes", "acceptance", "control"))
     p.add_argument("--out", type=Path, default=REPO / "tests" / "fixtures" / "profiler_cost")
     p.add_argument("--only", default="", help="comma-separated workload names")
     p.add_argument("--warmup", type=int, default=15, help="steps before timing (compilation included)")

@@ -7,6 +7,7 @@ import re
 
 import numpy as np
 
+from gpudoctor.trace.links import op_rows
 from gpudoctor.trace.model import Kind, Trace
 
 # HTA counts a kernel as communication when its name contains "nccl"; we add RCCL and the
@@ -33,9 +34,17 @@ ELEMENTWISE = re.compile(
 CHANNELS_LAST = re.compile(r"channels_?last|nhwc", re.I)  # kernels written for the NHWC layout
 # cuDNN's layout conversions around NCHW convolutions (what channels_last removes), and transposes.
 LAYOUT = re.compile(r"nchwToNhwc|nhwcToNchw|nchw2nhwc|nhwc2nchw|transpose", re.I)
+# cuDNN's own kernels name the convolution only in part: its SIMT and tensor-core engines
+# (`volta_scudnn_128x64_relu_interior_nn_v1`, `volta_fp16_s884cudnn_fp16_…`, `turing_h1688cudnn_…`), its
+# FFT path (`fft2d_r2c_32x32`, `volta_gcgemm_32x32_nt`, `flip_filter`) and its implicit-GEMM offsets.
 CONVOLUTION = re.compile(
-    r"conv(?!ert)|implicit_?gemm|fprop|dgrad|wgrad|winograd|precomputed_convolve|im2col", re.I
+    r"conv(?!ert)|implicit_?gemm|fprop|dgrad|wgrad|winograd|precomputed_convolve|im2col|"
+    r"[sdh]cudnn|\d{3,5}cudnn|fft2d_|gcgemm|flip_filter|computeOffsetsKernel",
+    re.I,
 )
+# The ops whose kernels are convolutions, whatever the kernels are called (cuDNN runs some convolutions
+# as GEMMs, `volta_sgemm_*`, `nvjet_*`): the op that launched a matmul-named kernel says so.
+CONVOLUTION_OPS = re.compile(r"^aten::\w*conv(?!ert)", re.I)
 # Tensor-core kernels announce the MMA shape or instruction, or a reduced-precision tile;
 # SIMT kernels (no tensor cores) say sgemm/dgemm/simt or name a plain fp32 tile.
 TENSOR_CORE = re.compile(
@@ -44,7 +53,13 @@ TENSOR_CORE = re.compile(
     r"^Cijk_.*_MI\d+x\d+x\d+_",  # Tensile on AMD's matrix cores (MFMA instruction MIMxNxK)
     re.I,
 )
-NOT_TENSOR_CORE = re.compile(r"simt|sgemm(?!.*tf32)|dgemm|gemv|gemvx|fp32_?nt|_f32f32_f32f32", re.I)
+# cuDNN's single- and double-precision engines are SIMT: `scudnn`, `dcudnn`, the pre-Volta-style
+# `dgrad_engine<float, …>` / `wgrad_alg0_engine<float, …>`, and its complex GEMM for FFT convolutions.
+NOT_TENSOR_CORE = re.compile(
+    r"simt|sgemm(?!.*tf32)|dgemm|gemv|gemvx|fp32_?nt|_f32f32_f32f32|"
+    r"[sd]cudnn|(?:dgrad|wgrad)(?:2d)?_(?:alg\d|engine)\w*<(?:float|double)\b|gcgemm",
+    re.I,
+)
 # Tensor-core kernels on float32 tensors, in TF32: cuDNN / cuBLAS name the type (`tf32f32`, `_tf32_`),
 # CUTLASS's TF32 MMA is `s1688gemm` (m16n8k8; bfloat16's is 16816, named with its `bf16_`/`h` input)
 TF32 = re.compile(r"tf32|(?<![a-z0-9])(?:tensorop_)?s1688gemm", re.I)
@@ -144,7 +159,8 @@ KERNEL_CATEGORIES: tuple[tuple[str, re.Pattern[str]], ...] = (
 
 def kernel_category(trace: Trace) -> np.ndarray:
     """Per name id, the kernel category (see KERNEL_CATEGORIES; 'other' if none matches); valid for the
-    names of kernels."""
+    names of kernels. A kernel whose name says matmul is a convolution where convolution ops launched
+    most of its time (`CONVOLUTION_OPS`); unnamed helpers of a convolution (padding, scaling) stay other."""
     memo = trace._memo.get("kernel_category")
     if memo is None:
         kernels = trace.rows(Kind.KERNEL)
@@ -154,8 +170,27 @@ def kernel_category(trace: Trace) -> np.ndarray:
             hit = unset & name_mask(trace, pattern, kernels)
             memo[hit] = label
             unset &= ~hit
+        memo[_launched_by_convolutions(trace, kernels, memo)] = "convolution"
         trace._memo["kernel_category"] = memo
     return memo
+
+
+def _launched_by_convolutions(trace: Trace, kernels: np.ndarray, category: np.ndarray) -> np.ndarray:
+    """Name ids (a mask over `trace.names`) of matmul kernels that convolution ops launched for at least
+    half of their time."""
+    out = np.zeros(len(trace.names), dtype=bool)
+    open_ = kernels[category[trace.name[kernels]] == "matmul"]
+    if not len(open_):
+        return out
+    ops = op_rows(trace, open_)
+    linked = ops >= 0
+    conv = np.zeros(len(open_), dtype=bool)
+    conv[linked] = name_mask(trace, CONVOLUTION_OPS, ops[linked])[trace.name[ops[linked]]]
+    names, dur = trace.name[open_], trace.dur[open_]
+    by_conv = np.bincount(names, weights=np.where(conv, dur, 0.0), minlength=len(trace.names))
+    total = np.bincount(names, weights=dur, minlength=len(trace.names))
+    out[(by_conv > 0) & (by_conv >= 0.5 * total)] = True
+    return out
 
 
 ACTIVITY_LABELS = (

@@ -16,8 +16,10 @@ from gpudoctor.analysis.kernels import Distribution, KernelReport, kernel_report
 from gpudoctor.analysis.memory import MemoryReport, memory_report
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.analysis.modules import DEFAULT_DEPTH, ModuleView, module_view
+from gpudoctor.analysis.precision import LowPrecision, device_phrase, precision_of
 from gpudoctor.analysis.profiler_cost import ProfilerCost, profiler_cost
 from gpudoctor.analysis.roofline import Roofline, roofline
+from gpudoctor.analysis.step_breakdown import StepBreakdown, step_breakdown
 from gpudoctor.analysis.syncs import SyncReport, host_sync_rows, sync_report
 from gpudoctor.analysis.timeline import GpuTimeline, TimeBreakdown, gpu_timeline, idle_intervals
 from gpudoctor.analysis.transfers import TransferReport, transfer_report
@@ -112,11 +114,24 @@ class Analysis(Serialized):
     # Steps at the start of the trace that are warm-up outliers (`trace.steps.leading_warmup`): shown,
     # and left out of `steps` and of every figure over them.
     warmup_steps: tuple[StepSummary, ...] = ()
+    # Each step by what happens in it (TensorBoard profiler's Kernel / Memcpy / ... / Other breakdown) and its
+    # kernels' estimated SM efficiency and occupancy; the traced time as one where there are no steps.
+    step_breakdown: StepBreakdown | None = None
 
     @property
     def window(self) -> TimeBreakdown | None:
         """The breakdown the summary leads with: the profiled steps, else the GPU's own span."""
         return self.timeline.profiled_steps or self.timeline.gpu_window
+
+    @property
+    def low_precision(self) -> LowPrecision:
+        """The reduced-precision math of the trace's device: what advice that names a precision follows."""
+        return precision_of(self.device, self.trace.accelerator)
+
+    @property
+    def device_phrase(self) -> str:
+        """The device as evidence names it ("" where the trace records none)."""
+        return device_phrase(self.device, self.trace.accelerator)
 
 
 def analyze(
@@ -205,7 +220,16 @@ def _analyze(
         comms=comm_report(trace, steps, window, link),
         profiler_cost=profiler_cost(trace, steps),
         warmup_steps=every_step[:warm],
+        step_breakdown=step_breakdown(trace, _breakdown_windows(trace, steps)),
     )
+
+
+def _breakdown_windows(trace: Trace, steps: tuple[Step, ...]) -> list[tuple[int, float, float]]:
+    """The steps' windows, or the traced time as one numbered 0 (none without GPU work)."""
+    if steps:
+        return [(s.number, s.window_start_us, s.window_end_us) for s in steps]
+    span = _whole_span(trace)
+    return [(0, *span)] if span is not None else []
 
 
 def _step_summaries(
@@ -257,15 +281,22 @@ def _unprofiled_notes(unprofiled_us: float, steps: tuple[StepSummary, ...]) -> l
 
 def _whole_trace(trace: Trace, syncs: np.ndarray) -> StepSummary | None:
     """The GPU's span (and the launches of its work) as one step numbered 0; None without GPU work."""
+    span = _whole_span(trace)
+    if span is None:
+        return None
+    whole = steps_from_spans(trace, [span], [0])
+    return _step_summaries(trace, whole, syncs, gpu_timeline(trace, whole), None)[0]
+
+
+def _whole_span(trace: Trace) -> tuple[float, float] | None:
+    """From the first GPU activity (or its launch, if earlier) to the last one's end; None without any."""
     gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
         return None
     launch = launch_rows(trace, gpu)
     launched = launch[launch >= 0]
     start = min(float(trace.ts[gpu].min()), float(trace.ts[launched].min()) if len(launched) else np.inf)
-    end = float((trace.ts[gpu] + trace.dur[gpu]).max())
-    whole = steps_from_spans(trace, [(start, end)], [0])
-    return _step_summaries(trace, whole, syncs, gpu_timeline(trace, whole), None)[0]
+    return start, float((trace.ts[gpu] + trace.dur[gpu]).max())
 
 
 def _launched_within(trace: Trace, step: Step) -> np.ndarray:

@@ -17,6 +17,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.analysis.timeline_view import StepTimeline
 from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.report import svg
+from gpudoctor.report.breakdown_view import breakdown_html
 from gpudoctor.report.html_style import CSS, SORT_JS
 from gpudoctor.report.memory_view import html_section
 from gpudoctor.report.modules_view import modules_html, why_no_modules
@@ -76,6 +77,7 @@ def render_html(
         _diagnosis(diagnosis),
         _ranks(ranks) if ranks is not None else "",
         _step_chart(analysis),
+        _section("Step breakdown", breakdown_html(analysis.step_breakdown), "breakdown"),
         *(
             (_timeline(analysis, timeline), modules, _kernels(analysis), _roofline(analysis))
             if gpu

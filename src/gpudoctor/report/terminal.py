@@ -14,6 +14,7 @@ from rich.text import Text
 from gpudoctor.analysis.summary import Analysis, StepSummary
 from gpudoctor.analysis.timeline import IDLE_CAUSES, TimeBreakdown
 from gpudoctor.report import tables
+from gpudoctor.report.breakdown_view import render_breakdown
 from gpudoctor.report.findings_view import render_diagnosis, render_findings
 from gpudoctor.report.memory_view import render_memory_run
 from gpudoctor.report.modules_view import render_modules, why_no_modules
@@ -70,6 +71,7 @@ def render_analysis(
     if diagnosis is not None:
         render_diagnosis(diagnosis, console)
     render_step_time(analysis, console)
+    render_breakdown(analysis.step_breakdown, console)
     if gpu:
         render_gpu_time(analysis, console)
     render_modules(analysis.modules, console, why_no_modules(analysis.trace.compiled), gpu)

@@ -15,24 +15,29 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, pct, size, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.rules.precision import compress_comment, compress_hook, for_device, per_profile
 from gpudoctor.util.units import fmt_rate
 
 LINK_BOUND = 0.7
 LOW = 0.25
 MIN_BYTES = 4 << 20  # smaller messages are latency-bound on any link
 
-FIX_BOUND = Fix(
-    summary="The link is the limit: move fewer bytes (all-reduce gradients in bf16, accumulate gradients "
-    "over micro-batches with no_sync, shard with FSDP/ZeRO so each rank sends less) or hide the transfer "
-    "under backward (smaller DDP buckets so all-reduces start earlier).",
-    snippet="""\
+FIXES_BOUND = per_profile(
+    lambda p: Fix(
+        summary="The link is the limit: move fewer bytes (all-reduce gradients in "
+        f"{'bf16' if p.dtype == 'bfloat16' else 'fp16'}, accumulate gradients "
+        "over micro-batches with no_sync, shard with FSDP/ZeRO so each rank sends less) or hide the transfer "
+        "under backward (smaller DDP buckets so all-reduces start earlier).",
+        snippet=f"""\
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-model.register_comm_hook(None, default_hooks.bf16_compress_hook)   # half the bytes of fp32 gradients
+model.register_comm_hook(None, default_hooks.{compress_hook(p)})   # half the bytes of fp32 gradients{compress_comment(p)}
 with model.no_sync():                                              # no all-reduce on this micro-batch
     loss_fn(model(x0), y0).backward()
 loss_fn(model(x1), y1).backward()                                  # one all-reduce for both""",
+    )
 )
+FIX_BOUND = FIXES_BOUND["sm80+"]
 
 FIX_LOW = Fix(
     summary="The collectives move far slower than the link allows even when no rank waits: check the "
@@ -69,7 +74,7 @@ def comm_link_bound(a: Analysis, f: Facts) -> Finding | None:
         "Collectives run at the link's speed: the bytes are the cost",
         f.pct(min(exposed_us, f.step_us)),
         evidence,
-        FIX_BOUND,
+        for_device(FIXES_BOUND, a),
         {"busbw": top.busbw_best, "link_bytes_per_s": c.link.bytes_per_s, "exposed_comm_us": exposed_us},
     )
 

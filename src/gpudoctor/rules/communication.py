@@ -9,10 +9,12 @@ from __future__ import annotations
 import statistics
 
 from gpudoctor.analysis.comms import CommReport
+from gpudoctor.analysis.precision import LowPrecision
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, kernel, pct, size, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.rules.precision import compress_comment, compress_hook, for_device, per_profile
 from gpudoctor.util.units import fmt_rate, fmt_us
 
 COMMUNICATION = "communication"
@@ -20,7 +22,7 @@ UNEVEN = 1.5  # mean over median of one collective's durations that says it wait
 # Exposed time of these collectives is another rule's: FSDP's (fsdp_exposed), pipeline stages' (pipeline_bubble)
 OTHER_RULES = ("all_gather", "reduce_scatter", "send_recv")
 
-FIX = Fix(
+_BF16 = Fix(
     summary="Find the slowest rank and even out its work (`gpudoctor analyze TRACE_DIR` compares the "
     "ranks); then let the all-reduce hide under backward: DDP buckets sized so the first starts early "
     "and the last is small, gradient_as_bucket_view (no copy into the buckets), static_graph (a fixed "
@@ -44,6 +46,22 @@ for i, (inputs, targets) in enumerate(loader):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)""",
 )
+
+
+def _fix(p: LowPrecision) -> Fix:
+    """The fix with the gradient compression hook of the device's reduced precision."""
+    bits = "bf16" if p.dtype == "bfloat16" else "fp16"
+    return Fix(
+        summary=_BF16.summary.replace("a bf16 compression hook", f"a {bits} compression hook"),
+        snippet=_BF16.snippet.replace(
+            "default_hooks.bf16_compress_hook)   # all-reduce gradients in bf16",
+            f"default_hooks.{compress_hook(p)})   # all-reduce gradients in {bits}{compress_comment(p)}",
+        ),
+    )
+
+
+FIXES = per_profile(_fix)
+FIX = FIXES["sm80+"]
 
 
 def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
@@ -86,7 +104,7 @@ def communication_exposed(a: Analysis, f: Facts) -> Finding | None:
         "Communication is exposed: the GPU waits on collectives",
         f.pct(saving_us),
         evidence,
-        FIX,
+        for_device(FIXES, a),
         {
             "exposed_comm_us": exposed_us,
             "traced_exposed_comm_us": traced_us,

@@ -7,6 +7,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.rules.precision import autocast, backward, for_device, per_profile, setup
 
 MIN_SHARE = 0.35  # of kernel time
 # The share of each category's time that fusion removes. Fusing a chain of k elementwise passes into
@@ -16,15 +17,18 @@ MIN_SHARE = 0.35  # of kernel time
 FUSABLE = {"elementwise": 0.6, "normalization": 0.3, "reduction": 0.3, "softmax": 0.3}
 MEMORY_BOUND = tuple(FUSABLE)
 
-FIX = Fix(
-    summary="Compile the model (or the hot function) with torch.compile, which fuses chains of "
-    "elementwise and normalization ops into single kernels.",
-    snippet="""\
-model = torch.compile(model)            # or: fn = torch.compile(fn) for a hot function
-with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+FIXES = per_profile(
+    lambda p: Fix(
+        summary="Compile the model (or the hot function) with torch.compile, which fuses chains of "
+        "elementwise and normalization ops into single kernels.",
+        snippet=f"""\
+{setup(p)}model = torch.compile(model)            # or: fn = torch.compile(fn) for a hot function
+{autocast(p)}
     loss = criterion(model(inputs), targets)
-loss.backward()""",
+{backward(p, optimizer=False)}""",
+    )
 )
+FIX = FIXES["sm80+"]
 
 
 def unfused_elementwise(a: Analysis, f: Facts) -> Finding | None:
@@ -52,6 +56,6 @@ def unfused_elementwise(a: Analysis, f: Facts) -> Finding | None:
         "Memory-bound elementwise and normalization kernels dominate",
         f.pct(saving_us),
         evidence,
-        FIX,
+        for_device(FIXES, a),
         {"memory_bound_us": per_step, "share_of_kernel_time": memory_bound / total},
     )

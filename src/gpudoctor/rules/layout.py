@@ -7,15 +7,19 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, kernel, pct, step_phrase, us
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
+from gpudoctor.rules.precision import autocast, for_device, per_profile
 
-FIX = Fix(
-    summary="Put the model and its inputs in channels_last memory format.",
-    snippet="""\
+FIXES = per_profile(
+    lambda p: Fix(
+        summary="Put the model and its inputs in channels_last memory format.",
+        snippet=f"""\
 model = model.to(memory_format=torch.channels_last)
 inputs = inputs.to("cuda", memory_format=torch.channels_last, non_blocking=True)
-with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
+{autocast(p)}
     loss = criterion(model(inputs), targets)""",
+    )
 )
+FIX = FIXES["sm80+"]
 
 
 # The share of NCHW normalization time the layout change can save: channels_last batch norm runs faster
@@ -49,7 +53,7 @@ def conv_layout(a: Analysis, f: Facts) -> Finding | None:
         "Convolutions convert NCHW activations to NHWC and back",
         f.pct(saving_us),
         evidence,
-        FIX,
+        for_device(FIXES, a),
         {
             "layout_us": layout_us,
             "nchw_normalization_us": nchw_norm_us,

@@ -23,6 +23,7 @@ class Loop:
     kind: str  # TRAINING, INFERENCE or GENERATE
     loader: bool  # batches come from a DataLoader
     model: str | None  # the model's class, where the trace or `gpudoctor run` names it ("BertModel")
+    half: str = "bfloat16"  # the 16-bit dtype the device runs fast (analysis.precision): float16 before sm_80
 
 
 def loop_of(a: Analysis, f: Facts) -> Loop:
@@ -40,7 +41,7 @@ def loop_of(a: Analysis, f: Facts) -> Loop:
         or any(_BACKWARD.search(o.name) for o in a.ops)
     )
     kind = TRAINING if training else GENERATE if generate else INFERENCE
-    return Loop(kind, loader, model)
+    return Loop(kind, loader, model, a.low_precision.dtype)
 
 
 def host_python_fix(loop: Loop) -> Fix:
@@ -68,11 +69,11 @@ out = {model.lower()}.generate(**inputs, max_new_tokens=128)            # batch 
             '(torch.compile(mode="reduce-overhead")), give each call more work (a larger batch), and run '
             "it in half precision; keep results on the GPU and read them back in batches.",
             snippet=f"""\
-{feed}{model.lower()} = {model.lower()}.to(torch.bfloat16).eval(){named}
+{feed}{model.lower()} = {model.lower()}.to(torch.{loop.half}).eval(){named}
 compiled = torch.compile({model.lower()}, mode="reduce-overhead")   # CUDA graphs: one launch per call
 with torch.inference_mode():
     for batch in batches:                             # 8 -> 64 samples per call: fewer calls per sample
-        preds.append(compiled(batch.to("cuda", torch.bfloat16, non_blocking=True)).argmax(-1))
+        preds.append(compiled(batch.to("cuda", torch.{loop.half}, non_blocking=True)).argmax(-1))
 results = torch.cat(preds).cpu()                      # one read back at the end, not one per call""",
         )
     loader_lines = (
@@ -120,5 +121,5 @@ HOST_PYTHON_FIXES = {
     f"{kind}{'+loader' if loader else ''}": host_python_fix(Loop(kind, loader, None))
     for kind in (TRAINING, INFERENCE, GENERATE)
     for loader in (False, True)
-}
+} | {f"{INFERENCE}+float16": host_python_fix(Loop(INFERENCE, False, None, "float16"))}
 HOST_SYNC_INFERENCE_FIX = host_sync_fix(Loop(INFERENCE, False, None), Fix("", ""))

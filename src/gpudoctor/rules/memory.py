@@ -7,13 +7,15 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, pct, size
 from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix, Severity
+from gpudoctor.rules.precision import dtype_phrase, for_device, per_profile
 
 THRESHOLD = 0.90
 
-FIX = Fix(
-    summary="Make room: free what the loop keeps alive, checkpoint activations, compute in bfloat16, "
-    "and let the allocator use expandable segments.",
-    snippet="""\
+FIXES = per_profile(
+    lambda p: Fix(
+        summary=f"Make room: free what the loop keeps alive, checkpoint activations, compute in "
+        f"{dtype_phrase(p)}, and let the allocator use expandable segments.",
+        snippet="""\
 from torch.utils.checkpoint import checkpoint
 
 class Block(torch.nn.Module):
@@ -22,7 +24,9 @@ class Block(torch.nn.Module):
 
 print(torch.cuda.memory_summary(abbreviated=True))   # what holds the memory
 # os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"  (set before the first CUDA call)""",
+    )
 )
+FIX = FIXES["sm80+"]
 
 
 def memory_pressure(a: Analysis, f: Facts) -> Finding | None:
@@ -50,7 +54,7 @@ def memory_pressure(a: Analysis, f: Facts) -> Finding | None:
         "Memory is nearly full",
         0.0,
         evidence,
-        FIX,
+        for_device(FIXES, a),
         {"peak_share": share, "peak_reserved": m.peak_reserved, "capacity": m.capacity},
         severity=Severity.CRITICAL if share >= 0.97 else Severity.MAJOR,
     )

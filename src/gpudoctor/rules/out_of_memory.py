@@ -18,12 +18,13 @@ FIXES = {
     ),
     "activations": Fix(
         summary="Activations fill the memory: a smaller batch (with gradient accumulation to keep the "
-        "effective batch), activation checkpointing of the repeated blocks, or bfloat16 autocast.",
+        "effective batch), activation checkpointing of the repeated blocks, or 16-bit autocast (bfloat16 "
+        "from Ampere, sm_80; float16 with a GradScaler before).",
         snippet="""\
 from torch.utils.checkpoint import checkpoint
 x = checkpoint(block, x, use_reentrant=False)          # in the model's forward, for each big block
 # or: half the batch, twice the steps per optimizer update
-with torch.autocast("cuda", dtype=torch.bfloat16):     # activations in 2 bytes instead of 4
+with torch.autocast("cuda", dtype=torch.bfloat16):     # activations in 2 bytes instead of 4 (float16 before sm_80)
     loss = model(batch).loss""",
     ),
     "optimizer_state": Fix(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from gpudoctor.analysis.profiler_cost import UNCERTAINTY
+from gpudoctor.analysis.profiler_cost import UNCERTAINTY, ProfilerCost
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.rules.base import finding, pct, us
 from gpudoctor.rules.facts import Facts
@@ -78,7 +78,7 @@ def _estimated(a: Analysis, f: Facts) -> Finding | None:
         f"{us(f.traced_step_us)} step ({cost.costs_status}).",
         f"Without it the step would take about {us(unprofiled)} (the GPU's own work, {us(f.busy_us)}, bounds "
         f"it from below): up to {us(added)} of each traced step, and of the GPU's wait for the host, may be "
-        "the profiler's. Host-side findings are judged with that taken out.",
+        "the profiler's" + _high_end(cost, f) + ". Host-side findings are judged with that taken out.",
         MEASURE_INSTEAD[0].upper() + MEASURE_INSTEAD[1:] + ".",
     ]
     return finding(
@@ -96,6 +96,18 @@ def _estimated(a: Analysis, f: Facts) -> Finding | None:
     )
 
 
+def _high_end(cost: ProfilerCost, f: Facts) -> str:
+    """Where part of the estimate rests on costs not yet confirmed: how far it may reach."""
+    if not cost.unconfirmed_us:
+        return ""
+    shortest = cost.high_unprofiled_us(f.traced_step_us, f.busy_us)
+    return (
+        f" ({us(cost.unconfirmed_us)} of the estimate rests on per-record costs not yet confirmed: at their "
+        f"high end the profiler's share is {us(f.traced_step_us - shortest)}, and the step without it "
+        f"{us(shortest)})"
+    )
+
+
 def profiler_records(counts: dict[str, float], options: tuple[str, ...]) -> str:
     parts = [f"{counts.get('event', 0):,.0f} ops and runtime calls"]
     if counts.get("compiled_launch"):
@@ -109,29 +121,48 @@ def profiler_records(counts: dict[str, float], options: tuple[str, ...]) -> str:
     return ", ".join(parts)
 
 
-def without_profiler(found: Finding, judged: Finding | None, f: Facts) -> Finding:
-    """`found` (a host-side finding on a trace alone) with its severity from `judged`, the same rule on
-    the step with the profiler's estimated cost taken out (None: it does not fire there). The saving shown
-    stays the trace's bound."""
+def without_profiler(
+    found: Finding, at_fit: Finding | None, at_high: Finding | None, f: Facts, cost: ProfilerCost
+) -> Finding:
+    """`found` (a host-side finding on a trace alone) with its severity judged again on the step with the
+    profiler's cost taken out: `at_fit`, the same rule with that cost 30% above its estimate, `at_high`
+    with it at the high end of every price (None: the rule does not fire there). Where only the prices
+    not yet confirmed make the difference, the trace alone cannot tell, and the finding says so. The saving
+    shown stays the trace's bound."""
     if f.profiler_est_us is None or f.est_unprofiled_us is None or found.id not in HOST_SIDE:
         return found
-    low = judged.est_saving_pct if judged is not None else 0.0
+    fit = at_fit.est_saving_pct if at_fit is not None else 0.0
+    low = at_high.est_saving_pct if at_high is not None else 0.0
     # the milder of the two, and minor at least: the cause is in the trace, its size is not known
     severity = max(found.severity, Severity.of_saving(low), key=_RANK.__getitem__)
     severity = min(severity, Severity.MINOR, key=_RANK.__getitem__)
     if severity == found.severity and low >= found.est_saving_pct * 0.8:
         return found
-    said = (
-        f"The profiler's own cost is estimated at {us(f.profiler_est_us)} of each traced "
+    cannot_tell = _RANK[Severity.of_saving(fit)] < _RANK[severity] and cost.unconfirmed_us > 0
+    said = _cannot_tell(f, cost, fit, low, severity) if cannot_tell else _milder(f, low, severity)
+    values = {**found.values, "saving_without_profiler_pct": round(low, 1)}
+    if cannot_tell:
+        values["saving_at_fitted_profiler_cost_pct"] = round(fit, 1)
+    return replace(found, severity=severity, evidence=(*found.evidence, said), values=values)
+
+
+def _milder(f: Facts, low: float, severity: Severity) -> str:
+    return (
+        f"The profiler's own cost is estimated at {us(f.profiler_est_us or 0.0)} of each traced "
         f"{us(f.traced_step_us)} step (profiler_distortion): with what it may have added taken out (up to "
         f"{pct(100 * (UNCERTAINTY - 1))} more than that estimate), this fix would save {pct(low)}, so this "
         f"is {severity.value}, not more; {MEASURE_INSTEAD}."
     )
-    return replace(
-        found,
-        severity=severity,
-        evidence=(*found.evidence, said),
-        values={**found.values, "saving_without_profiler_pct": round(low, 1)},
+
+
+def _cannot_tell(f: Facts, cost: ProfilerCost, fit: float, low: float, severity: Severity) -> str:
+    return (
+        f"The profiler's own cost is estimated at {us(cost.est_us)} of each traced {us(f.traced_step_us)} "
+        f"step (profiler_distortion), {us(cost.unconfirmed_us)} of it at per-record costs not yet confirmed "
+        f"(compiled-kernel launches; with_stack with record_shapes) that may be higher, up to "
+        f"{us(cost.high_or_fitted_us)} in all: with {pct(100 * (UNCERTAINTY - 1))} more than the estimate "
+        f"taken out this fix would save {pct(fit)}, with the high end taken out {pct(low)}. From the trace "
+        f"alone gpudoctor cannot tell which, so this is {severity.value} until measured; {MEASURE_INSTEAD}."
     )
 
 

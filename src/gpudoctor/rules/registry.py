@@ -79,16 +79,13 @@ def diagnose(analysis: Analysis) -> Diagnosis:
     if too_little is not None:
         return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts), judged=False)
     # A trace alone: each host-side finding's severity is judged again on the step without what the
-    # profiler may have added (the high end of its estimated cost); its saving stays the trace's bound.
-    bare = None
-    if facts.est_unprofiled_us is not None and analysis.profiler_cost is not None:
-        high = analysis.profiler_cost.est_unprofiled_us(facts.traced_step_us, facts.busy_us, UNCERTAINTY)
-        bare = facts_of(analysis, high)
+    # profiler may have added; its saving stays the trace's bound.
+    cost, bare = analysis.profiler_cost, _without_profiler(analysis, facts)
     found: list[Finding] = []
     for rule in RULES:
         f = rule(analysis, facts)
-        if f is not None and bare is not None and f.id in HOST_SIDE:
-            f = without_profiler(f, rule(analysis, bare), facts)
+        if f is not None and cost is not None and bare is not None and f.id in HOST_SIDE:
+            f = without_profiler(f, rule(analysis, bare[0]), rule(analysis, bare[1]), facts, cost)
         if f is not None and (f.est_saving_pct >= MIN_SAVING_PCT or f.id in ALWAYS_KEPT):
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
@@ -106,6 +103,18 @@ def _too_little(a: Analysis) -> str | None:
         f"Too little GPU work to diagnose: {a.kernels.count} kernels and {steps} "
         f"(profile a few steps with torch.profiler's schedule and prof.step())."
     )
+
+
+def _without_profiler(a: Analysis, f: Facts) -> tuple[Facts, Facts] | None:
+    """On a trace alone, the facts of the step with the profiler's estimated cost taken out 30% above the
+    estimate, and at the high end of every price (`analysis.profiler_cost`); None where the unprofiled
+    step is known or nothing is estimated."""
+    cost = a.profiler_cost
+    if f.est_unprofiled_us is None or cost is None:
+        return None
+    fitted = facts_of(a, cost.est_unprofiled_us(f.traced_step_us, f.busy_us, UNCERTAINTY))
+    high = facts_of(a, cost.high_unprofiled_us(f.traced_step_us, f.busy_us))
+    return (fitted, high) if fitted is not None and high is not None else None
 
 
 def _saving_of(f: Facts) -> str:
