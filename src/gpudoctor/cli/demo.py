@@ -52,7 +52,7 @@ def demo_command(
 
     from gpudoctor import workloads  # imports torch: only when the demo runs
     from gpudoctor.cli.run import run_and_report
-    from gpudoctor.runner.capture import LiveOptions
+    from gpudoctor.runner.phases import LiveOptions
 
     if list_workloads:
         for name in workloads.names():

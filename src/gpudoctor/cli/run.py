@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpudoctor.cli.common import DebugOption, mute, set_debug, shown, stdout_console
-from gpudoctor.runner.capture import LiveOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from gpudoctor.doctor.report import RunReport
+    from gpudoctor.runner.phases import LiveOptions
 
 
 class MemoryHistory(str, Enum):
@@ -93,6 +93,7 @@ def run_command(
     """
     set_debug(ctx, debug)
     from gpudoctor.doctor.run import default_out
+    from gpudoctor.runner.phases import LiveOptions
 
     target, args = command[0], command[1:]
     out = out or default_out(target)

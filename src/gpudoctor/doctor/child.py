@@ -14,7 +14,7 @@ from typing import Any
 
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner import rundir
-from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.phases import LiveOptions
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 

@@ -15,7 +15,7 @@ from gpudoctor.doctor.diagnose import ranks_report
 from gpudoctor.doctor.ranks import FULL_REPORTS_MAX, analyze_directory
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.runner import rundir
-from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.phases import LiveOptions
 from gpudoctor.runner.torchrun import run_ranks
 from gpudoctor.util.errors import GpudoctorError
 

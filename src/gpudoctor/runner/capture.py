@@ -16,7 +16,6 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -26,13 +25,14 @@ from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import cuda_uuid, environment
 from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.modules import ModuleLabels
+from gpudoctor.runner.phases import LiveOptions, StopRun
 from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import Environment, StepFound, StepTimes
 from gpudoctor.runner.rundir import PROFILER_LOG, TRACE_FILE, keep_trace
 from gpudoctor.runner.steps import StepDetector
 
 if TYPE_CHECKING:  # the timing core's package imports numpy: the command line starts without it
-    from gpudoctor.timing.blocks import Block, BlockLayout, BlockPlan, BlockSchedule, Redone
+    from gpudoctor.timing.blocks import Block, BlockLayout, BlockSchedule, Redone
     from gpudoctor.timing.stepclock import StepClock
 
 TRACE_NAME = TRACE_FILE
@@ -60,11 +60,6 @@ class LightAgreement(Protocol):
         """Whether every rank's had at `check` (True where some rank's post cannot be read: end)."""
 
 
-class StopRun(BaseException):
-    """Raised from a step boundary once everything is captured; a BaseException so that the script's
-    own `except Exception` does not swallow it."""
-
-
 MAX_MARKS = 20000  # the light phase ends after this many marks, however short its time
 MARK_EVERY_US = 1000.0  # light-phase marks at least this far apart (steps shorter are marked in groups)
 MAX_EVERY = 1000
@@ -77,30 +72,6 @@ SETTLE_STEPS = 3  # the last warm-up steps whose fastest a warm step is held to
 # an epoch's last, smaller batch) starts again from the next step, at most this many times; past that
 # the compilations are the loop's own and count
 MAX_LIGHT_RESTARTS = 4
-
-
-@dataclass(frozen=True)
-class LiveOptions:
-    warmup: int = 3  # steps skipped before the light phase (more while step times still fall)
-    warmup_seconds: float = 1.0  # and at least this long (caches, clocks, the interpreter settle)
-    light_steps: int = 20
-    light_seconds: float = 2.0  # and at least this long
-    steps: int = 5  # profiled (active) steps of the traced phase
-    light_only: bool = False
-    run_to_end: bool = False  # let the script finish after the capture instead of stopping it
-    with_stack: bool = False
-    record_shapes: bool = False
-    profile_memory: bool = False
-    nvml: bool = True
-    nvml_interval_s: float = 0.1
-    module_depth: int = 3  # module ranges in the traced phase to this depth (-1: none)
-    trace_all: bool = False  # trace the whole script (no steps, no light phase): for a short script
-    memory_history: str = "outside-light"  # runner.memory: outside-light, always, off
-    # the light phase as an A/B in blocks (timing.blocks): `on_switch` turns the candidate off and on
-    blocks: BlockPlan | None = None
-    # leave out the light phase's unsettled head, and time on (up to twice the plan) until it settles
-    # (`runner.settle`); fix rounds do not: their pairs cancel what A and B share
-    settle: bool = True
 
 
 class LiveCapture:
