@@ -16,6 +16,7 @@ from gpudoctor.cli.common import (
     WorkersOption,
     engine_name,
     input_path,
+    one_blas_thread,
     parse_size,
     set_debug,
     stdout_console,
@@ -97,6 +98,7 @@ def analyze_command(
     directory of rank traces.
     """
     set_debug(ctx, debug)
+    one_blas_thread()
     import json
 
     from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace

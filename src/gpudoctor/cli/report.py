@@ -20,6 +20,7 @@ from gpudoctor.cli.common import (
     WorkersOption,
     engine_name,
     input_path,
+    one_blas_thread,
     parse_size,
     set_debug,
     step_time_us,
@@ -88,6 +89,7 @@ def report_command(
     one (--rank); the annotated trace is of that rank.
     """
     set_debug(ctx, debug)
+    one_blas_thread()
     from gpudoctor.cli import report_files
     from gpudoctor.doctor.document import DAMAGED
     from gpudoctor.doctor.pipeline import AnalyzeOptions
