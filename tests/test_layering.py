@@ -1,4 +1,4 @@
-"""The import layering of ../shared/DESIGN.md: a lower package never imports a higher one."""
+"""The import layering of docs/design.md: a lower package never imports a higher one."""
 
 from __future__ import annotations
 

@@ -1,13 +1,15 @@
 """The phases of a capture and what sets them: `LiveOptions` (warm-up, light and traced phases, what is
-sampled), and `StopRun`, raised from a step boundary once everything is captured. Imported by the
-launcher and the command line, so it imports nothing heavy."""
+sampled), `StopRun`, raised from a step boundary once everything is captured, and `fitted_options`, the
+phases that fit a script that ended before its trace. Imported by the launcher and the command line, so
+it imports nothing heavy."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from gpudoctor.runner.record import RunRecord
     from gpudoctor.timing.blocks import BlockPlan
 
 
@@ -38,3 +40,18 @@ class LiveOptions:
     # leave out the light phase's unsettled head, and time on (up to twice the plan) until it settles
     # (`runner.settle`); fix rounds do not: their pairs cancel what A and B share
     settle: bool = True
+
+
+def fitted_options(record: RunRecord, options: LiveOptions) -> LiveOptions | None:
+    """For a script that ended (by itself) before its trace: phases that fit the steps it ran, or the
+    whole script traced when it ran too few; None when it was traced or must not run again."""
+    if record.trace_files or record.exit_code != 0 or record.outcome not in ("completed", "exit"):
+        return None
+    if options.trace_all:
+        return None
+    n = record.steps_seen
+    if n < 5 or record.step is None:
+        return replace(options, trace_all=True)
+    steps = max(1, min(options.steps, (n - 2) // 3))
+    light = max(n - 2 - steps - 1, 1)
+    return replace(options, warmup=1, warmup_seconds=0.0, light_steps=light, light_seconds=0.0, steps=steps)
