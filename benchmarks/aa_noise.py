@@ -1,4 +1,4 @@
-"""The noise floor of `gpudoctor fix` on real workloads (issue 26): per workload of
+"""The noise floor of `gpudoctor fix` on real workloads: per workload of
 benchmarks/fix_workloads, (1) plain sequential processes — the script as written, timed by
 plain_timer.py (CUDA-synchronized windows, no gpudoctor harness), one after another — and (2) `gpudoctor
 fix --aa` on it: the harness's own rounds of the unchanged script and of a patch that changes nothing

@@ -1,4 +1,4 @@
-"""The pathological inputs of issue 15, grown until a quadratic path or an unbounded buffer would show:
+"""The pathological inputs of `tests/adversarial_inputs.py`, grown until a quadratic path or an unbounded buffer would show:
 analysis time stays linear in the input and the loader's peak RSS within the decompressed-size limit.
 
 Cases (generators in tests/adversarial_inputs.py, each case measured in a fresh process for its RSS):

@@ -10,8 +10,7 @@ process, and print each one's mean step and its ratio to the first.
 
 Each process is fix_vs_expert's (`time_config`: the same timer, its output under OUT/timing/, stopped
 with its threads' stacks after `--timeout-s`); the timer's warm-up (`--warmup`, then the batches a
-loader's workers hold in flight) is spent before the windows. Session 38 ran it with `--warmup 40`,
-before the timer spent those batches itself.
+loader's workers hold in flight) is spent before the windows.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""Acceptance of issue 13 on the GPU: `gpudoctor run`, unmodified, on the loops people run (the scripts in
-benchmarks/every_loop/, written as their users write them), each beside the same loop timed plainly.
+"""Does `gpudoctor run` find the step and time it right? `gpudoctor run`, unmodified, on the loops people
+run (the scripts in benchmarks/every_loop/, written as their users write them), each beside the same loop
+timed plainly.
 
 For each workload, in fresh processes one after another on the same machine (P G P, or P G P G P ...):
   plain      the script alone; after a warm-up it times a window of >= 2 s with the GPU synchronized at the
@@ -8,8 +9,8 @@ For each workload, in fresh processes one after another on the same machine (P G
              unprofiled step time (the light phase's time over its steps), analysis.json, report.html;
              meanwhile the script times itself the plain way, window after window of >= 1 s, each
              synchronized at its two ends (EVERY_LOOP_CONTINUOUS)
-The host of the GPU machine changes speed from process to process and within one (benchmarks/
-host_speed_probe.py: the same pure-Python loop 300-670 ms on one CPU, pinned): only timings of the same
+The host of the GPU machine changes speed from process to process and within one
+(lab/host_speed_probe.py: the same pure-Python loop 300-670 ms on one CPU, pinned): only timings of the same
 steps in the same process compare. Accepted when the analysis and the report exist and the light phase's
 step time agrees within 5% with the plain windows that fall inside it ("same process"). The plain runs
 in their own processes are kept beside it ("other processes": the median of the plain runs), with the

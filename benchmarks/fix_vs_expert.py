@@ -3,7 +3,7 @@
 in fresh processes, alternating — the script as written, the script with the expert's hand-written fixes
 (`--expert`), and the script with the fixes gpudoctor kept — with CUDA-synchronized wall time over
 windows of at least a second (plain_timer.py). Reports each workload's speedups, gpudoctor's as a share
-of the expert's — (gpudoctor's speedup − 1) / (the expert's − 1), goal ≥ 80% (issue 26) — whether any
+of the expert's — (gpudoctor's speedup − 1) / (the expert's − 1), goal ≥ 80% — whether any
 slower or numerically broken fix was kept, how many of the four most promising candidates got a verdict,
 and predicted against measured saving per fix. The control (`tuned_control`, already tuned: the
 expert's version is the script itself) meets its goal by keeping nothing. A workload that fails is
@@ -26,8 +26,8 @@ A workload timed more than once under DIR (the same kept fixes timed on two GPUs
 fvep:NAME,NAME:10m:0+1:time:PREV`) is merged as one timing, its processes pooled (`pooled`).
 
 Each merged workload records the commit of the tree that measured it (`measured_at`; the device's copy
-has no .git) and what shared its host; the status counts only workloads measured with gpudoctor fix's
-A/B of issue 26 (those with `measured_at`), the others are the earlier harness's.
+has no .git) and what shared its host; the status counts only workloads with `measured_at` (measured by
+the current harness's A/B), the others are an earlier harness's.
 """
 
 from __future__ import annotations
@@ -52,11 +52,8 @@ GOAL = 0.8  # share of the expert's gain: (gpudoctor's speedup − 1) / (the exp
 NO_GAIN = 0.02  # an expert speedup within this of 1 is no gain to take a share of
 CONTROLS = ("tuned_control",)  # nothing to gain: the goal is to keep nothing
 
-# name -> (the script's own arguments, what an expert writes by hand, minutes a GPU run took on the H100:
-# fix + timing, with the --budget of the committed result; GPT-2, ViT, ResNet-50 and Lightning with every
-# round forked from the fork server (2026-11-25), the others before it forked on torch 2.11 (a fresh
-# interpreter per round))
-# (new in issue 26: on an H200 with issue 26's harness, 2026-11-26, beside other queues; 5m where marked)
+# name -> (the script's own arguments, what an expert writes by hand, minutes a GPU run of fix + timing
+# took, with the --budget of the committed result: a guide for planning device time; None: not recorded)
 WORKLOADS: dict[str, tuple[list[str], str, float | None]] = {
     "gpt2_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 11.9),  # --budget 6m
     "vit_train": ([], "bf16 autocast, TF32, fused AdamW, model.compile()", 11.1),  # 7m
@@ -131,9 +128,8 @@ TIMED_OUT = 124
 
 
 def run_timer(cmd: list[str], limit: float | None, lead_s: float = 20.0) -> subprocess.CompletedProcess[str]:
-    """The timer in a session of its own, its output kept; past `limit` seconds (session 36: a timm
-    round with 16 workers and torch.compile gave no result in 4.5 min, and nothing bounded the wait),
-    its threads' stacks are written to its output (faulthandler's dump, asked for `lead_s` before)
+    """The timer in a session of its own, its output kept; past `limit` seconds (a round that never
+    gives a result must not hold the rest), its threads' stacks are written to its output (faulthandler's dump, asked for `lead_s` before)
     and its whole process group killed: that round has no figure, the others go on."""
     import signal
 
@@ -166,7 +162,7 @@ def measure(
     gets an answer, not an interval from 54% to 128%. (Looking after each round makes the interval a
     little optimistic; with at most three looks it stays a fair guide, and every round is recorded.)
     `on_round` is given the result so far, marked `partial`, after each round more may follow: a run cut
-    short (session 37: a device lease ended 400 s into timm's three rounds) keeps the rounds it finished."""
+    short (the machine gone) keeps the rounds it finished."""
     configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     result: dict[str, Any] = {}
@@ -390,7 +386,7 @@ def _merge_into(into: Path, workloads: list[dict[str, Any]]) -> None:
         if w.get("options"):
             commands[w["workload"]] = command_of(w["workload"], w["options"])
     ordered = [by_name[n] for n in WORKLOADS if n in by_name]
-    current = [w for w in ordered if w.get("measured_at")]  # the others: the harness before issue 26
+    current = [w for w in ordered if w.get("measured_at")]  # the others: an earlier harness's
     met = [w["workload"] for w in current if (w.get("timing") or {}).get("meets_goal")]
     missing = [n for n in WORKLOADS if n not in {w["workload"] for w in current}]
 

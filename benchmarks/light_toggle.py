@@ -145,7 +145,7 @@ def nvml_reader(device: Any) -> Any:
         import torch
 
         pynvml.nvmlInit()
-        # by UUID: torch's pci_bus_id is a number, not NVML's key (every reading was empty until session 35)
+        # by UUID: torch's pci_bus_id is a number, not NVML's key
         uuid = str(torch.cuda.get_device_properties(device).uuid)
         handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
     except Exception:  # no NVML, no such GPU: the blocks are timed all the same

@@ -1,4 +1,4 @@
-"""Acceptance of issue 16 (memory and batch) on a GPU, against what torch itself measures:
+"""The memory analysis and `gpudoctor batch` on a GPU, against what torch itself measures:
 
 cases (leak, oom, activations, fragmentation, gpt2 — the planted scripts of benchmarks/memory_cases):
   each under `gpudoctor run` in a fresh process, and again plain (no gpudoctor) with the script recording

@@ -1,4 +1,4 @@
-"""Acceptance run of the GPU monitor (issue 6), on a GPU machine.
+"""The GPU monitor checked on a GPU machine.
 
 Phases, each sampled at 100 ms by gpudoctor's sampler in this process (which never imports torch):
 idle; a bf16 matmul burn in a child process (utilization, SM clock, power, tensor-core activity or why

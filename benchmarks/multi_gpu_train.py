@@ -119,8 +119,7 @@ def _window_clock(rank: int) -> Callable[[], None]:
 def pin_to_gpu_cores(local: int) -> list[int] | None:
     """With PIN_CORES=1 on a GPU: every thread of this process on the local rank's share of its GPU's
     NUMA-local cores (threads made later inherit it); the cores, or None where not asked. Asked and not
-    done is an error: a run recorded as pinned that was not (torch's pci_bus_id is a number, read as
-    nvidia-smi's text until session 35: no rank of a `--pin` run was ever pinned) misleads."""
+    done is an error: a run recorded as pinned that was not misleads."""
     if os.environ.get("PIN_CORES") != "1" or not torch.cuda.is_available():
         return None
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))

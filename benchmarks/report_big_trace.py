@@ -1,4 +1,4 @@
-"""The HTML report of the 52 MB ResNet-50 trace (issue 7's acceptance: under 5 MB, renders in under 2 s
+"""The HTML report of the 52 MB ResNet-50 trace (the goal: under 5 MB, rendered in under 2 s
 in headless Chromium): `gpudoctor report` timed in a fresh process, the file's size, and the page's
 load time in headless Chromium (navigation loadEventEnd, median of runs), plus an above-the-fold
 screenshot.

@@ -1,4 +1,4 @@
-"""Acceptance of `gpudoctor run` (issue 4): does it take the profiler's distortion out?
+"""Does `gpudoctor run` take the profiler's distortion out?
 
 A plain ResNet-50 bf16 training script, written as a user would, is run three ways, each in a fresh process:
   plain   no profiler and no gpudoctor; the script itself records a CUDA event after each optimizer step

@@ -1,4 +1,4 @@
-"""Acceptance benchmark of gpudoctor's timing core (issue 5), on one GPU, in one run:
+"""gpudoctor's timing core against its peers, on one GPU, in one run:
 
 1. agreement with Nsight Compute: gpudoctor's device time against ncu's `gpu__time_duration.sum` for the
    same kernels — hot (ncu --cache-control none) and cold (--cache-control all), clocks left alone;

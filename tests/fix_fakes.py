@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.evidence import WorkTally
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
 from gpudoctor.fixes.patches.base import PatchOutcome
 from gpudoctor.fixes.round import RoundResult
@@ -90,6 +91,7 @@ class FakeLauncher:
         self.fresh_step_us: dict[str, float] = {}  # a configuration's mean in fresh processes alone
         self.loader_wait_us: dict[str, float] = {}  # a configuration's wait per batch for loader workers
         self.fetch_us: float | None = None  # without workers: each batch made on the training thread
+        self.work: dict[str, WorkTally] = {}  # what a configuration's forward ran (its fixes' evidence)
 
     def mean(self, key: str) -> float:
         """The configured mean (in whatever order its fixes were named); a configuration of several
@@ -131,6 +133,8 @@ class FakeLauncher:
         fetch = self.fetch_us / 1e6 if self.fetch_us is not None and not workers else None
         obs = observations(batch=self.batch.get(key, 16), workers=workers,  # type: ignore[arg-type]
                            wait_s=None if wait is None else wait / 1e6, fetch_s=fetch, **self.seen)  # fmt: skip
+        if key in self.work and obs.root is not None:
+            obs = replace(obs, roots=(replace(obs.root, work=self.work[key]),))
         outcome = "exception" if key in self.failures else "stopped"
         times = self.steps(key)
         if not switch and key in self.fresh_step_us:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.fixes.candidates import choose, defer_answered, defer_under_compile, worker_values
+from gpudoctor.fixes.candidates import choose, defer_answered, defer_under_compile
+from gpudoctor.fixes.loaders import worker_values
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
 from gpudoctor.runner.hooks import CallSite
@@ -231,7 +232,7 @@ def test_a_validation_loader_is_not_the_training_threads_loader() -> None:
 
 
 def test_a_loader_made_anew_each_epoch_feeds_the_steps_from_its_one_call_site() -> None:
-    from gpudoctor.fixes.candidates import training_loaders
+    from gpudoctor.fixes.loaders import training_loaders
 
     o = obs()
     epochs = [replace(o.loaders[0], taken=10) for _ in range(5)]  # 5 epochs of 10 batches, one line

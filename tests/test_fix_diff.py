@@ -134,6 +134,28 @@ def test_autocast_wraps_the_call_and_channels_last_converts_the_input_before_it(
     ) in new
 
 
+def test_the_calls_of_several_modules_in_a_row_go_under_one_autocast() -> None:
+    # GIVEN a step that calls an encoder and then a head, and a discriminator after the backward
+    step = (
+        "for x in xs:\n"
+        "    z = encoder(x)\n"
+        "    # the head\n"
+        "    y = head(z)\n"
+        "    loss = y.sum()\n"
+        "    loss.backward()\n"
+        "    d = disc(y.detach())\n"
+    )
+    wrap = 'torch.autocast("cuda", dtype=torch.bfloat16)'
+    new, unplaced = apply(*(edit("wrap_statement", n, wrap=wrap) for n in (2, 4, 7)), text=step)
+    # THEN the encoder and the head share one block (the comment between them moves with them), the
+    # discriminator, past other statements, gets its own
+    assert not unplaced
+    assert (
+        f"    with {wrap}:\n        z = encoder(x)\n        # the head\n        y = head(z)\n    loss = y.sum()\n"
+    ) in new
+    assert f"    with {wrap}:\n        d = disc(y.detach())\n" in new
+
+
 def test_a_statement_is_deleted_and_a_block_left_empty_gets_pass() -> None:
     new, unplaced = apply(edit("delete_statement", 18, call="empty_cache"))
     assert "empty_cache" not in new and not unplaced

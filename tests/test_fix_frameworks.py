@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gpudoctor.fixes.catalog import in_users_idiom
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.fixes.frameworks import in_framework_terms
@@ -118,3 +119,44 @@ def test_a_plain_loop_and_a_models_own_train_call_are_left_alone(tmp_path: Path)
     edits = [Edit("wrap_statement", script, 1, wrap='torch.autocast("cuda", dtype=torch.bfloat16)'),
              Edit("wrap_statement", script, 3, wrap='torch.autocast("cuda", dtype=torch.bfloat16)')]  # fmt: skip
     assert in_framework_terms(edits) == edits
+
+
+def test_every_kept_fix_is_written_as_the_frameworks_own_switch_where_it_has_one(tmp_path: Path) -> None:
+    # GIVEN the Hugging Face Trainer, where compile and TF32 have no call site of the user's (the model is
+    # called inside the Trainer) and the fixes recorded only snippets
+    script = write(tmp_path, HF)
+    compiled = in_users_idiom("compile", [], script)
+    # THEN each is TrainingArguments' option, never "no call site known"
+    diff = unified_diff(
+        [*compiled, *in_users_idiom("tf32", [], script), *in_users_idiom("autocast", [], script)]
+    )
+    assert diff.unplaced == ()
+    assert all(f"+    {o}=True," in diff.diff for o in ("torch_compile", "tf32", "bf16"))
+    mode = unified_diff(in_users_idiom("compile:reduce-overhead", [], script)).diff
+    assert '+    torch_compile_mode="reduce-overhead",' in mode
+    # AND the workers and pinned memory of the loader the Trainer makes
+    loader = unified_diff(
+        [*in_users_idiom("workers:8", [], script), *in_users_idiom("pin_memory", [], script)]
+    )
+    assert (
+        "+    dataloader_num_workers=8," in loader.diff and "+    dataloader_pin_memory=True," in loader.diff
+    )
+
+
+def test_compile_without_a_binding_goes_before_lightnings_fit_and_into_accelerate(tmp_path: Path) -> None:
+    lightning = unified_diff(in_users_idiom("compile", [], write(tmp_path, LIGHTNING))).diff
+    assert "+model.compile()\n trainer.fit(model, loader)" in lightning
+    accelerate = unified_diff(in_users_idiom("compile", [], write(tmp_path, ACCELERATE))).diff
+    assert '+accelerator = Accelerator(dynamo_backend="inductor")' in accelerate
+
+
+def test_where_the_model_is_bound_compile_stays_the_users_own_line(tmp_path: Path) -> None:
+    # GIVEN compile's edit after `model = ...` in an accelerate loop: that line is how its users write it
+    text = (
+        "from accelerate import Accelerator\n\nmodel = Net()\naccelerator = Accelerator()\n"
+        + ACCELERATE.split("\n", 3)[3]
+    )
+    script = write(tmp_path, text)
+    edit = Edit("after_assignment", script, 3, name="model", code=("{name}.compile()",))
+    assert in_users_idiom("compile", [edit], script) == [edit]
+    assert in_users_idiom("workers:4", [], write(tmp_path, "for x in loader:\n    pass\n")) == []

@@ -19,6 +19,7 @@ import pytest
 
 from fix_fakes import LOSSES, FakeClock, FakeLauncher, session
 from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.evidence import WorkTally
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession
@@ -580,3 +581,26 @@ def test_added_pairs_cost_at_most_what_their_round_does() -> None:
     (k,) = [i for i, label in enumerate(labels) if label.endswith("pin_memory-blocks")]
     # THEN it may add fewer pairs than 16: no more than its own round's cost (~84 s) buys
     assert 2 <= launcher.extends[k] < 16
+
+
+def test_a_fix_that_did_not_take_effect_is_said_so_not_no_difference() -> None:
+    # GIVEN bfloat16 autocast whose rounds ran the forward's matmuls in float32 all the same (a fake
+    # model whose work the patch cannot reach), and times that do not move
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "autocast": 100.0})
+    launcher.work["autocast"] = WorkTally({"float32": 4.0e9}, ops=12)
+    report = session(launcher, clock, "autocast").run()
+    (v,) = report.verdicts
+    # THEN it is reverted as "did not take effect", with the share it reached, never "no difference"
+    assert not v.kept and v.reason.startswith("bfloat16 autocast did not take effect: 0% of the forward's")
+    assert "no significant difference" not in v.reason
+
+
+def test_a_fix_that_took_effect_says_how_far_beside_its_verdict() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "autocast": 70.0})
+    launcher.work["autocast"] = WorkTally({"bfloat16": 3.9e9, "float32": 0.1e9}, ops=12)
+    (v,) = session(launcher, clock, "autocast").run().verdicts
+    assert v.kept and v.evidence == (
+        "bfloat16 autocast: 98% of the forward's matmul/convolution work in reduced precision",
+    )

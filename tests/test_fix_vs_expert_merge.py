@@ -202,7 +202,7 @@ def test_a_timing_cut_short_keeps_the_rounds_it_finished_and_merges_them_marked(
     fve.environment = lambda: {"device": "NVIDIA H100 80GB HBM3"}  # as on the GPU machine (merge keeps those)
     out = tmp_path / "fve_gpu0"
     out.mkdir()
-    a = argparse.Namespace(out=out, phase="time", previous=REPO / "benchmarks/results/fix_runs/s37",
+    a = argparse.Namespace(out=out, phase="time", previous=REPO / "benchmarks/results/fix_runs/timm_convnext_fp32_10m_fix",
                            timing_rounds=3, timing_max_rounds=6, timing_max_s=3600.0)  # fmt: skip
     for k in fve.OPTIONS:
         a.__dict__.setdefault(k, None)

@@ -2,7 +2,7 @@
 whose two workers hand over their batches together (steps of 25 and ~136 ms in turn, as
 torchvision_augment recorded on the H100 — its A/A block pairs were called faster or slower in 12.5% of
 resampled comparisons), and the recorded steps of three workloads replayed through the schedule itself
-(benchmarks/results/aa_rounds/, benchmarks/aa_blocks_replay.py): whole cycles per block, the same
+(benchmarks/results/aa_rounds/, lab/aa_blocks_replay.py): whole cycles per block, the same
 steps in a block whatever the order, a coin for each pair's order."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ def test_a_loader_bound_loop_holds_5pct_false_verdicts_and_finds_10pct_effects()
     """The acceptance on the fake loop: 300 A/A sessions of 8 block pairs, and sessions with a true
     effect. Measured over 300 seeds: 2.0% A/A false verdicts; 10% faster found in 90%, 10% slower in
     86%, 5% faster in 43% — where the old rule (7-step blocks of ≥ 0.5 s, A B B A …, re-run by
-    benchmarks/aa_blocks_replay.py's `old_rule` on the same steps) found 59%, 61% and 5%."""
+    lab/aa_blocks_replay.py's `old_rule` on the same steps) found 59%, 61% and 5%."""
 
     def verdict(seed: int, effect: float) -> str:
         return paired_compare(
@@ -160,7 +160,7 @@ def test_a_loader_bound_loop_holds_5pct_false_verdicts_and_finds_10pct_effects()
 
 def recorded_steps(name: str) -> list[float]:
     """A recorded A/A's blocks as one series, the untimed step after each switch put back as the step
-    one cycle of the loop before it (as benchmarks/aa_blocks_replay.py does)."""
+    one cycle of the loop before it (as lab/aa_blocks_replay.py does)."""
     blocks = json.loads((RECORDED / f"{name}.json").read_text())["blocks"]
     period = 2 if name == "torchvision_augment" else 1
     out: list[float] = []

@@ -38,7 +38,7 @@
 #                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
 #                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
-#   spread:NAME[:N]  benchmarks/process_spread.py: N processes of NAME left to the scheduler and N
+#   spread:NAME[:N]  lab/process_spread.py: N processes of NAME left to the scheduler and N
 #                    pinned to the GPU's cores (default 6) -> $BG_OUT/spread_NAME.json
 #   aa:NAMES[:GPU]   benchmarks/aa_noise.py --only NAMES (comma-separated workloads; a name ending in .py is
 #                    a script of one's own, a path in the tree, passed as --script): plain processes
@@ -118,8 +118,8 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         # each queue on its share of its GPU's NUMA-local cores: side by side, no queue's compile
         # workers or loader workers run on another's cores (tools/gpu_cores.py; unpinned where unknown).
         # The shares are those of every GPU of the host, whichever this call uses: two fvep steps started
-        # apart (one per GPU) took all 32 cores each in session 36, and a fix run on one GPU slowed the
-        # other's timing (the HF Trainer's script 60 ms a step against 43)
+        # apart (one per GPU) would otherwise each take all the host's cores, and a fix run on one GPU
+        # slow the other's timing
         local -A cores=()
         local gpu_id list_of all
         all=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -207,7 +207,7 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         "$PY" tools/record_zoo.py --only "$arg1" --out "$OUT_DIR/zoo" "${cpu[@]}"
         ;;
     spread)
-        "$PY" benchmarks/process_spread.py --out "$OUT_DIR/spread_$arg1.json" --workload "$arg1" \
+        "$PY" lab/process_spread.py --out "$OUT_DIR/spread_$arg1.json" --workload "$arg1" \
             --processes "${arg2:-6}" "${SMOKE[@]}"
         ;;
     *)

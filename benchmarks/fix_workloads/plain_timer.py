@@ -8,8 +8,7 @@ set aside (`recompiled`) and another window timed in its place, up to `--windows
 
 The warm-up also spends the batches a DataLoader with workers holds in flight (its workers ×
 prefetch_factor, the largest of the loaders iterated): they pile up while the first steps compile, and a
-loader-paced loop runs through them at the GPU's pace before it settles to its workers' — timm ConvNeXt's
-expert, 8 workers × 4, timed 32 → 24 steps a second over its five windows in session 38. `--no-drain`
+loader-paced loop runs through them at the GPU's pace before it settles to its workers'. `--no-drain`
 keeps the bare `--warmup`; the result records the warm-up it used (`warmup_steps`).
 
     PYTHONPATH=src python3 benchmarks/fix_workloads/plain_timer.py --out t.json [--fixes tf32,compile] -- \\

@@ -6,10 +6,7 @@
     gpudoctor.diagnose("trace.json.gz")  # any Kineto trace, a directory of rank traces, a run directory
     %load_ext gpudoctor                  # then %%gpudoctor on a cell
 
-The library underneath is `gpudoctor.doctor` (it returns `RunReport`s and renders nothing); this top
-level puts it together with the renderers of `gpudoctor.report`. Importing the package is cheap and
-changes nothing: torch and the rest are imported only by the parts that run.
-"""
+Importing the package is cheap and changes nothing: torch and the rest are imported by the parts that run."""
 
 from typing import Any
 

@@ -1,16 +1,9 @@
-"""`across_ranks(summaries) -> AcrossRanks`: the reduce step over every rank's `RankSummary`.
-
-- The ranks side by side and the slowest (`analysis.ranks`), and the ranks ordered outliers first: by
-  how far each one's time outside communication per step is from the ranks' median, in units of
-  their median absolute deviation (ties: by rank).
-- Each collective call matched across ranks (the k-th call of step N is the same collective on
-  every rank): its **transfer time** is its shortest kernel over the ranks — the rank that arrived
-  last waits for no one, so its kernel is the data moving — and each rank's **wait** in it is its own
-  kernel time beyond that. Per collective and message size: the transfer's bus bandwidth against
-  the link's.
-- Each compute kernel that every rank runs: its time per step on each rank, and whether the ranks
-  launch it with the same grid (same shapes) or not (different batch or sequence lengths).
-Pure: summaries in, results out."""
+"""`across_ranks(summaries) -> AcrossRanks`: the reduce step over every rank's `RankSummary` — the ranks
+side by side and the slowest (`analysis.ranks`), ordered outliers first (median absolute deviations from
+the ranks' median); each collective call matched across ranks, its transfer time the shortest kernel over
+them (the last to arrive waits for no one) and each rank's wait its own time beyond that, with the bus
+bandwidth against the link's; and each compute kernel every rank runs, with whether the ranks launch it
+with the same grid. Pure."""
 
 from __future__ import annotations
 

@@ -1,15 +1,8 @@
-"""What a batch-size sweep says, from measured points (each batch size timed in a fresh process): the
-memory model `peak = fixed + per_sample × batch` and the largest batch it predicts within the memory the
-allocator can get, the knee where throughput stops growing, and for inference the latency per batch,
-the region where it grows sublinearly and the largest batch that meets a latency target. Pure.
-
-The knee and noise (`find_knee`): a point is the median of its steps, and its own spread is the
-interquartile range of them. A larger size counts against growth only with its fast quartile (the
-lower quartile of its step times) taken: a drop that the point's own noise can explain is no drop. A
-point slow throughout (the machine busy for the whole process) has no spread to show it; that one is
-caught by the knee's other condition, that every larger size measured gains too little, and the sweep
-measures two sizes past a knee before it stops (`analysis.batch_plan.SweepPlan.past_knee`): one slow
-point followed by one that grows again is no knee."""
+"""What a batch-size sweep says, from measured points (each batch size timed in a fresh process): the memory
+model `peak = fixed + per_sample × batch` and the largest batch it predicts, the knee where throughput
+stops growing, and for inference the latency per batch and the largest batch within a target. Pure. The
+knee is judged against each point's own noise (a larger size counts with its fast quartile), and the
+sweep measures two sizes past a knee, so one slow point makes no knee (docs/memory.md)."""
 
 from __future__ import annotations
 

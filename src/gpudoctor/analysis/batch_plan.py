@@ -1,9 +1,7 @@
-"""Which batch sizes a sweep measures, one at a time: doublings from the first size while throughput
-still grows (or a latency target is not yet crossed; or fewer than two sizes past a knee are measured:
-one slow point does not end the doublings, see `analysis.batch.find_knee`), then the largest size the
-memory model predicts and the next size up, to confirm it. `sweep(measure, plan, script)` runs the loop with the function
-that measures one size (a fresh process in `gpudoctor batch`; injected measurements in tests) and
-summarizes it (`analysis.batch.summarize`). No I/O here."""
+"""Which batch sizes a sweep measures, one at a time: doublings while throughput still grows (or a latency
+target is not yet crossed, or fewer than two sizes past a knee are measured), then the largest size the
+memory model predicts and the next size up, to confirm it. `sweep(measure, plan, script)` runs the loop
+with the function that measures one size (a fresh process, or injected measurements in tests). No I/O."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""`comm_report(trace, steps, window)`: the collectives of one rank — each call torch.distributed
-recorded (`record_param_comms`: collective, group, message size) joined to the kernel it launched,
-its algorithm bandwidth (message size / kernel time) and bus bandwidth (× the NCCL-tests factor of
-the collective and group size), per message size; and per step, how much of the communication ran
-beside compute (overlapped) and how much alone (exposed), by collective.
-
-A collective's kernel starts when its rank arrives and ends when the last rank has: on a rank that
-waits for another, its time is mostly waiting. Its best call (the one it arrived last at) is the
-closest to the transfer time one rank can see; across ranks `analysis.ranks_comm` takes each call's
-shortest kernel. Message size S follows NCCL-tests: the whole buffer (all-reduce: the input; all-gather:
-the gathered output; reduce-scatter: the input), algbw = S / t, busbw = algbw × factor(n)."""
+"""`comm_report(trace, steps, window)`: one rank's collectives — each call torch.distributed recorded
+(`record_param_comms`) joined to its kernel, its algorithm and bus bandwidth as NCCL-tests defines them,
+per message size; and per step, the communication that ran beside compute and alone, by collective. On a
+rank that waits for another a collective's kernel is mostly waiting: across ranks, `analysis.across_ranks`
+takes each call's shortest kernel as its transfer time."""
 
 from __future__ import annotations
 

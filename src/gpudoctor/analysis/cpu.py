@@ -22,9 +22,9 @@ CLOSURE = re.compile(r"^gpudoctor\.closure$|training_step|\bbackward\b|closure|g
 BACKWARD_OP = re.compile(r"^autograd::engine::evaluate_function")
 # A host gap (in no op, DataLoader or synchronization, on any thread) this long, opened with at least
 # AHEAD_QUEUED GPU activities launched and not yet started: the host is that far ahead of its GPU, blocked
-# where the trace shows no op (a full launch queue behind a collective that waits for another rank: 640–700
-# queued on 2 × H100) or working where it does not pace the GPU. A straggler's own host work leaves its
-# GPU what it launched since its last collective (0–136 queued in DDP ResNet-50 recordings).
+# where the trace shows no op (a full launch queue behind a collective that waits for another rank) or
+# working where it does not pace the GPU. A straggler's own host work leaves its GPU far fewer queued
+# (docs/results.md, "Several GPUs").
 AHEAD_GAP_US = 1000.0
 AHEAD_QUEUED = 256
 ZERO_GRAD = re.compile(r"^Optimizer\.zero_grad#")

@@ -1,5 +1,6 @@
 """GPU memory from `profile_memory` events: allocated and reserved over time, the peak, and the
-allocations made in each step."""
+allocations made in each step. Where the events carry no allocator totals (PyTorch <= 1.9 wrote only
+each allocation's `Bytes`), allocated memory is their running sum: the rise from the trace's start."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gpudoctor.trace.steps import Step
 
 CUDA_DEVICE_TYPE = 1  # c10::DeviceType::CUDA
 SERIES_POINTS = 400
+RISE = "rise"
 
 
 @dataclass(frozen=True)
@@ -33,6 +35,18 @@ class MemoryReport:
     series_ts_us: tuple[float, ...]  # downsampled, keeping each bucket's maximum
     series_allocated: tuple[int, ...]
     series_reserved: tuple[int, ...]
+    # "total": allocated as the allocator counted it; "rise": the running sum of the trace's allocations
+    # and frees, from 0 at its start (what was allocated before is unknown; reserved: not recorded, -1)
+    allocated_basis: str = "total"
+
+    @property
+    def is_rise(self) -> bool:
+        """Whether allocated memory is the rise from the trace's start, not the allocator's total."""
+        return self.allocated_basis == RISE
+
+    @property
+    def reserved_recorded(self) -> bool:
+        return self.peak_reserved >= 0
 
 
 def memory_report(trace: Trace, steps: tuple[Step, ...]) -> MemoryReport | None:
@@ -46,6 +60,11 @@ def memory_report(trace: Trace, steps: tuple[Step, ...]) -> MemoryReport | None:
     sel = cuda & (m.device_id == device)
     ts, size = m.ts[sel], m.bytes[sel]
     allocated, reserved = m.total_allocated[sel], m.total_reserved[sel]
+    rise = bool((allocated < 0).any())
+    if rise:  # no allocator totals on some events: count what the trace saw allocated and freed
+        allocated = np.cumsum(size)
+        if not (reserved >= 0).all():
+            reserved = np.full(len(ts), -1, dtype=np.int64)
     capacity = next((d.total_memory_bytes for d in trace.meta.devices if d.index == device), None)
     per_step = []
     for s in steps:
@@ -63,13 +82,14 @@ def memory_report(trace: Trace, steps: tuple[Step, ...]) -> MemoryReport | None:
     return MemoryReport(
         device=device,
         events=int(sel.sum()),
-        peak_allocated=int(allocated.max()),
+        peak_allocated=max(int(allocated.max()), 0),
         peak_reserved=int(reserved.max()),
         capacity=capacity,
         steps=tuple(per_step),
         series_ts_us=st,
         series_allocated=sa,
         series_reserved=sr,
+        allocated_basis=RISE if rise else "total",
     )
 
 

@@ -1,12 +1,7 @@
-"""`analyze_memory(run, snapshots, timeline) -> MemoryAnalysis`: GPU memory of a `gpudoctor run` —
-per-step peaks, where the peak goes (`memory_breakdown`), growth step over step and the lines that
-grow (a leak), reserved against allocated memory (fragmentation), and, when the script ran out of
-memory, what held the memory at that moment.
-
-`run` is the runner's memory record (`RunRecord.memory_run`, schema `gpudoctor.memory-run/1`, written
-by `runner.memory`); `snapshots` the allocator snapshots it names, loaded (`detail_start`,
-`detail_end`, `traced_end`, `oom`); `timeline` the profiler's memory timeline where one was written.
-Pure: the caller reads the files."""
+"""`analyze_memory(run, snapshots, timeline) -> MemoryAnalysis`: GPU memory of a `gpudoctor run` — per-step
+peaks, where the peak goes (`memory_breakdown`), the lines that grow step over step (a leak), reserved
+against allocated memory (fragmentation), and what held the memory when the script ran out of it. Pure:
+the caller reads the runner's record (`RunRecord.memory_run`), the snapshots and the timeline."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""Torch's CUDA allocator snapshot (`torch.cuda.memory._snapshot()`: `segments` of `blocks`, and
-`device_traces` of alloc/free entries when the history was on — the dict memory_viz reads) as data:
-the allocator's totals, the live blocks by category and allocating line, and the replay of one step's
-history into allocations with a start, an end and a category.
-
-A block's category comes first from the storages gpudoctor counted (`Owners`: parameters, gradients,
-optimizer state), then from the frames it was allocated under (`memory_frames.category_of_frames`).
-Pure functions over the dict; no torch, no I/O. Sizes in bytes, times in µs."""
+"""Torch's CUDA allocator snapshot (`torch.cuda.memory._snapshot()`, the dict memory_viz reads) as data: the
+allocator's totals, the live blocks by category and allocating line, and one step's history replayed into
+allocations with a start, an end and a category (from the storages gpudoctor counted, else the frames).
+Pure functions over the dict; no torch, no I/O."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The memory timeline gpudoctor writes from torch.profiler's own memory categorisation
-(`torch.profiler._memory_profiler.MemoryProfile`, which needs profile_memory, record_shapes and
-with_stack; it works on CPU tensors too), replayed like an allocator history: every tensor's bytes
-with torch's category, the line and the module that allocated it.
-
-The document (schema `gpudoctor.memory-timeline/1`): `device`, `sites` and `modules` (interned
-strings), `events`: `[t_ns, kind, tensor, bytes, category, site, module]` with kind `preexisting`,
-`create` or `destroy`, category torch's (`ACTIVATION`, …, or null), site/module an index or -1;
-`module_types`: module name -> class name."""
+(`torch.profiler._memory_profiler.MemoryProfile`: needs profile_memory, record_shapes and with_stack;
+works on CPU tensors too), replayed like an allocator history: every tensor's bytes with torch's
+category, its line and module. Schema `gpudoctor.memory-timeline/1`: interned `sites` and `modules`, and
+`events` of `[t_ns, kind, tensor, bytes, category, site, module]`."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""Where in the model: per `nn.Module`, down to a chosen depth, its calls, host time, GPU time (forward,
-and backward) and kernel count per step — what TensorBoard's profiler showed as its module view.
-
-Module calls come from `gpudoctor.module: <dotted.path>` annotations (`gpudoctor run` marks each module's
-forward; the root is named by its class) or, failing those, from the `nn.Module: X_N` frames of a
-with_stack trace (paths joined from the nesting: `ResNet_0.Sequential_0.Bottleneck_0`). A kernel launched
-inside a module's forward is that module's forward GPU time; a kernel of the backward pass is the module's
-whose forward ran the op the backward op differentiates: autograd gives both the same "Sequence number"
-(the backward op's "Fwd thread id" names the forward's thread). Figures include the module's children.
-A root that only wraps one child (DistributedDataParallel, torch.compile's OptimizedModule) is looked
-through. Pure, vectorized: linear in the trace but for the module nesting depth.
-"""
+"""Where in the model: per `nn.Module`, down to a chosen depth, its calls, host time, forward and backward
+GPU time and kernels per step, children included. Module calls come from `gpudoctor.module:`
+annotations, else from a with_stack trace's `nn.Module: X_N` frames; a backward kernel belongs to the
+module whose forward ran the op it differentiates (autograd's sequence numbers); a root that only wraps
+one child (DDP, OptimizedModule) is looked through. Pure, vectorized (docs/analysis.md, "Where in the
+model")."""
 
 from __future__ import annotations
 

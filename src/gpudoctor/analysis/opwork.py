@@ -1,11 +1,7 @@
-"""The work of one PyTorch op from its recorded arguments (record_shapes): FLOPs, the bytes it must
-move at least (every input read once, every output written once) and the dtype of its math.
-
-FLOPs follow `torch.utils.flop_counter`: 2·M·N·K per matmul, 2·N·Cout·Cin/groups·k·out per
-convolution (its backward: that once per gradient asked for), 4·B·H·Lq·Lk·D per attention forward
-and 2.5× that backward (causal masks ignored, as there). Elementwise ops count 1 FLOP per output
-element. An op whose arguments do not fit its formula gets None: nothing is ever guessed.
-"""
+"""The work of one PyTorch op from its recorded arguments (record_shapes): FLOPs as
+`torch.utils.flop_counter` counts them (1 per output element for elementwise ops), the bytes it must move
+at least (every input read once, every output written once), and the dtype of its math. An op whose
+arguments do not fit its formula gets None: nothing is guessed. The formulas: docs/analysis.md."""
 
 from __future__ import annotations
 

@@ -25,26 +25,16 @@ class EventCost:
     source: str  # where the figure comes from
 
 
-# Measured by tools/measure_profiler_cost.py --part probes (H100, torch 2.11; its fit: --fit, written to
-# benchmarks/results/profiler_cost.json; tests/test_profiler_cost.py holds these to it). Two host-bound
-# probes (6 transformer blocks at batch 1, eager and torch.compile'd), each traced under every option set;
-# each cost a least-squares fit over both probes of the step time an option adds over the records it adds.
-# Both probes come from one session: the compiled probe's rerun (another session) is kept apart, not merged
-# into the fit, since between sessions its with_stack + record_shapes cost over default fell from 18.4 to
-# 10.7 ms, and fitted against the other session's eager probe it would turn that pair's prices round
-# (record_shapes 3.05, with_stack 0.95 µs, against 1.40 and 2.92).
+# Measured by tools/measure_profiler_cost.py on an H100 (torch 2.11): two host-bound probes, eager and
+# torch.compile'd, each traced under every option set; each cost a least-squares fit of the step time an
+# option adds over the records it adds (benchmarks/results/profiler_cost.json; tests/test_profiler_cost.py
+# holds these to it). The figures and how well the estimate holds: docs/results.md, "The profiler's cost".
 _PROBES = "H100 probes (eager + compiled GPT blocks), tools/measure_profiler_cost.py"
 COSTS: dict[str, EventCost] = {
     # Default options: traced − unprofiled step over its ops, annotations and runtime calls.
     "event": EventCost(1.78, f"{_PROBES}: eager, default options vs unprofiled"),
-    # NOT confirmed by the probes: what 1.78 µs per event leaves per Inductor launch on the compiled probe
-    # is negative (−34.5 µs; its unprofiled steps spread 12–25 ms), and so on its rerun (5 profiled steps,
-    # 2 × 80 timed: −11.3 µs; +9.7 against the unprofiled steps timed before the traced ones, −21.7 against
-    # those after: 77 launches × 30 µs is 2.3 ms, the rerun's unprofiled drift 2.4 ms; the probe cannot
-    # resolve it: tests/fixtures/profiler_cost/reruns/compiled_probe). Kept at the provisional 30 µs, which
-    # the traces that measure it need: the zoo's (H200) optimizer_unfused.slow (1.24 of measured with it,
-    # 0.63 without), profiler_distortion.fixed (0.75 with, 0.19 without) and the H100 compiled GPT-2
-    # acceptance trace (5 steps; 0.81 with, 0.65 without): they imply 18, 43 and 64 µs.
+    # Provisional: the compiled probe cannot resolve what an Inductor launch costs (its fit is negative,
+    # within its unprofiled steps' drift); 30 µs is what the traces that measure it need.
     "compiled_launch": EventCost(
         30.0,
         "H200 zoo traces and the H100 GPT-2 acceptance trace; the H100 compiled probe's fit (−34.5, its rerun "
@@ -54,8 +44,8 @@ COSTS: dict[str, EventCost] = {
     "memory_event": EventCost(1.83, f"{_PROBES}: all options vs with_stack + record_shapes"),
     "python_frame": EventCost(1.50, f"{_PROBES}: with_stack vs default"),
 }
-# with_stack and record_shapes together cost more than each alone (eager probe: +13.9 ms against +3.1 and
-# +4.2 ms alone): with both on, shaped ops and Python frames are priced as measured together.
+# with_stack and record_shapes together cost more than each alone: with both on, shaped ops and Python
+# frames are priced as fitted together.
 COSTS_WITH_STACK_AND_SHAPES: dict[str, EventCost] = {
     "shaped_op": EventCost(1.40, f"{_PROBES}: with_stack + record_shapes vs default, fitted together"),
     "python_frame": EventCost(2.92, f"{_PROBES}: with_stack + record_shapes vs default, fitted together"),

@@ -1,27 +1,9 @@
-"""`rank_overview(analyses) -> RankOverview`: the ranks of a distributed run side by side — each
-rank's step time, GPU busy share by kind and idle share by cause — and the slowest rank, the one the
-others wait on in their collectives. Pure: it reads the `Analysis` of each rank, nothing else.
-
-The profiler slows each rank's host, not its kernels, and not every rank alike: in a trace a balanced
-run shows one rank 10% longer outside communication, and a rank with a larger batch can be the one
-that waits. Where the unprofiled step is known the slowest rank is judged against it: the GPU work
-of each rank (compute and copies, as traced: kernels run at their own speed) and the shortest
-exposed communication over the ranks (the transfer, no wait) say how short the step could be. When
-the heaviest GPU accounts for the unprofiled step, the GPUs pace the run and the slowest rank is the
-one with the most GPU work; otherwise a host paces it, the rank longest outside communication in the
-trace, and catching up can save at most the unprofiled step less that GPU floor.
-
-A host-paced run's slowest rank in the trace may be the profiler's doing alone: on a busy host it slowed
-one rank's ops twice as much as the other's (2 × H200, DDP ResNet-50, a balanced run and one whose
-straggler was the *other* rank). Where NVML measured each rank's GPU utilization in the unprofiled
-light phase, that decides which rank: the one whose GPU idles most, waiting for its own host (the others'
-GPUs are busy, if only in a collective's waiting kernel), when it idles at least HOST_IDLE_GAP of the step
-more than the others' median. Whether it is a straggler, and by how much, its own host time as traced
-says (Python outside ops and the DataLoader, which the profiler hardly slows, within the host's own span
-of each step — a rank that waits for a straggler may finish its span long before the step's window
-closes — less the long gaps in which its GPU had hundreds of launches queued: the host ahead of its GPU,
-blocked on its full launch queue, in the trace as often outside an op as inside one): beyond the
-others' by 5% of the step at least; its saving is at most that excess and its idle beyond the others'."""
+"""`rank_overview(analyses) -> RankOverview`: the ranks of a distributed run side by side — step time, GPU
+busy by kind, idle by cause — and the slowest rank, the one the others wait on in their collectives. Pure.
+Since the profiler slows the ranks' hosts unevenly, the slowest rank is judged against the unprofiled step
+where it is known: by GPU work where the GPUs pace the run, else by NVML's unprofiled utilization
+(`HOST_IDLE_GAP`) and the rank's own host time within its span of each step. Why: docs/run.md, "The ranks
+judged against the unprofiled step"."""
 
 from __future__ import annotations
 
@@ -36,9 +18,8 @@ from gpudoctor.analysis.timeline import IDLE_CAUSES
 # Below this spread the ranks are called balanced: step times of one rank vary by a few % anyway.
 STRAGGLER_SPREAD = 0.05
 # The unprofiled straggler's GPU idles this share of the step more than the other ranks' median (NVML
-# utilization over the light phase). Balanced DDP ResNet-50 runs measured 1, 2, 6 and, on a host whose
-# plain runs were 10% apart, 15 points apart (2 × H100, 2 × H200); 15 ms host-work stragglers 48, 51 and
-# 56 points.
+# utilization over the light phase): between what balanced runs and planted stragglers measured
+# (docs/results.md, "Several GPUs").
 HOST_IDLE_GAP = 0.25
 COPY_KINDS = ("memcpy_h2d", "memcpy_d2h", "memcpy_d2d", "memcpy_other", "memset")
 

@@ -1,15 +1,8 @@
-"""The roofline of the top kernels: each kernel's achieved FLOP/s against its arithmetic intensity
-(FLOPs per byte), under the device's measured ceilings (copy bandwidth, matmul FLOP/s per dtype).
-
-A kernel carries the work of the op that launched it, found through its External id: the innermost
-enclosing op whose work is known (`opwork`: Kineto's own `flops` arg where recorded, else a formula
-over the recorded shapes). An op whose work is known but holds another such op of its kind
-(aten::linear around aten::addmm) gives nothing of its own: its inner op already counts. Where an op launches several
-kernels, its FLOPs and bytes are split among them by their share of its kernel time; a matmul,
-convolution or attention op's helper kernels (layout conversions, padding, fills) carry none of it
-when it also launched kernels that do the math. A kernel of an unknown op is left off: nothing is
-guessed.
-"""
+"""The roofline of the top kernels: each kernel's achieved FLOP/s against its arithmetic intensity, under the
+device's measured ceilings. A kernel carries the work of the innermost enclosing op whose work is known
+(`opwork`), once (an op holding another of its kind gives nothing of its own); an op's work is split among
+its math kernels by their share of its time, its helper kernels carrying none; a kernel of an unknown op
+is left off: nothing is guessed. The rules: docs/analysis.md, "Roofline of the top kernels"."""
 
 from __future__ import annotations
 

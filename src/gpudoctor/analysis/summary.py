@@ -3,7 +3,7 @@ serializable result. Parts the trace cannot support are None and say why in `not
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -28,7 +28,7 @@ from gpudoctor.trace.content import Accelerator, accelerator, no_gpu_activity_re
 from gpudoctor.trace.iterations import StepSource, find_iterations
 from gpudoctor.trace.links import launch_rows
 from gpudoctor.trace.model import GPU_ACTIVITY_KINDS, Trace
-from gpudoctor.trace.steps import Step, steps_from_spans
+from gpudoctor.trace.steps import Step, leading_warmup, steps_from_spans
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.serial import Serialized
@@ -72,6 +72,8 @@ class Analysis(Serialized):
     schema: str
     trace: TraceSummary
     device: DeviceInfo | None
+    # The steps every figure over steps covers (medians, per-step means, the windows of the kernel, op,
+    # transfer and GPU-time tables): the trace's steps less the warm-up steps it starts with.
     steps: tuple[StepSummary, ...]
     step_time_us: Distribution | None
     selected_step: int | None  # set when the analysis covers one step (--step)
@@ -107,6 +109,9 @@ class Analysis(Serialized):
     # What the profiler recorded per step and its estimated host cost; None in an analysis saved before
     # it existed, or a trace without host events.
     profiler_cost: ProfilerCost | None = None
+    # Steps at the start of the trace that are warm-up outliers (`trace.steps.leading_warmup`): shown,
+    # and left out of `steps` and of every figure over them.
+    warmup_steps: tuple[StepSummary, ...] = ()
 
     @property
     def window(self) -> TimeBreakdown | None:
@@ -156,14 +161,18 @@ def _analyze(
             have = ", ".join(str(s.number) for s in steps) or "none"
             raise UsageError(f"no step {step} in this trace (steps: {have})")
         steps = chosen
+    warm = leading_warmup(steps)
+    shown, steps = steps, steps[warm:]
     if not trace.has_gpu:
         notes.append(no_gpu_activity_reason(trace))
     window = (steps[0].window_start_us, steps[-1].window_end_us) if steps else None  # GPU side
     cpu_window = (steps[0].start_us, steps[-1].end_us) if steps else None
     syncs = host_sync_rows(trace)
     gpu_rows = _launched_within(trace, steps[0]) if step is not None else None
-    timeline = gpu_timeline(trace, steps, gpu_rows)
-    step_rows = _step_summaries(trace, steps, syncs, timeline, gpu_rows)
+    timeline = gpu_timeline(trace, shown, gpu_rows, warm)
+    every_step = _step_summaries(trace, shown, syncs, timeline, gpu_rows)
+    step_rows = every_step[warm:]
+    timeline = replace(timeline, steps=timeline.steps[warm:])
     memory = memory_report(trace, steps)
     if memory is None and len(trace.memory):
         notes.append("memory events only for the CPU: no GPU memory to analyze")
@@ -195,6 +204,7 @@ def _analyze(
         modules=module_view(trace, steps, module_depth),
         comms=comm_report(trace, steps, window, link),
         profiler_cost=profiler_cost(trace, steps),
+        warmup_steps=every_step[:warm],
     )
 
 

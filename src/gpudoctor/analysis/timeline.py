@@ -1,20 +1,7 @@
-"""The GPU timeline: busy time by kind and idle time by cause, per step and overall.
-
-Busy is the union of all GPU activity (kernels, copies, memsets) on every stream of the device: the
-GPU is idle only when no stream runs anything. Each idle gap is put down to one cause, judged from the
-activity that ends it and the runtime call that launched that activity:
-
-- `launch_gap`: the launching call started before the gap opened (the work was queued, yet the GPU
-  waited): device-side launch latency between back-to-back kernels, or a cross-stream dependency;
-- `sync`: the host issued the next work only after the gap opened, and a host synchronization
-  (cudaDeviceSynchronize / StreamSynchronize / EventSynchronize, a synchronous copy) was in flight
-  when it opened: the part of the gap until that call returned (the round trip);
-- `host_wait`: the host issued the next work only after the gap opened: Python, the data loader or
-  launch overhead kept the GPU waiting (after a sync, the rest of the gap: the queue was drained, so
-  every host delay showed);
-- `other`: the activity that ends the gap has no recorded launching call.
-See docs/analysis.md for how this relates to HTA's per-stream idle-time breakdown.
-"""
+"""The GPU timeline: busy time by kind and idle time by cause, per step and overall. Busy is the union of
+all GPU activity on every stream; each idle gap is put down to one cause — `launch_gap`, `sync`,
+`host_wait` or `other` — from the activity that ends it and the call that launched that activity. The
+definitions, and how they differ from HTA's per-stream breakdown: docs/analysis.md, "GPU timeline"."""
 
 from __future__ import annotations
 
@@ -66,9 +53,12 @@ class GpuTimeline:
     concurrent_kinds_us: dict[str, float]  # each kind's own union, overlaps included
 
 
-def gpu_timeline(trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None = None) -> GpuTimeline:
+def gpu_timeline(
+    trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None = None, first: int = 0
+) -> GpuTimeline:
     """Busy and idle per step, over the profiled steps, and over the GPU's own span. `gpu` restricts
-    the GPU activity considered (default: all kernels, copies and memsets)."""
+    the GPU activity considered (default: all kernels, copies and memsets). The profiled-steps window
+    starts at `steps[first]`: warm-up steps before it have their own breakdown and are left out of it."""
     if gpu is None:
         gpu = trace.rows(*GPU_ACTIVITY_KINDS)
     if not len(gpu):
@@ -82,7 +72,7 @@ def gpu_timeline(trace: Trace, steps: tuple[Step, ...], gpu: np.ndarray | None =
         return _breakdown(a, b, busy_layers, idle)
 
     per_step = tuple(window(s.window_start_us, s.window_end_us) for s in steps)
-    profiled = window(steps[0].window_start_us, steps[-1].window_end_us) if steps else None
+    profiled = window(steps[first].window_start_us, steps[-1].window_end_us) if steps else None
     return GpuTimeline(per_step, profiled, window(float(start.min()), float(end.max())), concurrent)
 
 

@@ -184,8 +184,8 @@ def _copy_bytes(dev: Any) -> int:
 
 
 def _time_copy(torch: Any, dev: Any, nbytes: int, timer: TimeUs) -> float:
-    """The faster of a memcpy (`copy_`) and an elementwise kernel that reads and writes as much: on an
-    H200 the memcpy path reaches 2.8 TB/s where kernels stream 4.1 TB/s, so memcpy alone understates it."""
+    """The faster of a memcpy (`copy_`) and an elementwise kernel that reads and writes as much: on some
+    GPUs kernels stream faster than the memcpy path (docs/results.md, "Timing")."""
     src = torch.randn(nbytes // 4, device=dev)
     dst = torch.empty_like(src)
     return min(timer(lambda: dst.copy_(src)), timer(lambda: torch.neg(src, out=dst)))

@@ -29,20 +29,25 @@ class DeviceInfo:
 
     @classmethod
     def from_kineto(cls, props: dict[str, Any]) -> DeviceInfo:
-        """From one entry of a Kineto trace's `deviceProperties` (CUDA and ROCm spellings)."""
+        """From one entry of a Kineto trace's `deviceProperties` (CUDA and ROCm spellings), or of the
+        `computeProperties` older traces carry, which name fields as `cudaDeviceProp` does (`major`,
+        `multiProcessorCount`)."""
 
-        def num(key: str) -> int | None:
-            value = props.get(key)
-            return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        def num(*keys: str) -> int | None:
+            for key in keys:
+                value = props.get(key)
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    return int(value)
+            return None
 
-        major, minor = num("computeMajor"), num("computeMinor")
+        major, minor = num("computeMajor", "major"), num("computeMinor", "minor")
         return cls(
             index=num("id") or 0,
             name=str(props.get("name", "unknown GPU")),
             total_memory_bytes=num("totalGlobalMem"),
-            sm_count=num("numSms"),
+            sm_count=num("numSms", "multiProcessorCount"),
             compute_capability=(major, minor) if major is not None and minor is not None else None,
-            max_threads_per_sm=num("maxThreadsPerMultiprocessor"),
+            max_threads_per_sm=num("maxThreadsPerMultiprocessor", "maxThreadsPerMultiProcessor"),
             max_threads_per_block=num("maxThreadsPerBlock"),
             regs_per_sm=num("regsPerMultiprocessor"),
             shared_mem_per_sm_bytes=num("sharedMemPerMultiprocessor"),

@@ -1,11 +1,7 @@
-"""The JSON document of an analysis: `analysis.json` of a run directory and `gpudoctor analyze --json`.
-
-One trace: the doctor's `Diagnosis` (schema `gpudoctor.findings/1`: `findings` ranked by
-`est_saving_pct`, `bound`, `summary`) with the whole `Analysis` under `analysis` (schema
-`gpudoctor.analysis/1`). Several ranks: `{"schema": "gpudoctor.ranks/1", "ranks": [...]}` with one such
-document per rank, in rank order. `schema` is always at the top level; `reports_from_json` reads both,
-`saved_reports` reads a file of either with a damaged one a one-line error.
-"""
+"""The JSON document of an analysis (`analysis.json`, `gpudoctor analyze --json`): for one trace the
+`Diagnosis` (`gpudoctor.findings/1`) with the whole `Analysis` under `analysis`; for several ranks
+`{"schema": "gpudoctor.ranks/1", "ranks": [...]}`, one such document per rank. `reports_from_json` reads
+both; `saved_reports` reads a file of either, a damaged one a one-line error."""
 
 from __future__ import annotations
 

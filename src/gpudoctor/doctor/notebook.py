@@ -1,10 +1,7 @@
-"""The doctor in a notebook or a script of one's own: `with gpudoctor.profile() as p: train_steps()`
-captures the block as `gpudoctor run` captures a script — its steps found, timed without the profiler,
-a few traced, a run directory written as it goes — lets it run to its end, and diagnoses it (`p.report`);
-`diagnose(path)` reads a trace, a directory of rank traces, a run directory or a saved analysis. Both
-hand the `RunReport` to `present` (the package's top level gives it `report.notebook.Shown`: terminal
-text in a console, the HTML report inline in Jupyter), since this package renders nothing. The IPython
-magic `%%gpudoctor` is `doctor.magic`. Nothing here runs at import; what a profile installs is removed
+"""The doctor in a notebook or a script of one's own: `with gpudoctor.profile() as p:` captures the block as
+`gpudoctor run` captures a script, lets it run to its end and diagnoses it (`p.report`); `diagnose(path)`
+reads a trace, a directory of rank traces, a run directory or a saved analysis. Both hand the `RunReport`
+to `present` (rendering is the top level's). Nothing runs at import; what a profile installs is removed
 when its block ends, also on an exception."""
 
 from __future__ import annotations

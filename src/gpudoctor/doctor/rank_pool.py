@@ -1,10 +1,8 @@
-"""The per-rank stage of the doctor on a directory of rank traces, run in parallel: each task
-loads one rank's trace, analyzes and diagnoses it, and sends back its `RankSummary` (a few KB) — and,
-for the ranks asked for, its whole report — so the parent holds summaries, not traces. Tasks run in
-this process (`serial`), in a pool of processes on this machine (`processes`: each worker holds one
-trace at a time, so its peak memory is that of the largest trace, whatever the number of ranks), or
-on an existing Ray or Dask cluster (`ray`, `dask`: `pip install 'gpudoctor[cluster]'`), where the
-files live. Results come back as plain JSON, whichever engine ran them."""
+"""The per-rank stage of the doctor on a directory of rank traces, in parallel: each task loads one rank's
+trace, analyzes and diagnoses it, and sends back its `RankSummary` (a few KB), and for the ranks asked
+for its whole report, so the parent holds summaries, not traces. Engines: `serial`, `processes` (a worker
+holds one trace at a time), `ray` and `dask` (an existing cluster, where the files live); results come
+back as plain JSON whichever ran them."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
 """Several ranks, for `analyze` and `report` on a directory and for `gpudoctor run` under torchrun: the
-per-rank stage (`doctor.rank_pool`, in parallel where there are many, on processes, Ray or Dask), the
-reduce over the ranks' summaries (`analysis.across_ranks`), the ranks that wait for a straggler
-diagnosed again at their own pace, the findings about the run as a whole (`rules.across`), and the
-combined JSON document (schema gpudoctor.ranks/1 with every rank's
-summary; the whole report of every rank up to `FULL_REPORTS_MAX` ranks, else of the first and the
-slowest only)."""
+per-rank stage (`doctor.rank_pool`), the reduce over the ranks' summaries (`analysis.across_ranks`), the
+ranks that wait for a straggler diagnosed again at their own pace, the findings about the run as a whole
+(`rules.across`), and the combined document (`gpudoctor.ranks/1`: every rank's summary, and whole reports
+up to `FULL_REPORTS_MAX` ranks, else the first's and the slowest's)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,8 @@
-"""`RunReport`: what the doctor found, as one frozen, versioned value (schema `gpudoctor.report/1`) —
-the run's record (when gpudoctor ran the code), the trace's analysis and diagnosis, the memory analysis
-and its findings, the profiler's observer effect, the ranks side by side (several ranks: `analysis` and
-`diagnosis` are then the detailed rank's), the GPU timeline of one representative step for the HTML
-report, and notes on what could not be done. `to_json`/`from_json` round-trip it; `save`/`load` write
-and read it as a run directory's files (`runner.rundir`: record.json, analysis.json, observer.json,
-memory.json), in the formats `gpudoctor report` reads."""
+"""`RunReport`: what the doctor found, as one frozen, versioned value (schema `gpudoctor.report/1`) — the
+run's record, the trace's analysis and diagnosis, the memory analysis and findings, the profiler's
+observer effect, the ranks side by side, one step's GPU timeline for the HTML report, and notes on what
+could not be done. `to_json`/`from_json` round-trip it; `save`/`load` write and read a run directory's
+files (`runner.rundir`) in the formats `gpudoctor report` reads."""
 
 from __future__ import annotations
 

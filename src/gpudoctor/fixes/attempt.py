@@ -10,8 +10,10 @@ import itertools
 import statistics
 from dataclasses import dataclass, field, replace
 
-from gpudoctor.fixes.candidates import LOADER_PACES, Candidate, loader_wait_share
+from gpudoctor.fixes.candidates import Candidate
 from gpudoctor.fixes.catalog import spec_of, title_of
+from gpudoctor.fixes.evidence import in_words
+from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
 from gpudoctor.fixes.round import RoundResult
@@ -214,6 +216,7 @@ def verdict_of(at: Attempt, same_within: float) -> FixVerdict:
         candidate_steps=cand_steps,
         on_top_of=at.on_top or (),
         stalled=stalled,
+        evidence=evidence_of(at, tuple(f for f in fixes if f not in (at.on_top or ()))),
     )
 
 
@@ -230,11 +233,43 @@ def not_applied(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
     return "; ".join(f"does not apply: {r.patches[f].reason}" for f in missing)
 
 
+def no_effect(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
+    """Why `fixes` did not take effect in round `r` (bfloat16 autocast that ran no matmul in bfloat16,
+    torch.compile that compiled nothing), or None where they did or the round cannot tell."""
+    obs = r.observations
+    if obs is None:
+        return None
+    reasons = [f"{title_of(f)} {why}" for f in fixes if (why := spec_of(f).not_in_effect(obs)) is not None]
+    return "; ".join(reasons) or None
+
+
+def evidence_of(at: Attempt, moving: tuple[str, ...]) -> tuple[str, ...]:
+    """What the attempt's last round shows of each moving fix's effect, the script's own figure beside it."""
+    if not at.runs or at.runs[-1].observations is None:
+        return ()
+    obs = at.runs[-1].observations
+    base = at.base[-1].observations if at.base else None
+    out = []
+    for f in moving:
+        kind = f.split(":")[0]
+        words = in_words(kind, obs.work, obs.compiled, len(obs.step_roots))
+        if words is None:
+            continue
+        if base is not None and kind != "compile":
+            before = in_words(kind, base.work, base.compiled, len(base.step_roots))
+            if before is not None and before != words:
+                words += f" (the script's: {before.split(' of ')[0]})"
+        out.append(f"{title_of(f)}: {words}")
+    return tuple(out)
+
+
 def random_differs(fixes: tuple[str, ...], obs: Observations | None) -> bool:
     """Compiled code draws other random numbers than eager: with dropout the losses differ unless
     Inductor is told to draw them as eager does (`fallback_random`), which every round of such a
     configuration then does — a little slower than plain compile, so its saving is understated."""
-    return any(f.startswith("compile") for f in fixes) and bool(obs and obs.root and obs.root.dropout)
+    return any(f.startswith("compile") for f in fixes) and bool(
+        obs and any(r.dropout for r in obs.step_roots)
+    )
 
 
 def saving(t: Tried) -> float:

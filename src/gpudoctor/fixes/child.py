@@ -45,6 +45,8 @@ from gpudoctor.runner.outputs import OutputRecorder
 from gpudoctor.runner.rundir import write_child_result
 from gpudoctor.timing.blocks import BlockPlan
 
+WATCH_STEPS = 3  # steps over which the top-level modules the step calls are found and counted
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m gpudoctor.fixes.child", description=__doc__)
@@ -166,7 +168,9 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     replaced = tuple(f for f in switch if f not in fixes)  # the baseline's alone
     started = time.perf_counter()
     seed_everything(args.seed)
-    finder = RootFinder()
+    # every top-level module the step calls is found (and counted) over its first steps
+    watching: list[LiveCapture] = []
+    finder = RootFinder(until=lambda: bool(watching) and watching[0].steps_seen >= WATCH_STEPS)
     ctx = PatchContext(finder, None if args.module else str(Path(target).resolve()))
     patches = sorted(
         (
@@ -206,6 +210,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     capture = LiveCapture(
         Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds, switch_lag=switcher.lag
     )
+    watching.append(capture)
     end: ScriptEnd | None = None
     failed: str | None = None
     kind, values, observations = "none", [], None

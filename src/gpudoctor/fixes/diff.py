@@ -9,7 +9,7 @@ import ast
 import difflib
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -227,6 +227,7 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
     if e.op == "delete_statement":
         return first, last, [f"{indent}pass\n"] if _only_statement(tree, stmt) else []
     if e.op == "wrap_statement":
+        last = max(last, e.end_line)  # statements joined under one `with` (`_joined_wraps`)
         body = [INDENT + ln if ln.strip() else ln for ln in lines[first:last]]
         return first, last, [f"{indent}with {e.wrap}:\n", *body]
     if e.op == "before_statement":
@@ -240,6 +241,54 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
         at = target.end_lineno or target.lineno
         return at, at, [t_indent + c.replace("{name}", e.name) + "\n" for c in e.code]
     return f"unknown edit {e.op!r}"
+
+
+def _joined_wraps(tree: ast.Module, lines: list[str], edits: list[Edit]) -> list[Edit]:
+    """`edits` with the statements that several `wrap_statement` edits put under the same `with` joined
+    into one block where they follow one another in the same body (an encoder's call and then a head's:
+    one `with torch.autocast(...)` around both, as one writes it by hand); `end_line` marks the last."""
+    wraps = [e for e in edits if e.op == "wrap_statement"]
+    if len(wraps) < 2:
+        return edits
+    bodies = _bodies(tree)
+    out, joined = [e for e in edits if e.op != "wrap_statement"], set()
+    for e in wraps:
+        if id(e) in joined:
+            continue
+        found = _simple_statement_at(tree, e.line)
+        where = bodies.get(id(found[0])) if found else None
+        if where is None:
+            out.append(e)
+            continue
+        body, i = where
+        last = i
+        while last + 1 < len(body):
+            nxt = body[last + 1]
+            partner = next(
+                (w for w in wraps if id(w) not in joined and w is not e and w.wrap == e.wrap
+                 and nxt.lineno <= w.line <= (nxt.end_lineno or nxt.lineno) and not hasattr(nxt, "body")),
+                None,
+            )  # fmt: skip
+            if partner is None:
+                break
+            joined.add(id(partner))
+            last += 1
+        end = body[last].end_lineno or body[last].lineno
+        out.append(e if last == i else replace(e, line=body[i].lineno, end_line=end))
+    return out
+
+
+def _bodies(tree: ast.AST) -> dict[int, tuple[list[ast.stmt], int]]:
+    """Each statement's body (the list it is in) and its index there, by the statement's id."""
+    out: dict[int, tuple[list[ast.stmt], int]] = {}
+    for node in ast.walk(tree):
+        for name in ("body", "orelse", "finalbody"):
+            block = getattr(node, name, None)
+            if isinstance(block, list):
+                for i, stmt in enumerate(block):
+                    if isinstance(stmt, ast.stmt):
+                        out[id(stmt)] = (block, i)
+    return out
 
 
 def _only_statement(tree: ast.AST, stmt: ast.stmt) -> bool:
@@ -301,7 +350,7 @@ def _apply_line_edits(text: str, edits: list[Edit], unplaced: list[tuple[Edit, s
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     planned: list[tuple[int, int, list[str], Edit]] = []
-    for e in edits:
+    for e in _joined_wraps(tree, lines, edits):
         change = _line_change(tree, lines, e)
         if isinstance(change, str):
             unplaced.append((e, change))

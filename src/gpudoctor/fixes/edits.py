@@ -30,6 +30,7 @@ class Edit:
     code: tuple[str, ...] = ()  # lines, unindented; "{name}" stands for `name`
     name: str = ""
     wrap: str = ""
+    end_line: int = 0  # wrap_statement: the last line of the statements joined under one `with`
 
     def __hash__(self) -> int:
         return hash(
@@ -43,6 +44,7 @@ class Edit:
                 self.code,
                 self.name,
                 self.wrap,
+                self.end_line,
             )
         )
 
@@ -57,6 +59,7 @@ class Edit:
             "code": list(self.code),
             "name": self.name,
             "wrap": self.wrap,
+            "end_line": self.end_line,
         }
 
     @classmethod
@@ -71,4 +74,5 @@ class Edit:
             code=tuple(data.get("code") or ()),
             name=str(data.get("name") or ""),
             wrap=str(data.get("wrap") or ""),
+            end_line=int(data.get("end_line") or 0),
         )

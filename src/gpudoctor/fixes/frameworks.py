@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ast
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from gpudoctor.fixes.diff import call_on_line, calls_named, parse_file
 from gpudoctor.fixes.edits import Edit
@@ -33,6 +34,51 @@ HF_LOADER = {
 }
 LIGHTNING_MODULES = ("lightning", "pytorch_lightning")
 ACCELERATE_MODULES = ("accelerate",)
+
+
+CONFIG_CALLS = {"transformers": "TrainingArguments", "lightning": "Trainer", "accelerate": "Accelerator"}
+
+
+@dataclass(frozen=True)
+class Framework:
+    """The framework a script hands its loop (or its precision) to, and the one call that configures it."""
+
+    name: str  # transformers, lightning, accelerate
+    file: str
+    call: ast.Call  # TrainingArguments(...), Trainer(...), Accelerator(...)
+
+    def option(self, **kwargs: str) -> Edit:
+        """The configuring call with these keywords (values as source text)."""
+        return _set(self.file, self.call, CONFIG_CALLS[self.name], kwargs)
+
+    def fit_model(self) -> tuple[int, str] | None:
+        """Lightning: the line of `trainer.fit(model, ...)` and the name of the model it is given."""
+        tree = parse_file(self.file)
+        for node in ast.walk(tree) if tree is not None else ():
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "fit"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+            ):
+                return node.lineno, node.args[0].id
+        return None
+
+
+def framework_of(path: str | None) -> Framework | None:
+    """The framework of the user's script, where it configures one in a single call."""
+    if path is None:
+        return None
+    for name, find in (
+        ("transformers", _hugging_face),
+        ("lightning", _lightning),
+        ("accelerate", _accelerate),
+    ):
+        call = find(path)
+        if call is not None:
+            return Framework(name, path, call)
+    return None
 
 
 def in_framework_terms(edits: Sequence[Edit]) -> list[Edit]:

@@ -8,12 +8,14 @@ fixes' patches, so it sees the arguments they leave."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter, deque
 from dataclasses import dataclass
 from typing import Any
 
+from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
 from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site, eager_only
 from gpudoctor.util.serial import Serialized
 
@@ -40,6 +42,8 @@ class RootInfo:
     # without autocast or where not seen (a compiled root): the Trainer's bf16=True wraps the forward
     autocast: str | None = None
     compiled: bool = False  # the script compiles it itself (torch.compile(model), model.compile())
+    calls: int = 1  # its top-level calls while the modules were being found (a few steps)
+    work: WorkTally | None = None  # the work its first call's forward ran (None: not probed)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,20 @@ class Observations(Serialized):
     bf16_supported: bool
     free_cores: int
     cudnn_tf32: bool = False  # torch.backends.cudnn.allow_tf32 (PyTorch's default: on)
+    # every top-level module the step calls (`root` is the first of them), and what torch.compile did
+    roots: tuple[RootInfo, ...] = ()
+    compiled: CompileCounts | None = None
+
+    @property
+    def step_roots(self) -> tuple[RootInfo, ...]:
+        """The top-level modules the step calls (the root alone in a record without them)."""
+        return self.roots or ((self.root,) if self.root is not None else ())
+
+    @property
+    def work(self) -> WorkTally | None:
+        """The forward work of the step's modules' first calls, summed (None where none was probed)."""
+        tallies = [r.work for r in self.step_roots if r.work is not None]
+        return summed(tallies) if tallies else None
 
     @property
     def tf32_baseline(self) -> bool:
@@ -120,17 +138,20 @@ class Observations(Serialized):
 
     @property
     def reduced_precision(self) -> str | None:
-        """The reduced precision the script's model already computes in (under autocast, or its
-        parameters' dtype), else None."""
-        if self.root is None:
+        """The reduced precision the script's models already compute in (under autocast, or their
+        parameters' dtype) where all of them do, else None."""
+        precisions = [r.autocast or (r.dtype if r.dtype in HALF_DTYPES else None) for r in self.step_roots]
+        if not precisions or any(p is None for p in precisions):
             return None
-        return self.root.autocast or (self.root.dtype if self.root.dtype in HALF_DTYPES else None)
+        return precisions[0]
 
     @property
     def static_shapes(self) -> bool:
-        """The root's inputs kept their shapes over its first calls (CUDA graphs need that)."""
-        shapes = self.root.input_shapes if self.root else ()
-        return len(shapes) >= 2 and all(s == shapes[0] for s in shapes)
+        """Every top-level module's inputs kept their shapes over its first calls (CUDA graphs need that)."""
+        roots = self.step_roots
+        return bool(roots) and all(
+            len(r.input_shapes) >= 2 and all(s == r.input_shapes[0] for s in r.input_shapes) for r in roots
+        )
 
     @property
     def samples_per_step(self) -> int | None:
@@ -154,9 +175,9 @@ class Observer:
         self.finder = finder
         self.all_devices = all_devices  # count .item() on CPU tensors too (tests)
         self._restorer = Restorer()
-        self._root: dict[str, Any] | None = None
-        self._shapes: list[tuple[tuple[int, ...], ...]] = []
-        self._autocast_hook: Any = None  # on the root's first leaf, until the root's second call
+        self._roots: dict[int, _RootWatch] = {}  # every top-level module, by id, in the order found
+        self._work: dict[int, WorkTally] = {}  # what each one's first call ran
+        self._compile_start: CompileCounts | None = None
         self._loaders: list[tuple[Any, CallSite | None]] = []
         self._loader_infos: tuple[LoaderInfo, ...] | None = None  # once undone (the loaders let go)
         self._iterated: list[int] = []
@@ -165,7 +186,6 @@ class Observer:
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
         self._taken: dict[int, int] = {}  # id(loader) -> batches taken from it
-        self._hook: Any = None
 
     def apply(self) -> None:
         try:
@@ -175,9 +195,8 @@ class Observer:
             raise
 
     def undo(self) -> None:
-        if self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+        for watch in self._roots.values():
+            watch.stop()
         self._restorer.restore()
         # the script's loaders let go, what was seen of them kept: one held to the interpreter's exit keeps
         # its persistent workers, which multiprocessing then terminates, each leaving its pymp-* folder in
@@ -240,7 +259,9 @@ class Observer:
 
         r.replace(torch.optim.Optimizer, "__init__", opt_init)
         self._count_calls(torch)
+        self._compile_start = compile_counts()
         self.finder.on_root(self._on_root)
+        self.finder.around_first_call(self._probe)
 
     def _time_batches(self) -> None:
         from torch.utils.data import dataloader
@@ -302,78 +323,35 @@ class Observer:
         return zero_grad
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        self._roots[id(module)] = _RootWatch(module, args, self.finder)
+
+    def _probe(self, module: Any) -> Any:
+        """The work of the module's first call, counted by op (not where something compiled runs in it:
+        a dispatch mode there would change what Dynamo does)."""
         import torch
 
-        first = next(module.parameters())
-        config = getattr(module, "config", None)
-        self._root = {
-            "cls": type(getattr(module, "_orig_mod", None) or module).__name__,  # a compiled one's own class
-            "params": sum(p.numel() for p in module.parameters()),
-            "dtype": str(first.dtype).removeprefix("torch."),
-            "device": first.device.type,
-            "training": bool(module.training),
-            "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
-            "dropout": any(
-                isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
-                for m in module.modules()
-            ),
-            "hf_attention": getattr(config, "_attn_implementation", None),
-            "names": self.finder.names,
-            "site": self.finder.site,
-            # torch.compile(model), or model.compile(): compiled by the script itself
-            "compiled": type(module).__name__ == "OptimizedModule"
-            or getattr(module, "_compiled_call_impl", None) is not None,
-        }
-        device = first.device.type
-        if torch.is_autocast_enabled(device):  # entered around the call (a compiled root shows it only here)
-            self._root["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
-        self._shapes.append(_shapes(args, {}))
-        self._hook = module.register_forward_pre_hook(eager_only(self._on_call), with_kwargs=True)
-        self._watch_autocast(module, first.device.type)
+        if torch.compiler.is_compiling() or _compiled_inside(module):
+            return None
+        return self._probing(module)
 
-    def _watch_autocast(self, root: Any, device: str) -> None:
-        """Whether the root's layers run under autocast, seen at its first leaf with parameters inside
-        the root's first call: a wrapper may enter autocast inside the root's forward (accelerate, and
-        so the Trainer's bf16=True), after the root's own hooks ran."""
-        import torch
-
-        leaf = next(
-            (
-                m
-                for m in root.modules()
-                if next(m.children(), None) is None and next(m.parameters(recurse=False), None) is not None
-            ),
-            None,
-        )
-        if leaf is None:
-            return
-        root_info, looked = self._root, []
-
-        def seen(module: Any, args: tuple[Any, ...]) -> None:
-            # once (removed at the root's next call: not while torch iterates the leaf's hooks)
-            if looked:
-                return
-            looked.append(True)
-            if root_info is not None and torch.is_autocast_enabled(device):
-                root_info["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
-
-        self._autocast_hook = leaf.register_forward_pre_hook(eager_only(seen))
-
-    def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        self._shapes.append(_shapes(args, kwargs))
-        if self._autocast_hook is not None:
-            self._autocast_hook.remove()
-            self._autocast_hook = None
-        if len(self._shapes) >= INPUT_CALLS and self._hook is not None:
-            self._hook.remove()
-            self._hook = None
+    @contextlib.contextmanager
+    def _probing(self, module: Any) -> Any:
+        probe = work_probe()
+        with probe:
+            yield
+        self._work[id(module)] = probe.tally()
 
     def observations(self) -> Observations:
         import torch
 
-        root = RootInfo(**self._root, input_shapes=tuple(self._shapes)) if self._root else None
+        step = {id(r.module): r.calls for r in self.finder.per_step()}
+        infos = {
+            key: watch.info(calls=_calls(self.finder, key), work=self._work.get(key))
+            for key, watch in self._roots.items()
+        }
+        roots = tuple(info for key, info in infos.items() if key in step)
         return Observations(
-            root=root,
+            root=roots[0] if roots else next(iter(infos.values()), None),
             loaders=self._seen_loaders(),
             optimizers=tuple(self._optimizers),
             empty_cache=_site_counts(self._counts["empty"]),
@@ -385,7 +363,108 @@ class Observer:
             bf16_supported=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()),
             free_cores=free_cores(),
             cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
+            roots=roots,
+            compiled=since(compile_counts(), self._compile_start) if self._compile_start else None,
         )
+
+
+def _calls(finder: RootFinder, key: int) -> int:
+    seen = finder.seen.get(key)
+    return seen.calls if seen is not None else 1
+
+
+def _compiled_inside(module: Any) -> bool:
+    """The module, or one inside it, is compiled by the script (or scripted with TorchScript), or wrapped
+    for data parallelism: its first call is left unprobed."""
+    for m in module.modules():
+        name = type(m).__name__
+        if name in ("OptimizedModule", "DistributedDataParallel", "FullyShardedDataParallel"):
+            return True
+        if getattr(m, "_compiled_call_impl", None) is not None or name.startswith("Recursive"):
+            return True
+    return False
+
+
+class _RootWatch:
+    """What is seen of one top-level module: its class and parameters at its first call, the input
+    shapes of its first calls, and whether its layers run under autocast (seen at its first leaf with
+    parameters inside its first call: a wrapper may enter autocast inside its forward — accelerate, and
+    so the Trainer's bf16=True — after the module's own hooks ran)."""
+
+    def __init__(self, module: Any, args: tuple[Any, ...], finder: RootFinder) -> None:
+        import torch
+
+        first = next(module.parameters())
+        config = getattr(module, "config", None)
+        seen = finder.seen_of(module)
+        self.fields: dict[str, Any] = {
+            "cls": type(getattr(module, "_orig_mod", None) or module).__name__,  # a compiled one's own class
+            "params": sum(p.numel() for p in module.parameters()),
+            "dtype": str(first.dtype).removeprefix("torch."),
+            "device": first.device.type,
+            "training": bool(module.training),
+            "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
+            "dropout": any(
+                isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
+                for m in module.modules()
+            ),
+            "hf_attention": getattr(config, "_attn_implementation", None),
+            "names": seen.names if seen else (),
+            "site": seen.site if seen else None,
+            # torch.compile(model), or model.compile(): compiled by the script itself
+            "compiled": type(module).__name__ == "OptimizedModule"
+            or getattr(module, "_compiled_call_impl", None) is not None,
+        }
+        device = first.device.type
+        if torch.is_autocast_enabled(device):  # entered around the call (a compiled root shows it only here)
+            self.fields["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+        self.shapes = [_shapes(args, {})]
+        self._hook: Any = module.register_forward_pre_hook(eager_only(self._on_call), with_kwargs=True)
+        self._leaf_hook: Any = self._watch_autocast(module, device)
+
+    def _watch_autocast(self, root: Any, device: str) -> Any:
+        import torch
+
+        leaf = next(
+            (
+                m
+                for m in root.modules()
+                if next(m.children(), None) is None and next(m.parameters(recurse=False), None) is not None
+            ),
+            None,
+        )
+        if leaf is None:
+            return None
+        fields, looked = self.fields, []
+
+        def seen(module: Any, args: tuple[Any, ...]) -> None:
+            # once (removed at the module's next call: not while torch iterates the leaf's hooks)
+            if looked:
+                return
+            looked.append(True)
+            if torch.is_autocast_enabled(device):
+                fields["autocast"] = str(torch.get_autocast_dtype(device)).removeprefix("torch.")
+
+        return leaf.register_forward_pre_hook(eager_only(seen))
+
+    def _on_call(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        self.shapes.append(_shapes(args, kwargs))
+        if self._leaf_hook is not None:
+            self._leaf_hook.remove()
+            self._leaf_hook = None
+        if len(self.shapes) >= INPUT_CALLS and self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+
+    def stop(self) -> None:
+        for name in ("_hook", "_leaf_hook"):
+            handle = getattr(self, name)
+            if handle is not None:
+                handle.remove()
+                setattr(self, name, None)
+
+    def info(self, calls: int, work: WorkTally | None) -> RootInfo:
+        return RootInfo(**self.fields, input_shapes=tuple(self.shapes), calls=calls, work=work)
 
 
 def _shapes(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[int, ...], ...]:

@@ -72,6 +72,9 @@ class FixVerdict:
     on_top_of: tuple[str, ...] = ()  # timed against this configuration, not the script as written
     # one stall dominates the measurement (`fixes.stalls`): why; the saving is then no figure to report
     stalled: str | None = None
+    # what its rounds show of its effect (the share of the forward's matmul work in bfloat16, graphs
+    # compiled, convolutions fed channels_last), the script's own beside it where it differs
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from gpudoctor.fixes.attempt import (
     calibration,
     going,
     looks_faster,
+    no_effect,
     not_applied,
     not_run,
     random_differs,
@@ -38,21 +39,19 @@ from gpudoctor.fixes.attempt import (
 )
 from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
 from gpudoctor.fixes.candidates import (
-    LOADER_PACES,
     Candidate,
     ManualFix,
     choose,
     defer_answered,
     defer_under_compile,
     larger_worker_counts,
-    loader_wait_share,
     more_workers_first,
     worker_count,
 )
-from gpudoctor.fixes.catalog import can_switch, spec_of, title_of
+from gpudoctor.fixes.catalog import can_switch, in_users_idiom, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
-from gpudoctor.fixes.frameworks import in_framework_terms
 from gpudoctor.fixes.guard import numerics_of
+from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
 from gpudoctor.fixes.patches.loader import PREFETCH
 from gpudoctor.fixes.result import FixReport
@@ -173,8 +172,7 @@ class FixSession:
         """Where the script's training thread spends a fifth of its step or more on its loader's
         batches, a worker count goes first (the group's first, as ranked): until the loader is off the
         training thread, a GPU fix timed against the script shows little even where the GPU bounds the
-        step (timm's ConvNeXt-tiny in float32 on an H100 host, 85 of each 124 ms making batches:
-        bfloat16 autocast against it measured +7%, CI −4 to +17%, not kept)."""
+        step."""
         share = loader_wait_share([ref]) if self.options.stack else None
         first = next((qc for qc in queue if qc[1].fix.startswith("workers:")), None)
         if share is None or share < LOADER_PACES or first is None or queue[0] is first:
@@ -312,6 +310,7 @@ class FixSession:
             )
             return None
         at.runs.append(r)
+        at.failure = no_effect(r, moving)
         at.numerics = self._numerics(fixes, r)
         return self._tried(at)
 
@@ -373,6 +372,7 @@ class FixSession:
         against the script — FINAL_MIN_PAIRS pairs, then more only while the verdict is not decisive
         and the budget has room for another pair."""
         label = "+".join(fixes)
+        moving = tuple(f for f in fixes if f not in (on_top or ()))
         stage = "stack" if on_top is not None else "fix" if cand is not None else "combination"
         obs = self.reference.observations if self.reference else None
         at = Attempt(fixes, cand, on_top=on_top)
@@ -409,7 +409,7 @@ class FixSession:
                     at.base.append(a)
                 else:
                     b = self._round(f"{index:02d}-{label}-b{k}", fixes, exact_random=exact)
-                    at.failure = b.failure or not_applied(b, fixes)
+                    at.failure = b.failure or not_applied(b, fixes) or no_effect(b, moving)
                     if at.failure:
                         break
                     at.runs.append(b)
@@ -447,7 +447,7 @@ class FixSession:
                 label = "+".join(at.fixes)
                 self._progress("fix", label, i, count, "candidate", k, together=True)
                 b = self._round(f"{i:02d}-{label}-b{k}", at.fixes, exact_random=random_differs(at.fixes, obs))
-                at.failure = b.failure or not_applied(b, at.fixes)
+                at.failure = b.failure or not_applied(b, at.fixes) or no_effect(b, at.fixes)
                 if at.failure is None:
                     at.runs.append(b)
                     at.numerics = at.numerics or self._numerics(at.fixes, b)
@@ -680,16 +680,18 @@ class FixSession:
         obs = ref.observations if ref else None
         final_tried = self._final_tried() or next((t for t in tried if t.fixes == self.final), None)
         edits, snippets = [], []
+        script = self.argv[0] if self.argv and self.argv[0].endswith(".py") else None
         for f in self.final:
             source = next((t for t in [final_tried, *self.stacked, *tried] if t and t.candidate
                            and f in t.candidate[-1].patches), None)  # fmt: skip
             outcome = source.candidate[-1].patches.get(f) if source else None
             if outcome is None:
                 continue
-            edits.extend(outcome.edits)
-            if not outcome.edits and outcome.snippet:
+            own = in_users_idiom(f, outcome.edits, script)
+            edits.extend(own)
+            if not own and outcome.snippet:
                 snippets.append(outcome.snippet)
-        diff = unified_diff(in_framework_terms(list(dict.fromkeys(edits))))
+        diff = unified_diff(list(dict.fromkeys(edits)))
         timed = [r for r in self.baselines if r.step_times_us]
         spread = spread_pct([r.mean_step_us for r in timed if r.mean_step_us])
         notes = list(self.notes)

@@ -1,10 +1,7 @@
-"""Clocks for benchmarks (`gpudoctor.timing` uses this): `read_clocks(device)` gives the SM and memory
-clocks against their maximum and the decoded clock-event reasons now; `ClockWatch` samples them in the
-background around a timed region and says whether the clocks were held down during it.
-
-Without a `backend` argument both use one NVML session opened on first use and shut down at interpreter
-exit (`close_shared_backend()` shuts it earlier). No GPU or no NVML: `NvmlUnavailable` (a `NoGpuError`).
-"""
+"""Clocks for benchmarks: `read_clocks(device)` gives the SM and memory clocks against their maximum and the
+decoded clock-event reasons now; `ClockWatch` samples them in the background around a timed region and
+says whether they were held down. Without a `backend` both use one NVML session opened on first use and
+shut down at exit; no GPU or no NVML is `NvmlUnavailable`."""
 
 from __future__ import annotations
 

@@ -224,8 +224,8 @@ class PynvmlBackend:
             )
 
     def read_clocks(self, index: int) -> ClockState:
-        """Clocks, clock-event reasons, temperature and power only (about 10 µs of CPU on an H200):
-        cheap enough around a timed region. Does not wait for a `read` in progress."""
+        """Clocks, clock-event reasons, temperature and power only: the cheap calls, fit to make around
+        a timed region. Does not wait for a `read` in progress."""
         dev = self._devices[index]
         nvml, h = self._nvml, dev.handle
         missing: dict[str, str] = {}

@@ -27,14 +27,13 @@ ARCHITECTURES = {
 }
 CLOCK_SM, CLOCK_MEM, TEMPERATURE_GPU = 1, 2, 0
 
-# nvmlDeviceGetFieldValues ids (nvml.h), in three groups by what they are for and what they cost. Measured
-# on an H200 (driver 580), one id per call: energy 2.2 ms of CPU; thermal, HW thermal and power-brake
-# counters 0.41 ms each; PCIe byte counters 0.08 ms each; every other id here about 4 µs.
+# nvmlDeviceGetFieldValues ids (nvml.h), in three groups by what they are for and what they cost: the
+# energy and violation counters cost far more CPU per call than the rest (docs/results.md, "The monitor").
 LIVE_FIELDS = {"power_instant_mw": 186, "mem_temp_c": 82}  # shown live: every reading when cheap
 PCIE_FIELDS = {"pcie_tx_bytes": 197, "pcie_rx_bytes": 198}  # for rates, where GPM cannot give them
 # For run summaries: the energy counter, and the violation ("perf policy") counters, nanoseconds spent
-# below the requested clocks because of each policy, cumulative since the driver loaded (10 s under a
-# power cap moved the power counter by 9.97e9 on an H200). Read at a session's start and end.
+# below the requested clocks because of each policy, cumulative since the driver loaded. Read at a
+# session's start and end.
 VIOLATION_FIELDS = {
     "power": 74,
     "thermal": 75,
@@ -78,8 +77,8 @@ class NvmlQuery:
 @dataclass
 class Pace:
     """When to make a call whose CPU cost varies by GPU and driver: at most every `base_s`, and rarely
-    enough that it takes no more than `share` of one core (cost measured on each call, smoothed).
-    On an H200, one nvmlDeviceGetFieldValues call took 4.8 ms of CPU (the other calls 1-6 µs)."""
+    enough that it takes no more than `share` of one core (cost measured on each call, smoothed): one
+    call can cost a thousand times another (docs/results.md, "The monitor")."""
 
     base_s: float
     share: float

@@ -1,9 +1,7 @@
-"""The terminal edge: a rich `Console` for text that may come from a trace or a user's script. Markup
-and emoji codes are off (a name like `[bold]`, `[link=…]` or `:x:` prints as itself), and every
-control character in the text it writes is shown escaped (`\\x1b`), so a crafted name cannot set the
-window title, write the clipboard or clear the screen. The escape codes rich itself writes for styles
-pass through: they are not part of any text. Written to a file or a pipe (not a terminal), no line
-ends in spaces (rich pads code and table cells to their width)."""
+"""The terminal edge: a rich `Console` for text that may come from a trace or a user's script, with markup
+and emoji codes off and every control character it writes shown escaped (`\x1b`), so a crafted name cannot
+retitle, clear or write the clipboard of the terminal; rich's own style codes pass through. Written to a
+file or a pipe, no line ends in spaces."""
 
 from __future__ import annotations
 

@@ -67,8 +67,15 @@ def status_cell(v: FixVerdict) -> str:
 
 def rows(report: FixReport) -> list[tuple[FixVerdict, list[str]]]:
     verdicts = [*report.verdicts, *([report.combination] if report.combination else []), *report.stacked]
-    return [(v, [v.title, predicted_cell(v), saving_cell(v), numerics_cell(v.numerics), status_cell(v), v.reason])
+    return [(v, [v.title, predicted_cell(v), saving_cell(v), numerics_cell(v.numerics), status_cell(v), why_cell(v)])
             for v in verdicts]  # fmt: skip
+
+
+def why_cell(v: FixVerdict) -> str:
+    """Why kept or reverted, and what its rounds show of its effect (bfloat16's share of the matmul work,
+    graphs compiled) where that is not already the reason."""
+    shown = [e for e in v.evidence if "did not take effect" not in v.reason]
+    return "; ".join([v.reason, *shown])
 
 
 def machine(report: FixReport) -> tuple[str, ...]:

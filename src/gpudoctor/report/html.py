@@ -34,6 +34,8 @@ from gpudoctor.report.ranks_view import (
 from gpudoctor.report.traced import (
     GPU_SECTIONS,
     counted,
+    memory_peaks,
+    memory_tile,
     per_call_sentence,
     per_second,
     steps_count,
@@ -214,7 +216,7 @@ def _figures(a: Analysis, d: Diagnosis, ranks: RanksView | None) -> str:
     if a.kernels.count:
         tiles.append(("kernels", f"{a.kernels.count:,}"))
     if a.memory is not None:
-        tiles.append(("peak memory", fmt_bytes(a.memory.peak_allocated)))
+        tiles.append(memory_tile(a.memory))
     elif a.memory_run is not None and a.memory_run.peak_allocated:
         tiles.append(("peak memory", fmt_bytes(a.memory_run.peak_allocated)))
     overhead = d.summary.get("profiler_overhead_pct")
@@ -503,11 +505,15 @@ def _trace_memory(a: Analysis) -> str:
     m = a.memory
     if m is None:
         return _section("GPU memory", _na("no GPU memory events: record with profile_memory=True"))
-    chart = svg.memory_lines(m.series_ts_us, m.series_allocated, m.series_reserved)
-    cap = f" of {fmt_bytes(m.capacity)}" if m.capacity else ""
-    note = f"peak allocated {fmt_bytes(m.peak_allocated)}, peak reserved {fmt_bytes(m.peak_reserved)}{cap}"
-    keys = '<div class="legend"><span class="key"><i style="background:#4c78a8"></i>allocated</span>'
-    keys += '<span class="key"><i style="background:#9ecae9"></i>reserved</span></div>'
+    reserved = m.series_reserved if m.reserved_recorded else [0] * len(m.series_ts_us)
+    chart = svg.memory_lines(m.series_ts_us, m.series_allocated, reserved)
+    cap = f", capacity {fmt_bytes(m.capacity)}" if m.capacity else ""
+    note = ", ".join(memory_peaks(m)) + cap
+    allocated = "allocated, from 0 at the trace's start" if m.is_rise else "allocated"
+    keys = f'<div class="legend"><span class="key"><i style="background:#4c78a8"></i>{allocated}</span>'
+    if m.reserved_recorded:
+        keys += '<span class="key"><i style="background:#9ecae9"></i>reserved</span>'
+    keys += "</div>"
     return _section("GPU memory over time", f'<p class="note">{escape(note)}</p>{chart}{keys}', "memory")
 
 

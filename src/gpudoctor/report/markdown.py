@@ -18,7 +18,13 @@ from gpudoctor.report.ranks_view import (
     rank_table,
     slowest_sentence,
 )
-from gpudoctor.report.traced import per_call_sentence, per_second, steps_count, steps_sentence
+from gpudoctor.report.traced import (
+    memory_tile,
+    per_call_sentence,
+    per_second,
+    steps_count,
+    steps_sentence,
+)
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.text import printable, printable_block
 from gpudoctor.util.units import fmt_bytes, fmt_flops, fmt_pct, fmt_rate, fmt_us
@@ -160,7 +166,8 @@ def _figures(a: Analysis) -> list[tuple[str, str]]:
     if a.kernels.count:
         rows.append(("kernels", f"{a.kernels.count:,}"))
     if a.memory is not None:
-        rows.append(("peak GPU memory", fmt_bytes(a.memory.peak_allocated)))
+        label, value = memory_tile(a.memory)
+        rows.append((label.replace("memory", "GPU memory", 1), value))
     return rows
 
 

@@ -114,7 +114,7 @@ def steps_sentence(record: RunRecord, report: RunReport) -> str:
     without the profiler and how many traced; and what a step is."""
     timed = len(record.light.times_us) if record.light else 0
     if report.analysis is not None and report.analysis.steps:
-        traced = len(report.analysis.steps)
+        traced = len(report.analysis.steps) + len(report.analysis.warmup_steps)
     else:
         traced = len(record.traced.times_us) if record.traced else 0
     parts = [f"{timed} timed without the profiler"] if timed else ["none timed without the profiler"]

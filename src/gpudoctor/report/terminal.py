@@ -43,6 +43,7 @@ from gpudoctor.report.style import (
 from gpudoctor.report.traced import (
     GPU_SECTIONS,
     counted,
+    memory_peaks,
     per_call_sentence,
     per_second,
     steps_count,
@@ -50,7 +51,7 @@ from gpudoctor.report.traced import (
 )
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.text import printable
-from gpudoctor.util.units import fmt_bytes, fmt_pct, fmt_us
+from gpudoctor.util.units import fmt_bytes, fmt_us
 
 MAX_STEP_ROWS = 12
 
@@ -169,10 +170,15 @@ def render_step_time(analysis: Analysis, console: Console) -> None:
     per_call = per_call_sentence(analysis)
     if per_call:
         line(console, per_call)
-    if len(analysis.steps) > MAX_STEP_ROWS:
-        dim_line(console, f"per-step table left out: {len(analysis.steps)} steps (at most {MAX_STEP_ROWS})")
+    shown = (*analysis.warmup_steps, *analysis.steps)
+    if len(shown) > MAX_STEP_ROWS:
+        dim_line(console, f"per-step table left out: {len(shown)} steps (at most {MAX_STEP_ROWS})")
         return
-    _step_table(analysis.steps, console, gpu=bool(analysis.trace.gpu_activities))
+    _step_table(shown, console, gpu=bool(analysis.trace.gpu_activities), warmup=len(analysis.warmup_steps))
+    if analysis.warmup_steps:
+        dim_line(
+            console, "warm-up: at the trace's start, left out of the medians and every figure over the steps"
+        )
 
 
 # Per-step columns: header, value of a step (µs, or a share for "GPU busy").
@@ -189,16 +195,17 @@ _STEP_COLUMNS: tuple[tuple[str, Any], ...] = (
 )
 
 
-def _step_table(steps: tuple[StepSummary, ...], console: Console, gpu: bool) -> None:
+def _step_table(steps: tuple[StepSummary, ...], console: Console, gpu: bool, warmup: int = 0) -> None:
     columns = [(h, f) for h, f in _STEP_COLUMNS if any(f(s) for s in steps)]
     missing = [h for h, f in _STEP_COLUMNS if all(f(s) is None for s in steps)]
     zero = [
         h.replace("\n", " ") for h, f in _STEP_COLUMNS if not any(f(s) for s in steps) and h not in missing
     ]
     t = table("step", "duration", *(h for h, _ in columns), "launch\ncalls")
-    for s in steps:
+    for i, s in enumerate(steps):
         cells = [pct(f(s)) if h == "GPU\nbusy" else dur(f(s)) for h, f in columns]
-        t.add_row(str(s.number), fmt_us(s.duration_us), *cells, count(s.cpu.launch_count))
+        number = f"{s.number} warm-up" if i < warmup else str(s.number)
+        t.add_row(number, fmt_us(s.duration_us), *cells, count(s.cpu.launch_count))
     console.print(t)
     if missing and gpu:
         not_available(console, "GPU busy and idle per step: no GPU activity in this trace")
@@ -258,10 +265,7 @@ def render_memory(analysis: Analysis, console: Console) -> None:
     cap = m.capacity
     line(
         console,
-        f"peak allocated {fmt_bytes(m.peak_allocated)}"
-        + (f" ({fmt_pct(m.peak_allocated / cap)})" if cap else ""),
-        f"peak reserved {fmt_bytes(m.peak_reserved)}"
-        + (f" ({fmt_pct(m.peak_reserved / cap)})" if cap else ""),
+        *memory_peaks(m),
         f"capacity {fmt_bytes(cap)}" if cap else "capacity not recorded",
         f"device {m.device}",
     )

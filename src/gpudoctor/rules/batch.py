@@ -1,12 +1,7 @@
-"""`small_batch`: kernels too small to fill the device — fewer thread blocks than SMs — in work that has a
-batch dimension, so most of the GPU sits unused even while it is "busy"; a larger batch (more work per
-launch) uses it for free.
-
-The bound is a batch just large enough to fill the GPU (1/fill times this one): per sample, the
-under-filled kernels' unused share goes, and so does that share of the GPU's wait for launches, which
-that batch spreads over more samples. That part of the launch wait is this finding's, not
-`launch_overhead`'s: where kernels are under-filled the small batch is why they are too short to cover
-their launches, and `launch_overhead` claims only the rest (`launch_wait_share`)."""
+"""`small_batch`: kernels too small to fill the device (fewer thread blocks than SMs) in work with a batch
+dimension, so most of the GPU sits unused while "busy". The bound is a batch just large enough to fill
+it: per sample, the under-filled kernels' unused share goes, and so does that share of the launch wait,
+which is this finding's, not `launch_overhead`'s (`launch_wait_share`)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,8 @@
-"""Is the link the limit? The bus bandwidth collectives reach (NCCL-tests' definition) against the rate
-of the link they cross (NVLink or PCIe, from NVML or the reference table in `device.links`).
-
-- `comm_link_bound` (one rank): the collective that takes the most time reaches ≥ 70% of the link in
-  its fastest call while communication is exposed: the bytes themselves cost the time, so fewer bytes
-  (bf16 gradients, accumulation) or more overlap are the fix, not evening out the ranks. A call that
-  waited for another rank only looks slower, so this can miss a link-bound run, never invent one.
-- `comm_bandwidth_low` (across ranks): the transfer time of each call — its shortest kernel over the
-  ranks, the one rank that waited for no one — still reaches under 25% of the link on messages of
-  4 MiB and more: the bytes take a slow path (no peer-to-peer, PCIe, the wrong NCCL protocol) or
-  small messages are latency-bound."""
+"""Is the link the limit? The bus bandwidth collectives reach (NCCL-tests' definition) against the link they
+cross (NVML's, else `device.links`' reference). `comm_link_bound` (one rank): the costliest collective
+reaches ≥ 70% of the link while communication is exposed, so fewer bytes or more overlap are the fix; a
+call that waited only looks slower, so it can miss, never invent. `comm_bandwidth_low` (across ranks): the
+transfer time still reaches under 25% of the link on messages of 4 MiB and more: a slow path, or latency."""
 
 from __future__ import annotations
 

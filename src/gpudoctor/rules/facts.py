@@ -1,13 +1,9 @@
-"""`Facts`: the per-step quantities every rule reasons with, computed once from an `Analysis`, with the
-profiler's own overhead taken out where the unprofiled step time is known.
-
-The profiler slows the host (every op, launch and Python call is recorded), not the GPU's kernels. So
-when the unprofiled step time T is known, the GPU's real idle time per step is T − busy, and each
-host-caused idle figure from the trace is scaled by `host_scale` = real idle / traced idle.
-
-Without steps (no markers, no repeating iteration) the traced time is one whole "step": every figure
-is over it and every saving a share of it, so no rule extrapolates a per-step saving from a whole trace.
-"""
+"""`Facts`: the per-step quantities every rule reasons with, computed once from an `Analysis`. The profiler
+slows the host, not the GPU's kernels, so where the unprofiled step time T is known the GPU's real idle
+time is T − busy and each host-caused idle figure is scaled by `host_scale` (real idle / traced idle).
+Without steps the traced time is one whole, so no rule extrapolates a per-step saving from a whole trace.
+Every per-step figure is a mean over the analysis's steps (warm-up steps left out), so the busy time and
+the idle time by cause add up to the step."""
 
 from __future__ import annotations
 
@@ -20,7 +16,7 @@ from gpudoctor.analysis.summary import Analysis
 @dataclass(frozen=True)
 class Facts:
     steps: int  # profiled steps averaged (1 when the trace has no steps: then the traced time)
-    traced_step_us: float  # median profiled step time
+    traced_step_us: float  # mean profiled step time (of the steps every figure here is a mean over)
     step_us: float  # the step time savings are a share of: unprofiled if known, else traced
     busy_us: float  # GPU busy per step (mean)
     traced_idle_us: float  # GPU idle per step, as traced (mean)
@@ -105,7 +101,7 @@ def facts_of(a: Analysis, unprofiled_us: float | None = None) -> Facts | None:
     whole = a.whole_trace
     if a.steps and all(s.gpu is not None for s in a.steps):
         rows = list(a.steps)
-        traced = statistics.median(s.duration_us for s in rows)
+        traced = statistics.fmean(s.duration_us for s in rows)
     elif not a.steps and whole is not None and whole.gpu is not None:
         rows = [whole]
         traced = whole.duration_us

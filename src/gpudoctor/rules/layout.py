@@ -18,8 +18,8 @@ with torch.autocast(device_type="cuda", dtype=torch.bfloat16):
 )
 
 
-# channels_last batch norm runs NHWC kernels that took 40% of the NCHW ones' time on the zoo's ResNet
-# (H200, bf16): the share of NCHW normalization time the layout change can save.
+# The share of NCHW normalization time the layout change can save: channels_last batch norm runs faster
+# NHWC kernels (docs/results.md, "Constants").
 NCHW_NORM_SAVING = 0.6
 
 

@@ -32,9 +32,16 @@ def memory_pressure(a: Analysis, f: Facts) -> Finding | None:
     share = max(m.peak_reserved, m.peak_allocated) / m.capacity
     if share < THRESHOLD:
         return None
+    first = (
+        f"Allocated memory rose by {size(m.peak_allocated)} ({pct(100 * m.peak_allocated / m.capacity)} "
+        f"of {size(m.capacity)}) from the trace's start; the events carry no allocator totals, so the "
+        "peak is at least that."
+        if m.is_rise
+        else f"Peak memory reserved {size(m.peak_reserved)} ({pct(100 * m.peak_reserved / m.capacity)} "
+        f"of {size(m.capacity)}); peak allocated {size(m.peak_allocated)}."
+    )
     evidence = [
-        f"Peak memory reserved {size(m.peak_reserved)} ({pct(100 * m.peak_reserved / m.capacity)} of "
-        f"{size(m.capacity)}); peak allocated {size(m.peak_allocated)}.",
+        first,
         "Near the limit, the allocator frees its cache and retries (each retry synchronizes), and any "
         "larger input runs out of memory. It costs no time yet: the saving is 0.",
     ]

@@ -9,9 +9,8 @@ from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 
 MIN_LAUNCHES = 100  # foreach Adam launches a few dozen per step, fused Adam a few
-FUSED_KERNEL_SAVING = (
-    0.8  # fused Adam: 0.43 ms of kernels where the per-parameter loop ran 2.2 (zoo MLP, H200)
-)
+# The share of a per-parameter optimizer's kernel time a fused step saves (docs/results.md, "Constants").
+FUSED_KERNEL_SAVING = 0.8
 
 FIX = Fix(
     summary="Use the fused (or foreach) implementation of the optimizer.",
@@ -25,8 +24,7 @@ def optimizer_unfused(a: Analysis, f: Facts) -> Finding | None:
     if f.optimizer_launches < MIN_LAUNCHES:
         return None
     # A fused step is a few launches: the GPU's wait for the optimizer's launches goes, and the update
-    # itself makes one pass over the parameters and their state instead of one per elementwise op
-    # (a fifth of a per-parameter Adam's kernel time, measured on the zoo's MLP).
+    # itself makes one pass over the parameters and their state instead of one per elementwise op.
     waiting = f.optimizer_wait_us * f.host_scale
     saving_us = waiting + FUSED_KERNEL_SAVING * f.optimizer_kernel_us
     evidence = [

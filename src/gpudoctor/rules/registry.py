@@ -59,7 +59,8 @@ _SEVERITY_ORDER = {Severity.CRITICAL: 0, Severity.MAJOR: 1, Severity.MINOR: 2, S
 
 
 # Without steps the traced time is one whole: with this little work in it, its shares say nothing about
-# a training or inference loop.
+# a training or inference loop; nor do the shares of steps inferred in so little work (a loop's own
+# marked steps are judged whatever their size).
 MIN_KERNELS_WITHOUT_STEPS = 20
 
 
@@ -74,11 +75,8 @@ def diagnose(analysis: Analysis) -> Diagnosis:
         if reason and not reason.startswith("no GPU activity"):
             said = f"No GPU activity to diagnose: {reason}."
         return Diagnosis(SCHEMA, memory, said, {}, judged=False)
-    if not analysis.steps and analysis.kernels.count < MIN_KERNELS_WITHOUT_STEPS:
-        too_little = (
-            f"Too little GPU work to diagnose: {analysis.kernels.count} kernels and no repeating step "
-            f"(profile a few steps with torch.profiler's schedule and prof.step())."
-        )
+    too_little = _too_little(analysis)
+    if too_little is not None:
         return Diagnosis(SCHEMA, memory, too_little, _summary(facts), _saving_of(facts), judged=False)
     # A trace alone: each host-side finding's severity is judged again on the step without what the
     # profiler may have added (the high end of its estimated cost); its saving stays the trace's bound.
@@ -95,6 +93,19 @@ def diagnose(analysis: Analysis) -> Diagnosis:
             found.append(f)
     found.sort(key=lambda f: (-f.est_saving_pct, _SEVERITY_ORDER[f.severity], f.id))
     return Diagnosis(SCHEMA, (*found, *memory), bound(analysis, facts), _summary(facts), _saving_of(facts))
+
+
+def _too_little(a: Analysis) -> str | None:
+    """Why the trace holds too little GPU work for the time rules, where it does: fewer than
+    MIN_KERNELS_WITHOUT_STEPS kernels and no step the profiler marked (none, or only inferred ones)."""
+    marked = a.steps_source is None or not a.steps_source.inferred
+    if a.kernels.count >= MIN_KERNELS_WITHOUT_STEPS or (a.steps and marked):
+        return None
+    steps = "no repeating step" if not a.steps else "no marked step"
+    return (
+        f"Too little GPU work to diagnose: {a.kernels.count} kernels and {steps} "
+        f"(profile a few steps with torch.profiler's schedule and prof.step())."
+    )
 
 
 def _saving_of(f: Facts) -> str:

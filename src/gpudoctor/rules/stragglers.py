@@ -1,12 +1,8 @@
-"""`straggler` (across ranks): the rank the others wait for in every collective, and why it is late.
-
-The slowest rank is the one with the most time per step outside communication (`analysis.ranks`);
-at 5% over the others' median it is a straggler. What the others lose is their wait in the
-collectives (each call's kernel beyond its shortest over the ranks, `analysis.across_ranks`). Its cause
-is read from where its extra time goes against the others' median: GPU work (the same kernels
-slower with the same grids: a slower or throttled GPU, NVML's clocks say which) or the GPU idle
-waiting for its host (in the DataLoader: data loading; in synchronizations; else Python between ops:
-host work, on the user's frame where the trace has stacks). Uneven shapes are `load_imbalance`."""
+"""`straggler` (across ranks): the rank the others wait for in every collective, and why it is late. The
+slowest rank (`analysis.ranks`) at 5% over the others' median is a straggler; what the others lose is
+their wait in the collectives (`analysis.across_ranks`). Its cause is where its extra time goes: slower
+GPU work with the same grids (a slower or throttled GPU), or its GPU waiting for its host (data loading,
+synchronizations, Python between ops). Uneven shapes are `load_imbalance`."""
 
 from __future__ import annotations
 
@@ -25,9 +21,8 @@ from gpudoctor.util.units import fmt_rate
 
 CLOCK_DROP = 0.05  # an SM clock this much under the others' while busy is a slower GPU
 THROTTLE_SHARE = 0.1  # a slowdown reason active in this share of samples
-# the unprofiled idle gap this many times the traced own-host excess: the evidence says both figures
-# (2 GPUs of a 4 × H200 host beside other work: 18.4 ms idle beyond the others' against 3.9 ms traced,
-# about 41% of the step measured)
+# the unprofiled idle gap this many times the traced own-host excess: the evidence says both figures (a
+# busy host can stretch a straggler past what its trace shows: docs/results.md, "Constants")
 UNEVEN_TRACE_FACTOR = 2.0
 REASON_WORDS = {
     "sw_thermal": "thermal (software slowdown)",

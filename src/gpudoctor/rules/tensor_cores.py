@@ -13,11 +13,11 @@ from gpudoctor.rules.facts import Facts
 from gpudoctor.rules.finding import Finding, Fix
 from gpudoctor.util.units import fmt_flops
 
-# bf16 tensor cores vs fp32 SIMT on an H100: 775 vs 51 TFLOP/s (shared/GPU.md): such a kernel keeps
-# at most about 1/15 of its time; 0.9 leaves room for what does not speed up.
+# bf16 tensor cores run about 15× as fast as fp32 SIMT, so such a kernel keeps at most about 1/15 of its
+# time; 0.9 leaves room for what does not speed up.
 SPEEDUP_SHARE = 0.9
-# bf16 vs TF32 tensor cores on an H100, measured (shared/GPU.md, 8192³ matmuls): 775 vs 416 TFLOP/s; the
-# measured ceilings of the device stand in for them where the roofline has both
+# bf16 against TF32 tensor cores on an H100 (8192³ matmuls; docs/results.md, "Constants"); the measured
+# ceilings of the device stand in for them where the roofline has both
 BF16_FLOPS, TF32_FLOPS = 775e12, 416e12
 
 FIX = Fix(

@@ -1,14 +1,8 @@
 """One point of a batch-size sweep, in its own process: `python -m gpudoctor.runner.batch --batch B
 --result FILE [options] -- script.py [args]` runs the script with its batch size set to B
-(`runner.batch_knob`), through a warm-up and a light phase only (step times from CUDA events, each
-step's peak memory; no profiler, no allocator history), stops it, and writes what it measured as JSON
-(schema `gpudoctor.batch-point/1`). A script that runs out of memory gives status `oom`.
-
-`training` is whether the script, from its start to where the point ended it, called backward
-(`Tensor.backward`, `torch.autograd.backward`) or stepped a torch optimizer (`TrainingWatch`): a loop
-under `torch.no_grad()`/`inference_mode()` that does neither is inference. It does not depend on how
-far the light phase got (it once came from the memory record, which a script that ended inside its
-light phase did not have: the same script read "training" in one run and "inference" in the next)."""
+(`runner.batch_knob`) through a warm-up and a light phase, stops it, and writes what it measured
+(`gpudoctor.batch-point/1`; status `oom` where it ran out of memory). `training` is whether the script
+called backward or stepped a torch optimizer (`TrainingWatch`), whatever phase the point reached."""
 
 from __future__ import annotations
 

@@ -1,13 +1,9 @@
-"""The one way gpudoctor starts a process for the user's script (a fix round, a batch point, the
-diagnosis run): `python -m <module> <argv>` with gpudoctor importable, in a process group of its own, its
-output in a log; a time limit (or Ctrl-C) ends the whole group; whatever the group still holds when the
-child has ended (DataLoader or compile workers the script left) is ended with it; and the result JSON the
-child wrote through the one writer (`util.outfile`) is read back. A child that times out, dies or writes
-nothing is a `ChildRun` saying so, never an exception. The fork server of `gpudoctor fix`
-(`fixes.forkserver`) is an optimization of the same protocol: it forks the child instead of starting an
-interpreter, with the same arguments and the same result file. `run_attached` is the same for a command
-in the foreground (torchrun and its ranks, `runner.torchrun`): its output on this terminal, its exit
-status back."""
+"""The one way gpudoctor starts a process for the user's script (a fix round, a batch point, the diagnosis
+run): `python -m <module> <argv>` in a process group of its own, its output in a log, a time limit that
+ends the whole group, whatever the group still holds afterwards ended with it, and the result JSON read
+back; a child that times out, dies or writes nothing is a `ChildRun` saying so, never an exception. The
+fork server (`fixes.forkserver`) forks the same child instead. `run_attached` runs a command in the
+foreground (torchrun): its output on this terminal, its exit status back."""
 
 from __future__ import annotations
 
@@ -67,9 +63,8 @@ def log_tail(log: Path) -> str:
 def end_within(grace_s: float = EXIT_GRACE_S, code: int = 0) -> threading.Thread:
     """Called by a child once its result is written: the interpreter's way out gets `grace_s`, then
     the process ends anyway, its threads' stacks in its log first. Nothing after the result is the
-    measurement's, and every second of it is the session's: on an H100, a round whose loader pinned
-    its batches took 40–76 s to end after writing its result (`gpudoctor fix` on timm's ConvNeXt and
-    on a starved loader), a quarter of a 10-minute budget."""
+    measurement's, and every second of it is the session's: a loader that pinned its batches can take
+    most of a minute to shut down (docs/results.md, "Measurements behind the flow")."""
 
     def end() -> None:
         time.sleep(grace_s)

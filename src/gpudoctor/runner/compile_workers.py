@@ -1,12 +1,8 @@
-"""Inductor's compile workers, a start-up transient kept out of timed steps: the first torch.compile
-starts a pool of worker processes, one per core, that import torch and Triton while the loop runs. After
-a compile served from Inductor's cache (seconds), they may still be starting when timing begins, beside a
-loop that its host bounds. Where such a pool exists, it is shut down (a later compile starts another), as
-Inductor itself does once it has been idle a minute.
-
-Measured on the H100 with torch 2.11 (docs/fix.md): the shutdown holds the loop 5 to 10 s, the sidecar
-with no worker yet started (benchmarks/compile_workers_stop.py), and the stop bought no measurable step
-time on GPT-2 (benchmarks/compile_workers_probe.py). Not waiting, or not stopping, is to be measured."""
+"""Inductor's compile workers, a start-up transient kept out of timed steps: the first torch.compile starts
+a pool of worker processes, one per core, that may still be starting after a compile served from the
+cache, beside a loop its host bounds. Where such a pool exists it is shut down at the warm-up's end (a
+later compile starts another), as Inductor itself does once idle. What stopping them costs and buys:
+docs/results.md (lab)."""
 
 from __future__ import annotations
 

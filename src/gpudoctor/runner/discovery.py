@@ -1,13 +1,8 @@
-"""Which repeating unit of the user's script is its step, decided from what the first moments of the run
-showed: the user's loops iterating, outermost `nn.Module` calls, DataLoader batches. Pure: `decide()`
-reads `Observations` and a time, and names a `StepDefinition` or waits (None).
-
-In order of preference: an optimizer step (decided elsewhere, at once); one call of the root module
-when the script calls it directly; one iteration of the user's loop that calls the root module through
-another function several times (`model.generate(...)`: the step is the outer call, with the forward calls
-per step); one DataLoader batch; one iteration of the user's loop (plain tensor ops); a timed window when
-nothing repeats.
-"""
+"""Which repeating unit of the user's script is its step, decided from what the run's first moments showed
+(the user's loops iterating, outermost `nn.Module` calls, DataLoader batches). Pure: `decide()` reads
+`Observations` and a time and names a `StepDefinition`, or waits (None). Preference: one call of the root
+module called directly; one iteration of a loop calling it several times through another function
+(`generate`); one DataLoader batch; one iteration of a plain loop; a timed window when nothing repeats."""
 
 from __future__ import annotations
 

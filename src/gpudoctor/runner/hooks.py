@@ -1,8 +1,8 @@
 """The hook points where `gpudoctor fix` changes the user's process (in a child process of its own):
 patches applied in order before the script runs and undone in reverse order after it, also when it
-raises or is interrupted; `Restorer`, which puts back exactly what a patch found; the root module (the
-outermost `nn.Module` with parameters the script calls), found at its first call; the user's frame of a
-call; seeding. Nothing here runs at import or imports torch at import.
+raises or is interrupted; `Restorer`, which puts back exactly what a patch found; the top-level modules
+(the outermost `nn.Module`s with parameters the script calls), each found at its first call; the user's
+frame of a call; seeding. Nothing here runs at import or imports torch at import.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import random
 import re
 import sys
 import sysconfig
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,27 +170,98 @@ def eager_only(hook: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-class RootFinder:
-    """Finds the module the script calls per step: the first module with parameters called while no
-    other module's forward runs. Global forward hooks watch until that first call ends, then leave
-    (they slow every module call). Callbacks get `(module, args)` in order at that call, before its
-    forward runs, and may return new positional args for it. Inside code that torch.compile traces
-    (a model the script compiled itself) the hooks do nothing: traced, they would break its graph, and
-    Dynamo's resumed code iterates the live hook dicts, which the hooks' own removal then mutates."""
+@dataclass
+class RootSeen:
+    """One top-level module the script called: where it was first called from, the names the calling
+    frame binds to it, where the user's code binds it to a name of its own (`model = Net()`, found
+    where a framework calls it), and its top-level calls while the finder watched."""
 
-    def __init__(self) -> None:
-        self.root: Any = None
-        self.site: CallSite | None = None  # the user's line that called it
-        self.names: tuple[str, ...] = ()  # the names the caller's frame binds to it
-        # the innermost of the user's frames that binds it to a name of its own (not `self`): where
-        # `model = Net()` lives when a framework calls it (Lightning's training_step calls `self(x)`)
-        self.binding: tuple[CallSite, str] | None = None
+    module: Any
+    site: CallSite | None
+    names: tuple[str, ...]
+    binding: tuple[CallSite, str] | None
+    calls: int = 1
+
+
+FirstCallContext = Callable[[Any], "contextlib.AbstractContextManager[Any] | None"]
+WATCH_CAP_S = 60.0  # the longest the finder keeps watching for more top-level modules
+
+
+class RootFinder:
+    """Finds the modules the script calls per step: every module with parameters called while no other
+    module's forward runs (a top-level module: the model; or the encoder and the head a function calls
+    in turn, a GAN's generator and discriminator). `root` is the first. Callbacks registered with
+    `on_root` run at each top-level module's first call, before its forward runs, and may return new
+    positional args for it; `around_first_call` wraps that first call in a context (its forward was
+    fetched before the hooks ran, so a wrapper installed then takes effect from the second call).
+
+    Global forward hooks watch until `until()` is true (fix rounds: a few steps, so that every module
+    the step calls is seen and counted), at most WATCH_CAP_S after the first; without `until`, until
+    the first module's first call ends (they slow every module call). Inside code that torch.compile
+    traces the hooks do nothing: traced, they would break its graph."""
+
+    def __init__(
+        self, until: Callable[[], bool] | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.until = until
+        self._clock = clock
+        self.seen: dict[int, RootSeen] = {}  # in the order of their first calls
         self._callbacks: list[RootCallback] = []
+        self._contexts: list[FirstCallContext] = []
+        self._entered: list[contextlib.ExitStack] = []
         self._handles: list[Any] = []
         self._depth = 0
+        self._since: float | None = None
+
+    # -- the first module (what a single-model script calls) ---------------------------------------------
+    @property
+    def root(self) -> Any:
+        first = self._first()
+        return None if first is None else first.module
+
+    @property
+    def site(self) -> CallSite | None:
+        first = self._first()
+        return None if first is None else first.site
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        first = self._first()
+        return () if first is None else first.names
+
+    @property
+    def binding(self) -> tuple[CallSite, str] | None:
+        first = self._first()
+        return None if first is None else first.binding
+
+    def _first(self) -> RootSeen | None:
+        return next(iter(self.seen.values()), None)
+
+    # -- every top-level module -------------------------------------------------------------------------
+    def roots(self) -> list[RootSeen]:
+        return list(self.seen.values())
+
+    def per_step(self) -> list[RootSeen]:
+        """The top-level modules called more than once while the finder watched — those the loop calls,
+        not one called once at set-up — or, where none was, the first."""
+        again = [r for r in self.seen.values() if r.calls >= 2]
+        first = self._first()
+        return again or ([first] if first is not None else [])
+
+    def seen_of(self, module: Any) -> RootSeen | None:
+        return self.seen.get(id(module))
+
+    @property
+    def watching(self) -> bool:
+        """Its global hooks are in (code compiled now would be guarded on them, and compiled again once
+        they leave)."""
+        return bool(self._handles)
 
     def on_root(self, callback: RootCallback) -> None:
         self._callbacks.append(callback)
+
+    def around_first_call(self, context: FirstCallContext) -> None:
+        self._contexts.append(context)
 
     def install(self) -> RootFinder:
         from torch.nn.modules import module
@@ -207,25 +279,52 @@ class RootFinder:
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         self._depth += 1
-        if self._depth != 1 or self.root is not None or next(module.parameters(), None) is None:
+        if self._depth != 1 or next(module.parameters(), None) is None:
             return None
-        self.root = module
+        known = self.seen.get(id(module))
+        if known is not None:
+            known.calls += 1
+            return None
         frame = user_frame(sys._getframe(1))
+        site = names = None
         if frame is not None:
-            self.site = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
-            self.names = tuple(k for k, v in frame.f_locals.items() if v is module)
-            self.binding = _binding(frame, module)
+            site = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+            names = tuple(k for k, v in frame.f_locals.items() if v is module)
+        self.seen[id(module)] = RootSeen(module, site, names or (), _binding(frame, module))
+        if self._since is None:
+            self._since = self._clock()
         new_args = None
         for callback in self._callbacks:
             result = callback(module, args if new_args is None else new_args)
             if result is not None:
                 new_args = result
+        stack = contextlib.ExitStack()
+        try:
+            for make in self._contexts:
+                ctx = make(module)
+                if ctx is not None:
+                    stack.enter_context(ctx)
+        except BaseException:
+            stack.close()
+            raise
+        self._entered.append(stack)
         return new_args
 
     def _post(self, module: Any, args: Any, output: Any) -> None:
         self._depth -= 1
-        if self._depth == 0 and self.root is not None:
+        if self._depth != 0:
+            return
+        while self._entered:
+            self._entered.pop().close()
+        if self.seen and self._done():
             self.uninstall()
+
+    def _done(self) -> bool:
+        if self.until is None:
+            return True
+        if self._since is not None and self._clock() - self._since > WATCH_CAP_S:
+            return True
+        return bool(self.until())
 
 
 def _binding(frame: FrameType | None, obj: Any) -> tuple[CallSite, str] | None:

@@ -1,13 +1,8 @@
-"""A run directory kept whole while the run goes on, so that however the run ends — finished, an
-exception, Ctrl-C, SIGTERM from a scheduler, `os._exit` or a crash of the interpreter — what was
-measured is on disk.
-
-`RunDir.open()` checks the path (`runner.rundir.prepare_run_dir`), creates the directory and writes
-`record.json` (outcome "running") before the script starts; `update()` rewrites it at each phase change
-of the capture; SIGTERM and SIGHUP end the script as an exit with status 128 + signal (so the normal
-path writes everything), and an `atexit` hook writes the record if that path never ran; `finish()`
-writes the final record and puts the handlers back. The files themselves are `runner.rundir`'s.
-"""
+"""A run directory kept whole while the run goes on, so that however it ends — finished, an exception,
+Ctrl-C, SIGTERM, `os._exit`, a crash — what was measured is on disk: `RunDir.open()` writes `record.json`
+(outcome "running") before the script starts, `update()` at each phase change, SIGTERM and SIGHUP end the
+script as an exit with status 128 + signal, an `atexit` hook writes the record if nothing else did, and
+`finish()` writes the last one and puts the handlers back. The files are `runner.rundir`'s."""
 
 from __future__ import annotations
 

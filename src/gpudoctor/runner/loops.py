@@ -1,14 +1,8 @@
 """The loops of the user's own code, seen as they iterate: each arrival at a loop's header is an event
-`(loop, time)`. A loop is `LoopKey(file, function, header line)`; only code outside the standard library,
-site-packages, torch and gpudoctor counts as the user's (plus the script itself, wherever it lies).
-
-Python 3.12+: `sys.monitoring` JUMP events (a backward jump is a loop's back edge), for the user's code
-only: every other location is disabled at its first event, so the cost elsewhere is nil. Older Pythons:
-`sys.settrace` with a line tracer on the user's frames only (a move back to an earlier line of the same
-frame is a back edge); C calls such as tensor ops cost nothing, Python calls a little.
-
-`follow(loop)` narrows the events to one loop once the step is known; `stop()` takes everything out.
-"""
+`(loop, time)`, for code outside the standard library, site-packages, torch and gpudoctor only. Python
+3.12+ uses `sys.monitoring` JUMP events (every other location disabled at its first event, so the cost
+elsewhere is nil), older Pythons a line tracer on the user's frames. `follow(loop)` narrows the events to
+one loop once the step is known; `stop()` takes everything out."""
 
 from __future__ import annotations
 

@@ -1,22 +1,10 @@
-"""GPU memory recording for `gpudoctor run`, driven by `runner.capture` at each step boundary
-(`end_step(phase)` before the capture moves on, `begin_step(phase)` after):
-
-- from the first CUDA call: the allocator's history in its cheap mode (`state`: the Python stack of
-  every live block), paused during the light phase so that its step times stay unperturbed
-  (`history="always"` keeps it on, `"off"` never starts it), and an out-of-memory observer that takes a
-  snapshot, a census and the failing line at the moment an allocation fails;
-- every light and traced step: its peak allocated and reserved bytes (the peaks are reset at each
-  boundary), allocated/reserved/inactive-split bytes at its end, allocator retries and cudaMalloc /
-  cudaFree calls during it — a few host reads per step, no sync;
-- one step after the light phase in detail (the profiler's warm-up step, never in the trace): a
-  snapshot before it, the full alloc/free history during it, forward hooks per module, a census of
-  parameters, gradients and optimizer state at both ends; a last snapshot when the traced phase ends;
-- with profile_memory + record_shapes + with_stack, torch.profiler's memory timeline (any device).
-
-`result()` is the record (`RunRecord.memory_run`, schema `gpudoctor.memory-run/1`); `write_files()`
-writes the snapshots (torch's format, as JSON) under `memory/` in the run directory. Everything
-installed is removed by `uninstall()`, except torch's out-of-memory observer, which has no removal: it
-is made inert. A failure here is a note, never the script's failure."""
+"""GPU memory recording for `gpudoctor run`, driven by `runner.capture` at each step boundary: the
+allocator's history (paused while steps are timed) and an out-of-memory observer from the first CUDA call,
+each step's peaks and allocator counters, one step after the light phase in detail (snapshots, the full
+history, per-module forward hooks, a census of parameters, gradients and optimizer state), and a snapshot
+at the end of the traced phase. `result()` is `RunRecord.memory_run`; `write_files()` writes the
+snapshots. `uninstall()` removes everything but torch's out-of-memory observer (made inert); a failure
+here is a note, never the script's failure. What each costs: docs/memory.md."""
 
 from __future__ import annotations
 

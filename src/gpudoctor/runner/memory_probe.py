@@ -1,9 +1,7 @@
-"""What the user's objects hold, read from the objects themselves: the storages of parameters and
-buffers, gradients and optimizer state on one device (exact, cheap: no allocator involved), the models
-found in the process, and, during one step, the memory each module's forward keeps alive (forward
-hooks reading the allocator's counter) and the GPU time of its forward (CUDA events).
-
-`ModuleProbe.install()` / `remove()` put in and take out two global hooks. torch is imported lazily."""
+"""What the user's objects hold, read from the objects themselves: the storages of parameters, buffers,
+gradients and optimizer state on one device, the models found in the process, and, during one step, the
+memory each module's forward keeps alive and its forward's GPU time. `ModuleProbe.install()` / `remove()`
+put in and take out two global hooks. torch is imported lazily."""
 
 from __future__ import annotations
 

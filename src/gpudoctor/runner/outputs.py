@@ -1,11 +1,8 @@
 """What the script computed in its first steps, for `gpudoctor fix`'s numerics guard: the losses (every
-scalar `backward()` is called on) or, in loops with no backward, a summary of the root module's output
-(sum and sum of absolute values of its first floating tensor). Values stay on the device until `values()`
-reads them all at once, so recording adds no synchronization to the steps.
-
-`OutputRecorder` is a patch (apply/undo): install it after the fixes' patches, so that it sees the loss
-before any of them (a gradient scaler) changes it.
-"""
+scalar `backward()` is called on) or, with no backward, a summary of the root module's output. Values
+stay on the device until `values()` reads them at once, so recording adds no synchronization.
+`OutputRecorder` is a patch (apply/undo), installed after the fixes' patches so that it sees the loss
+before any of them (a gradient scaler) changes it."""
 
 from __future__ import annotations
 
@@ -48,6 +45,8 @@ class OutputRecorder:
         self._restorer.restore()
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        if self._hook is not None or self._outputs or module is not self.finder.root:
+            return  # the first top-level module's outputs stand for the step's
         # eager only: a root found eagerly may be called inside compiled code as well, which the hook's
         # list and removal would recompile at each call
         self._hook = module.register_forward_hook(eager_only(self._on_output))

@@ -1,9 +1,7 @@
-"""The processes left in a round's process group after its leader ended: DataLoader workers, compile
-workers or anything else the user's script started and did not stop. Left running they compete for the
-cores with the next round (a source of spread between processes), so a round's group is ended with it.
-What ends by itself within a moment of its leader (multiprocessing's resource tracker, which leaves when
-its pipe closes) is not counted as left, nor is a zombie (dead already, waiting for a reaper that a
-container without an init may never run). Read from /proc (Linux); elsewhere nothing is found."""
+"""The processes left in a round's process group after its leader ended (DataLoader workers, compile
+workers, anything the script started and did not stop): left running they compete for the cores with the
+next round, so a round's group is ended with it. What ends by itself a moment later (multiprocessing's
+resource tracker) and zombies are not counted as left. Read from /proc (Linux); elsewhere nothing is found."""
 
 from __future__ import annotations
 

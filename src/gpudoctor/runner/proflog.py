@@ -1,15 +1,8 @@
-"""The profiler's own chatter goes to the run directory, not the user's terminal. Kineto and c10 write
-their log lines from C++ straight to file descriptor 2 (`USDT: … profiler_start`, `STAGE: …`,
-`[W… CPUAllocator.cpp:245] Memory block of unknown size …`), while the profiler starts, stops, exports
-and during the traced steps. While `ProfilerLog` is on, descriptor 2 is a pipe into a small filter
-process (`runner.stderr_filter`): the profiler's lines go to `profiler.log` (opened here, through
-`runner.rundir`, and handed to it as a descriptor), everything else on to the
-terminal as it comes. A process, not a thread: C++ writes to stderr holding the GIL, and a thread of
-ours that needs the GIL to empty the pipe would wait on it for ever once the pipe is full. The filter
-is in a session of its own (Ctrl-C does not stop it) and ends when the pipe's last writer is gone —
-at `stop()`, or when this process dies, or after a DataLoader worker forked meanwhile exits — so
-nothing written to stderr is lost or blocks.
-"""
+"""The profiler's own log lines go to the run directory, not the user's terminal. Kineto and c10 write them
+from C++ straight to file descriptor 2; while `ProfilerLog` is on, descriptor 2 is a pipe into a small
+filter process (`runner.stderr_filter`) that sends them to `profiler.log` and everything else on to the
+terminal as it comes. A process, not a thread: C++ writes to stderr holding the GIL, so a thread of ours
+emptying the pipe would deadlock once it is full. The filter ends when the pipe's last writer is gone."""
 
 from __future__ import annotations
 

@@ -1,25 +1,9 @@
 """`gpudoctor run` as one rank of several (under torchrun, or any launcher that sets RANK, WORLD_SIZE,
-MASTER_ADDR and MASTER_PORT): the ranks share one run directory, each writing `rank-K/` as it goes,
-and agree on their phases through a key-value store.
-
-- The store: torchrun's own (its agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT and says so in
-  TORCHELASTIC_USE_AGENT_STORE), else one that rank 0 hosts on MASTER_PORT + 1
-  (GPUDOCTOR_STORE_PORT to choose another). Keys live under gpudoctor/<run id>/. No store, no
-  agreement: each rank still counts the same steps, and says so in its notes.
-- Rank 0's run directory is everyone's.
-- Phases: every rank counts the same step boundaries, so each enters the light phase, the traced
-  phase and the end at the same step number. At each of these three boundaries the ranks also meet
-  (a barrier in the store, never a collective of the user's process group), so every trace covers the
-  same steps, and a rank whose count is off is seen: a rank that is not there within
-  GPUDOCTOR_RANK_TIMEOUT_S (60 s) is noted, and the others go on.
-- Written as it goes: `rank-K/record.json` (outcome "running") at each phase change and at the end,
-  `rank-K/rank.json` (the rank, its host, its GPU's link from NVML, the step number of each phase
-  change, how long each meeting waited and who was missing), and the trace when the traced phase ends.
-- SIGTERM (torchrun stopping the ranks after one failed) ends the script like `sys.exit(143)`: what
-  was captured is written.
-- The last rank to finish, or rank 0 once the others have finished or GPUDOCTOR_COMBINE_WAIT_S (20 s)
-  passed, combines the ranks (elected through the store, so one does).
-Nothing here runs at import; `RankRun.close()` puts the signal handler back and closes the store."""
+MASTER_ADDR and MASTER_PORT): the ranks share rank 0's run directory, each writing `rank-K/` as it goes,
+meet at every phase change in a key-value store (torchrun's own, else one rank 0 hosts; never a
+collective of the user's process group) so that their traces cover the same steps, and the last to finish
+combines them. SIGTERM ends the script like `sys.exit(143)`, so what was captured is written. Nothing runs
+at import; `RankRun.close()` puts the signal handler back. The layout: docs/run.md, "Several ranks"."""
 
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
 """The run directory (`gpudoctor run`, `gpudoctor.profile()`), the fix directory (`gpudoctor fix`) and the
 batch directory (`gpudoctor batch`): every file name in them, and every read and write of them, is here.
-
-Writes go through `util.outfile` (whole or not at all, never over an input); gpudoctor's own documents
-are read back through `util.jsonfile` (a damaged one is a one-line `UsageError`, never a traceback).
-Documents come in and go out as JSON objects, except the `RunRecord` this package defines: the types of
-the packages above (`doctor`, `fixes`) serialize themselves. How a run directory is kept whole while the
-run goes on (signals, the exit hook) is `runner.livedir`'s.
-"""
+Writes go through `util.outfile` (whole or not at all, never over an input); documents are read back
+through `util.jsonfile` (a damaged one is a one-line `UsageError`). Keeping a run directory whole while
+the run goes on is `runner.livedir`'s."""
 
 from __future__ import annotations
 

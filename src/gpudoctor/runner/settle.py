@@ -1,25 +1,9 @@
-"""Whether the light phase's steps have settled, and which of them to keep: the step time gpudoctor
-reports unprofiled is the loop's steady state, not its warm-up.
-
-The warm-up (`LiveCapture._warmed_up`) only waits out what is many times slower — a compile, the GPU's
-queue filling; on two H100s a DDP ResNet-50 then still ran 20 light steps at 26–35 ms before a flat
-20.3 ms (tests/fixtures/light_settle.json). So, on the light phase's own step times:
-
-- **The unsettled head** is found by MSER-5 (White 1997; the warm-up rule simulation studies rank
-  first): over batches of 5 steps, the cut d (at most half the batches) that minimizes the squared
-  standard error of the mean of what follows, Σ(b − b̄)² / (k − d)². Those steps are left out of the
-  phase's times (kept in the record: `Settling.dropped_us`).
-- **Settled** means every quarter of the kept steps has a mean within `TOLERANCE` (5%) of theirs: a loop
-  that still wanders more than that has no single step time to within the 5% gpudoctor promises.
-- A run on one process that has not settled when its planned light phase ends times on, up to
-  `EXTEND_FACTOR` times the planned phase (`light_done`), checked every `CHECK_EVERY_S`. Ranks, which must
-  end the phase at the same step, agree on it through their store: at the plan's end and then every
-  `AGREE_CHUNK` of it each posts whether its steps settled, and `AGREE_LAG` steps later all go on or end
-  alike, up to `EXTEND_FACTOR` times the plan (FSDP2 ResNet-50 on 2 × H100 had not settled at its plan,
-  its quarters 47.6 to 40.6 ms a step). Either way the record says whether it settled, and `gpudoctor
-  run` prints a note when it did not.
-
-Pure Python (no numpy): the command line imports it before anything heavy."""
+"""Whether the light phase's steps have settled, and which to keep, so that the step time reported
+unprofiled is the loop's steady state: the unsettled head is cut by MSER-5 (over batches of 5 steps, the
+cut that minimizes the squared standard error of the rest's mean), and the rest has settled when every
+quarter is within `TOLERANCE` of its mean. An unsettled phase times on, up to `EXTEND_FACTOR` times its
+plan; ranks agree through their store on when to end it (`AGREE_CHUNK`, `AGREE_LAG`). Why: the warm-up
+only waits out steps many times slower (docs/run.md, "Phases"). Pure Python: the CLI imports it early."""
 
 from __future__ import annotations
 

@@ -1,18 +1,9 @@
-"""Where a step of the user's loop ends, found without changing the script.
-
-Sources, strongest first: `gpudoctor.step()` (overrides everything once called); an optimizer step
-(torch's global step post-hook; the first optimizer to step leads, so a GAN's two optimizers make one
-step, and gradient accumulation counts once per optimizer step); then what discovery (`discovery.decide`)
-makes of the first moments of the run — one call of the root `nn.Module`, one iteration of the user's
-loop around `generate`-style calls, one DataLoader batch, one iteration of a plain loop — and, when
-nothing repeats, timed windows. A stronger source seen later (an optimizer after validation calls of the
-model) takes over and `on_definition` says so, so the capture can start again.
-
-During discovery torch's global module hooks, the loop watcher, torch.compile's compile callbacks (time
-spent compiling is not "nothing repeats") and a SIGALRM tick (so time-based choices are made in the main
-thread) are on; once the step is known only what that source needs stays on.
-`install()` / `uninstall()` put in and take out every hook.
-"""
+"""Where a step of the user's loop ends, found without changing the script. Sources, strongest first:
+`gpudoctor.step()`, an optimizer step (torch's global post-hook), then what discovery
+(`discovery.decide`) makes of the run's first moments — a call of the root module, a `generate`-style
+iteration, a DataLoader batch, a plain loop's iteration — and timed windows when nothing repeats; a
+stronger source seen later takes over (`on_definition`). `install()` / `uninstall()` put in and take out
+every hook, the signal tick and the compile callbacks discovery needs."""
 
 from __future__ import annotations
 

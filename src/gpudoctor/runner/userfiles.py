@@ -1,16 +1,9 @@
-"""The user's files while gpudoctor runs their script many times (`gpudoctor fix`'s diagnosis run and
-rounds, `gpudoctor batch`'s points): what the script wrote, and nothing the user had lost.
-
-`UserFiles.protect` looks at the files under the working directory and the script's own directory (not
-gpudoctor's output directory nor earlier ones under gpudoctor-runs/ and gpudoctor-fixes/, `.git`,
-`__pycache__`, virtual environments; the walk stops after
-`WALK_S` and says so) and copies every regular file there, smallest first, up to `BACKUP_CAP_BYTES` and
-`BACKUP_MAX_FILES` (a reflink where the filesystem has them), into `<out>/user-files/`: a checkpoint the
-script overwrites with `torch.save` is truncated in place, so a hard link would not keep it. Files past
-the cap are named up front (`warning`). `finish()` — once, after every process is gone, also on Ctrl-C,
-SIGTERM and errors — puts back each copied file the script changed or deleted (the version it left moved
-to `<out>/user-files/left-by-script/`), and says what it wrote: `WrittenFiles`. New files are left
-where the script put them, and named. Files written outside these directories are not seen."""
+"""The user's files while gpudoctor runs their script many times (`gpudoctor fix`, `gpudoctor batch`): the
+script writes what it writes each time, so `UserFiles.protect` copies the regular files under the working
+directory and the script's directory (up to `BACKUP_CAP_BYTES` and `BACKUP_MAX_FILES`, a walk of at most
+`WALK_S`) before the first process, and `finish()` — once, after every process is gone, also on Ctrl-C,
+SIGTERM and errors — puts back each one the script changed or deleted and says what it wrote
+(`WrittenFiles`). Copies, not hard links: a checkpoint `torch.save` overwrites is truncated in place."""
 
 from __future__ import annotations
 

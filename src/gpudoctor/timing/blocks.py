@@ -1,45 +1,12 @@
 """An A/B inside one running loop: the baseline (A) and the candidate (B) alternate in blocks of steps,
-switched at step boundaries by a callback, so that both share one process start, one import, one
-compilation and the same GPU clocks, and drift cancels between adjacent blocks. Each block is a window
-synchronized at its ends (`sync`, then the host clock): its mean step is what the loop's throughput
-pays, slow steps included; the per-step times inside it come from the step clock beside.
+switched at step boundaries, so both share one process, one compilation and the same GPU clocks, and
+drift cancels between adjacent blocks; each block's mean step is timed between two synchronizations.
 
-Three rules make the blocks of one configuration exchangeable with the other's (measured on recorded
-A/A blocks of three workloads on the H100: `benchmarks/aa_blocks_replay.py`):
-
-- **Whole cycles of the loop.** Before the first block the baseline's steps are timed (the
-  calibration): their mean is the loop's pace, and their period — a loader whose two workers hand over
-  batches together makes steps of 25 and 136 ms in turn — is their autocorrelation's first peak
-  (`loop_period`).
-  Every block then has the same number of steps, a whole number of periods, at least `min_steps` and
-  `min_seconds` at the calibration's pace. A block of 7 such steps took 73 or 90 ms a step by the phase
-  it began at; one of 8 took 79–81 ms whatever the phase.
-- **The same steps in a block, whatever the order.** `settle` untimed steps before every block, switched
-  or not, so which of the loop's steps fall in a block does not depend on which configuration it runs.
-- **Batches made ahead are settled out.** A switch that changes how a loader makes its batches (pinned
-  or not) reaches the loop only after the batches already in flight: `lag` (the loader's workers ×
-  prefetch_factor, and one) untimed steps come before every block, where it is larger than `settle`,
-  and before the calibration, where it is larger than `prewarm`.
-- **A block that compiled is timed again.** A recompilation inside a block (a compiled model meeting an
-  epoch's last, smaller batch: 20 s in a block of 0.5 s, under Lightning on the H200) is a one-off cost
-  like the first compilation, not the configuration's pace: where `disturbed` (the seconds the process
-  has spent compiling) moved during a block, the block is set aside (`redone`) and timed again, the
-  same configuration in the same place of its pair, up to `redo` times in a schedule; past that the
-  compilations are the loop's own and count.
-- **More pairs where a saving is in sight.** With `extend_pairs`, a schedule whose planned pairs
-  leave the verdict undecided but lean to a saving (`leans_to_a_saving`: a ratio ≤ 1 − `lean`, the
-  paired test ambiguous) times `extend_pairs` more, once: blocks are cheap beside the process start and
-  the compilation they follow (channels_last under torch.compile on timm's ConvNeXt: 8 s of blocks in a
-  90 s round). The verdict over all of them is then taken at `paired.ALPHA_EXTENDED`, which keeps the
-  two looks' false-positive rate under the one look's 5%.
-- **A random order for each pair** (A B or B A, a coin each, `seed`), not a fixed A B B A: a stall, a
-  slow spell spanning two blocks, or a cycle of the loop that happens to line up with a fixed schedule
-  then favours neither side, and the sign-flip test over the pairs (`paired.paired_compare`) is a
-  randomization test — its false-positive rate holds whatever the steps' serial dependence.
-
-`BlockSchedule.boundary()` is called at every step boundary after the loop's warm-up (with the
-candidate's configuration on, as the process started); it says when the schedule is done, with the
-configuration switched back to the candidate's. No torch here but through the step clock and `sync`."""
+Blocks are made exchangeable: each holds the same whole number of the loop's cycles (`loop_period`, from a
+calibration of the baseline's steps), untimed steps precede every block (`settle`, `lag`), a block in which
+the process compiled is timed again (`redo`), each pair's order is a coin (`seed`), and an undecided
+schedule leaning to a saving times `extend_pairs` more. Why: docs/fix.md, steps 4, 5 and 10; what they
+measured: docs/results.md. `BlockSchedule.boundary()` is called at every step boundary after the warm-up."""
 
 from __future__ import annotations
 

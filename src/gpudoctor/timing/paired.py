@@ -1,23 +1,11 @@
-"""A/B comparison where the unit is a pair, not a step: each pair holds one baseline (A) and one
-candidate (B) measurement taken next to each other — two blocks of steps in one process, or two fresh
-processes — each the mean step over a window synchronized at its ends (what the user pays, stalls
-included). Steps inside a block or a process are not independent samples (a slow GPU clock, a loader
-refill or a garbage collection moves many of them at once); pairs are, up to drift, which the order of
-each pair then cancels: A B, B A, A B, … for processes (`abba`), a coin for each pair of blocks
-(`random_orders`, see `timing.blocks`).
+"""A/B comparison where the unit is a pair, not a step: a baseline (A) and a candidate (B) mean step measured
+next to each other (two blocks of one process, or two processes). Steps are not independent samples; pairs
+are, up to drift, which each pair's order cancels (`abba` for processes, a coin per pair for blocks).
 
-The test: Student's t on d_i = ln(B_i / A_i) over the pairs, two-sided. With six pairs or more in both
-orders, the pair's order (A first or B first) is a covariate: a linear drift adds +δ to one order and −δ
-to the other, so it leaves the estimate and is taken out of the variance instead of inflating it. With
-six pairs or more the exact sign-flip permutation test on the mean of d_i must reject as well (the
-larger p counts): a few pairs of skewed block means (a stall in one block) are far from normal, and
-where each pair's order was drawn at random (blocks) it is a randomization test, exact whatever the
-serial dependence of the units. The verdict tests a minimum effect: faster (slower) only when p < α and
-the whole 95% interval lies beyond −`same_within` (+`same_within`), not merely beyond no change; "same"
-when the interval lies within ±`same_within`; else ambiguous. Its A/A rate is therefore under the
-nominal 5%. Its false-positive rate is calibrated on A/A data (`false_positive_rate`;
-`tests/test_timing_paired.py` with drifting and loader-bound fake loops, `benchmarks/aa_noise.py` on
-recorded processes and blocks, `benchmarks/aa_blocks_replay.py` on recorded step series)."""
+The test: Student's t on ln(B/A) over the pairs, the pair's order a covariate from six pairs in both
+orders, and from six pairs an exact sign-flip test that must reject too. Faster or slower only when p < α
+and the whole 95% interval lies beyond ±`same_within`; "same" within it; else ambiguous. Calibrated on A/A
+data (`false_positive_rate`; docs/results.md, "Fixes")."""
 
 from __future__ import annotations
 
@@ -33,15 +21,10 @@ from gpudoctor.timing.compare import ALPHA, SAME_WITHIN, Verdict
 ORDER_COVARIATE_FROM = 6  # pairs (with both orders among them) from which drift is regressed out
 SIGN_FLIP_FROM = 6  # pairs from which the permutation test can reach p < 0.05 (2/2^6 = 0.031) and must
 EXACT_UP_TO = 16  # pairs whose 2^n sign flips are enumerated; more are sampled
-# Blocks extended past their plan (`timing.blocks`, `BlockPlan.extend_pairs`): the planned pairs are
-# looked at once, and where they lean to a saving of LEAN or more undecided, more pairs are timed and
-# the verdict over all of them is taken at ALPHA_EXTENDED. Two looks at 5% would let a no-op through
-# more often than one; at 3% for the second (near Pocock's 2.94% for two looks), simulated no-op A/As
-# of 8 + 16 pairs called 0.9–2.6% faster or slower (per-pair noise 5–20%), the planned 8 alone 1.0–3.0%,
-# while a true 5% saving was found in 88% of them at 5% noise, where 8 pairs found 42%; on the fake
-# loader-bound loop of `tests/test_timing_blocks.py`, A/A 1% faster and 1% slower as with 8 pairs, a 5%
-# saving found in 88% (8 pairs: 50%). The recorded step series of `benchmarks/aa_blocks_replay.py` are too
-# short for 24 pairs: not yet measured on them.
+# Blocks extended past their plan (`BlockPlan.extend_pairs`): where the planned pairs lean to a saving of
+# LEAN or more undecided, more pairs are timed and the verdict over all of them is taken at ALPHA_EXTENDED.
+# Two looks at 5% would let a no-op through more often than one; 3% for the second is near Pocock's 2.94%
+# for two looks (its A/A rate and power on simulated and fake-loop pairs: docs/results.md, "Fixes").
 LEAN = 0.02
 ALPHA_EXTENDED = 0.03
 

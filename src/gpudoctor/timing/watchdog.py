@@ -1,12 +1,7 @@
-"""A hard time limit on a measurement: `watchdog(seconds)` raises `TimeLimit` in the thread that
-entered it once `seconds` have passed, even in the middle of a call that sleeps or loops for ever.
-
-A timer thread fires at the limit. In the main thread it sends SIGALRM, whose handler raises: a signal
-also breaks a blocking sleep or wait. Elsewhere it sets an asynchronous exception, raised at the
-thread's next Python instruction. A call that never comes back from C (a hung driver call) cannot be
-stopped from inside the process either way. On leaving, the timer is cancelled, an alarm still on
-its way is swallowed, and the SIGALRM handler is put back as it was.
-"""
+"""A hard time limit on a measurement: `watchdog(seconds)` raises `TimeLimit` in the thread that entered it
+once `seconds` have passed, even inside a call that sleeps or loops for ever — SIGALRM in the main thread
+(a signal breaks a blocking wait), an asynchronous exception elsewhere. A call stuck in C cannot be
+stopped from inside the process. On leaving, the timer is cancelled and the SIGALRM handler put back."""
 
 from __future__ import annotations
 

@@ -1,20 +1,9 @@
-"""The iterations of the loop a trace recorded, marked or inferred: `find_iterations(trace)`.
-
-Sources, in order; the first that finds any iteration wins (one optimizer step traced is one
-iteration, whatever repeats inside it):
-1. `ProfilerStep#N` annotations (torch.profiler's schedule and `prof.step()`);
-2. `gpudoctor.step` annotations (what `gpudoctor run` marks);
-3. `Optimizer.step#…` annotations: one iteration per optimizer step, whatever runs inside it (a
-   closure's forward and backward) and however many forwards feed it (gradient accumulation);
-4. DataLoader `__next__` annotations: one iteration per batch;
-5. calls of the root `nn.Module` (`nn.Module: X_N` frames of with_stack traces, or `gpudoctor.module: X`
-   annotations): one iteration per call, or per outer call where one makes several (`generate`);
-6. the repeating sequence of kernel launches (of top-level ops without GPU work: `trace.periodicity`).
-Otherwise there is no iteration: figures then cover the traced time as a whole.
-
-Anchored sources (3–5) give one event per iteration; iterations run from anchor to anchor, shifted so
-that the first starts where the loop's thread starts when the trace begins inside the first period.
-"""
+"""The iterations of the loop a trace recorded, marked or inferred: `find_iterations(trace)`. The first
+source that finds any wins: `ProfilerStep#N`, `gpudoctor.step`, `Optimizer.step#…`, DataLoader
+`__next__`, calls of the root `nn.Module`, then the repeating sequence of kernel launches
+(`trace.periodicity`); otherwise there is none and figures cover the traced time. Anchored sources give
+one event per iteration, and iterations run from anchor to anchor. Rules and limits: docs/analysis.md,
+"Steps"."""
 
 from __future__ import annotations
 

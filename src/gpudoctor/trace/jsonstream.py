@@ -1,12 +1,8 @@
-"""Stream a Chrome/Kineto trace's `traceEvents` array in chunks of parsed events, in bounded memory.
-
-`read_trace_json(stream, decode)` yields the decoded chunks of the events array and returns the other
-top-level keys; only a block of the file and one chunk of events are alive at a time, so peak memory
-stays a fraction of the JSON size. A chunk boundary is a candidate `},{` that the decoder accepts as the
-end of a complete array: if a candidate falls inside a string or a nested object, the chunk fails to
-parse at its very end (not before), and we read on; an error earlier in the chunk is real corruption
-and is reported with its byte offset.
-"""
+"""Stream a Chrome/Kineto trace's `traceEvents` array in chunks of parsed events, in bounded memory:
+`read_trace_json(stream, decode)` yields decoded chunks and returns the other top-level keys, with only a
+block of the file and one chunk alive at a time. A chunk ends at a candidate `},{` the decoder accepts as
+the end of an array; a candidate inside a string fails at the chunk's very end and reading goes on, while
+an error earlier is real corruption, reported with its byte offset."""
 
 from __future__ import annotations
 

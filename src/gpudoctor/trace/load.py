@@ -14,7 +14,7 @@ import re
 import stat
 import zlib
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import compress, pairwise, repeat
 from operator import attrgetter, eq, is_, not_
 from pathlib import Path
@@ -36,6 +36,7 @@ from gpudoctor.trace.model import (
     OpInputs,
     Trace,
     TraceMeta,
+    is_torch_annotation,
 )
 from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
 from gpudoctor.util.errors import NotATraceError, TraceFormatError
@@ -53,7 +54,10 @@ _MAX_TIME_US = 1e18  # ~31,700 years; epoch µs are ~1.8e15 (even epoch ns, 1.8e
 # steps; more in a crafted one), so that the loader's memory stays within it. 0 on the command line: none.
 DEFAULT_MAX_TRACE_BYTES = 4 << 30
 # Top-level keys only Kineto writes: a trace with them is PyTorch's even with no event of a known kind.
-_KINETO_KEYS = ("schemaVersion", "deviceProperties", "traceName", "baseTimeNanoseconds", "distributedInfo")
+_KINETO_KEYS = (
+    "schemaVersion", "deviceProperties", "computeProperties", "traceName", "baseTimeNanoseconds",
+    "distributedInfo",
+)  # fmt: skip
 
 
 _BROWSER_CATEGORIES = frozenset(
@@ -391,6 +395,7 @@ class _Builder:
         self.labels = _Interner()
         self.inputs = _RawInputs()
         self.shaped_names = np.zeros(0, dtype=bool)  # per name id: one of SHAPED_OPS
+        self.annotation_names = np.zeros(0, dtype=bool)  # per name id: one of torch's own annotations
         self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._COLUMNS}
         self.mem_blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._MEMORY}
         self.thread_names: dict[tuple[int, int], str] = {}
@@ -441,15 +446,16 @@ class _Builder:
         if None in args:
             args = [a or NO_ARGS for a in args]
         b = self.blocks
-        b["kind"].append(kinds)
         name_ids = self.names.many(list(map(_NAME, xs)))
+        _as_annotations(kinds, self._by_name(name_ids, "annotation_names", is_torch_annotation))
+        b["kind"].append(kinds)
         b["name"].append(name_ids)
         b["pid"].append(self._ids(list(map(_PID, xs))))
         b["tid"].append(self._ids(list(map(_TID, xs))))
         b["ts"].append(ts)
         b["dur"].append(dur)
         b["correlation"].append(_column(args, "correlation", np.int64, -1))
-        b["external_id"].append(_column(args, "external_id", np.int64, -1))
+        b["external_id"].append(_external_ids(kinds, args))
         gpu = _Subset(n, np.flatnonzero((kinds >= Kind.KERNEL) & (kinds <= Kind.GPU_SYNC)), args)
         b["device"].append(gpu.column("device", np.int16, -1))
         b["stream"].append(gpu.column("stream", np.int64, -1))
@@ -469,7 +475,7 @@ class _Builder:
         b["flops"].append(cpu_op.column("flops", np.float64, np.nan))
         b["sequence"].append(cpu_op.column("sequence", np.int64, -1))
         b["fwd_thread"].append(cpu_op.column("fwd_thread", np.int64, -1))
-        shaped = cpu_op.rows[self._shaped(name_ids[cpu_op.rows])]
+        shaped = cpu_op.rows[self._by_name(name_ids[cpu_op.rows], "shaped_names", SHAPED_OPS.__contains__)]
         b["inputs"].append(_Subset(n, shaped, args).inputs(self.inputs))
         comm_id = self.names.ids.get(COMM_OP)
         if comm_id is not None:
@@ -487,13 +493,16 @@ class _Builder:
                  _int(a.group_size), _text(a.collective), _text(a.dtype), _text(a.group))
             )  # fmt: skip
 
-    def _shaped(self, name_ids: np.ndarray) -> np.ndarray:
-        """Which of these names are SHAPED_OPS (a mask over them)."""
-        known = len(self.shaped_names)
+    def _by_name(self, name_ids: np.ndarray, memo: str, predicate: Callable[[str], Any]) -> np.ndarray:
+        """Which of these names `predicate` holds for (a mask over them), memoized per name id in the
+        array attribute `memo`."""
+        mask: np.ndarray = getattr(self, memo)
+        known = len(mask)
         if known < len(self.names.strings):
-            more = [s in SHAPED_OPS for s in self.names.strings[known:]]
-            self.shaped_names = np.concatenate((self.shaped_names, np.array(more, dtype=bool)))
-        return self.shaped_names[name_ids]
+            more = [bool(predicate(s)) for s in self.names.strings[known:]]
+            mask = np.concatenate((mask, np.array(more, dtype=bool)))
+            setattr(self, memo, mask)
+        return mask[name_ids]
 
     def _kinds(self, cats: Sequence[Any]) -> np.ndarray:
         known = CATEGORY_KINDS
@@ -635,6 +644,24 @@ class _Builder:
         )
 
 
+def _as_annotations(kinds: np.ndarray, torch_annotation: np.ndarray) -> None:
+    """Torch's own ranges (`ProfilerStep#N`, the optimizer's and DataLoader's) recorded as ops, as
+    PyTorch <= 1.9 wrote every range ("Operator"), become the user annotations later versions write."""
+    recast = torch_annotation & (kinds == Kind.CPU_OP)
+    if recast.any():
+        kinds[recast] = Kind.USER_ANNOTATION
+
+
+def _external_ids(kinds: np.ndarray, args: Sequence[Args]) -> np.ndarray:
+    """Each row's `External id`; on runtime calls and GPU activity without one, the `external id` older
+    Kineto (PyTorch <= 1.9) wrote there instead, which names the CPU op as `External id` does now."""
+    ids = _column(args, "external_id", np.int64, -1)
+    missing = np.flatnonzero((ids < 0) & (kinds >= Kind.RUNTIME))
+    if len(missing):
+        ids[missing] = _Subset(len(ids), missing, args).column("external_id_older", np.int64, -1)[missing]
+    return ids
+
+
 def _comm_calls(rows: list[tuple[Any, ...]], origin: float) -> CommCalls:
     """The collected record_param_comms rows as columns, in time order, ts relative to `origin`."""
     ok = [r for r in rows if isinstance(r[1], (int, float)) and abs(r[1]) < _MAX_TIME_US]
@@ -722,7 +749,7 @@ def _concat(blocks: list[np.ndarray], column: str) -> np.ndarray:
 
 
 def _meta(path: str, top: dict[str, Any], origin: float, other: dict[str, int]) -> TraceMeta:
-    props = top.get("deviceProperties")
+    props = top.get("deviceProperties", top.get("computeProperties"))  # the latter: older traces
     if not isinstance(props, list):  # a damaged trace: a number, say, where the list should be
         props = []
     devices = tuple(DeviceInfo.from_kineto(d) for d in props if isinstance(d, dict))

@@ -6,6 +6,7 @@ timestamp); names are ids into `names`; a missing number is -1 (ids, sizes) or N
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -85,6 +86,18 @@ ELEMENTWISE_OPS = frozenset(
     for suffix in ("", "_")
 )  # fmt: skip
 SHAPED_OPS = MATMUL_OPS | CONVOLUTION_OPS | ATTENTION_OPS | ELEMENTWISE_OPS
+
+# The ranges torch itself records with record_function: user annotations since PyTorch 1.10, but
+# "Operator" events in PyTorch <= 1.9, like every op (the loader turns them back into annotations).
+_TORCH_ANNOTATION = re.compile(
+    r"^(?:ProfilerStep#\d+$|Optimizer\.(?:step|zero_grad)#|enumerate\(DataLoader\)#)"
+)
+
+
+def is_torch_annotation(name: str) -> bool:
+    """Whether a CPU range of this name is one torch records as a user annotation."""
+    return _TORCH_ANNOTATION.match(name) is not None
+
 
 GPU_ACTIVITY_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
 LAUNCH_KINDS = (Kind.RUNTIME, Kind.DRIVER)

@@ -1,17 +1,9 @@
-"""Iterations from the repeating sequence of work a loop issues: `sequence_iterations`.
-
-The sequence is the names of the GPU activities (kernels, copies, memsets) in the order the host
-launched them; in a trace without GPU activity, the names of the top-level ops of the busiest thread. A
-loop issues the same sequence every iteration: its period is the shift at which the sequence best matches
-itself, among the spacings of its names. Judged on the later part of the trace (the first iteration often
-differs: autotuning, lazy initialization), and too short a period is refused when many names occur less
-often than once per period (a model's repeated layers repeat within an iteration; one such name alone is a stray). Boundaries are placed
-by matching the sequence at a reference boundary (the trace's start or end, or the longest host gap),
-walking one period at a time; a fragment left at either end is merged into its neighbour unless it holds
-half a period or more. Linear in the sequence per candidate period.
-
-Limit: a trace of a single iteration of a model whose layers repeat reads as iterations of one layer.
-"""
+"""Iterations from the repeating sequence of work a loop issues: `sequence_iterations`. The sequence is
+the GPU activities' names in launch order (the busiest thread's top-level ops where there is no GPU
+activity); its period is the shift at which it best matches itself, judged on the later part of the
+trace (the first iteration often differs), and boundaries are walked one period at a time from a
+reference boundary. Linear in the sequence per candidate period. Limit: a trace of a single iteration of a
+model whose layers repeat reads as iterations of one layer (docs/analysis.md, "Steps")."""
 
 from __future__ import annotations
 
@@ -31,6 +23,10 @@ MIN_RARE_NAMES = 2  # one rare name is a stray (a kernel every N iterations), no
 MAX_CANDIDATES = 64
 KGRAM = 16  # items matched at each boundary
 FAST_RUN = 4096  # boundaries checked at once where the sequence keeps its period exactly
+# Fewer GPU activities than this are a few calls, not a loop (two iterations of four activities at the
+# least): no iterations are read into them. Steps read into fewer than rules.registry's
+# MIN_KERNELS_WITHOUT_STEPS kernels are too little GPU work to diagnose all the same.
+MIN_GPU_SEQUENCE = 8
 
 
 @dataclass(frozen=True)
@@ -46,6 +42,8 @@ def sequence_iterations(trace: Trace) -> Repetition | None:
     where it does not repeat at least twice."""
     rows, tokens = launch_sequence(trace)
     items = "GPU activities"
+    if trace.has_gpu and len(rows) < MIN_GPU_SEQUENCE:
+        return None
     if len(rows) < 4 and not trace.has_gpu:
         rows, tokens = op_sequence(trace)
         items = "top-level ops"

@@ -1,11 +1,7 @@
-"""The fields of a Kineto event that gpudoctor reads, as msgspec structs.
-
-Decoding straight into these structs skips every other key without building it, which makes loading
-several times faster and smaller than building dicts. The shapes of `record_shapes` stay raw JSON bytes
-(`msgspec.Raw`) until the loader interns them: parsing them all would cost a third of the load. A chunk whose values have unexpected types (a
-damaged or foreign trace) is decoded again as plain JSON and repaired event by event: a bad `args` is
-dropped, a bad event is skipped, and both are counted.
-"""
+"""The fields of a Kineto event that gpudoctor reads, as msgspec structs: decoding straight into them skips
+every other key without building it, and `record_shapes`' arguments stay raw JSON until the loader
+interns them. A chunk with values of unexpected types (a damaged or foreign trace) is decoded again as
+plain JSON and repaired event by event: a bad `args` dropped, a bad event skipped, both counted."""
 
 from __future__ import annotations
 
@@ -25,6 +21,8 @@ RAW_ARGS = {"Input Dims": "input_dims", "Input type": "input_types", "Concrete I
 class Args(msgspec.Struct, frozen=True, gc=False):
     correlation: int | None = -1
     external_id: int | None = msgspec.field(name="External id", default=-1)
+    # PyTorch <= 1.9 wrote the CPU op's id on runtime calls and GPU activity in lower case
+    external_id_older: int | None = msgspec.field(name="external id", default=-1)
     device: int | None = -1
     stream: int | None = -1
     bytes: int | None = -1

@@ -1,10 +1,12 @@
 """Steps on a trace's timeline: `find_steps` reads the `ProfilerStep#N` annotations torch.profiler writes
 on the CPU timeline; `steps_from_spans` turns any CPU spans (inferred iterations: `trace.iterations`)
-into steps, placing each on the timeline once the GPU's lag is counted."""
+into steps, placing each on the timeline once the GPU's lag is counted; `leading_warmup` tells the
+warm-up steps a trace may start with (autotuning, first allocations) from the loop's own."""
 
 from __future__ import annotations
 
 import re
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -119,6 +121,30 @@ def steps_from_spans(
         g0, g1 = gpu[i] if gpu[i] is not None else (None, None)
         steps.append(Step(int(number), *cpu[i], g0, g1, opens[i], max(closes[i], opens[i]), thread))
     return tuple(steps)
+
+
+# A step at the start of a trace is a warm-up where it is longer than every later step and this many
+# times their median: cudnn autotuning, first allocations and lazy initialization take seconds once, and
+# a loop's own steps vary far less than that.
+WARMUP_FACTOR = 3.0
+
+
+def leading_warmup(steps: Sequence[Step]) -> int:
+    """How many steps at the start of a trace are warm-up outliers (see WARMUP_FACTOR), each judged
+    against the steps after it; at least one step is always left. A step that launched GPU work is
+    judged only against steps that did too (a trace cut off just after its last step began ends with
+    a stub), and none against steps of no length."""
+    n = 0
+    while n < len(steps) - 1:
+        rest = steps[n + 1 :]
+        typical = statistics.median(s.duration_us for s in rest)
+        comparable = steps[n].gpu_start_us is None or all(s.gpu_start_us is not None for s in rest)
+        longest = max(s.duration_us for s in rest)
+        d = steps[n].duration_us
+        if not comparable or typical <= 0 or d <= longest or d <= WARMUP_FACTOR * typical:
+            break
+        n += 1
+    return n
 
 
 MIN_LINKED_SHARE = 0.5  # of the GPU activities, with their launching call recorded

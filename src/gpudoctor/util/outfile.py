@@ -1,10 +1,7 @@
-"""The one way a command writes a file. It refuses a target that resolves to one of the command's
-inputs (through symlinks and hard links; for an input directory, the trace and JSON files in it), writes
-a temporary file beside the target and renames it over the target only once it is complete, so a
-failure half-way leaves the old file as it was; and it turns every OS error into an `OutputError`:
-one line naming the path and the reason. A target that exists and is not a regular file (a
-character device such as /dev/stdout or /dev/null, a FIFO) is written in place: it cannot be renamed over.
-"""
+"""The one way a command writes a file: it refuses a target that resolves to one of the command's inputs
+(through symlinks and hard links), writes a temporary file beside the target and renames it over the
+target once complete, so a failure half-way leaves the old file as it was, and turns every OS error into
+a one-line `OutputError`. A target that is not a regular file (/dev/stdout, a FIFO) is written in place."""
 
 from __future__ import annotations
 

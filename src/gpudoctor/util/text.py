@@ -1,10 +1,7 @@
-"""Untrusted text made safe to show. Everything read from a trace or a user's script (op, kernel,
-module, file and process names) may hold control characters: an ESC that starts a terminal escape
-sequence (set the window title, write the clipboard with OSC 52, clear the screen), a carriage return
-that overwrites a line, bidirectional overrides that reorder what is read, lone surrogates that no
-encoder accepts. `printable` shows each of them escaped (`\\x1b`, `\\u202e`), so the text reads as what
-it holds and nothing else; renderers call it at the edge where text leaves for a terminal, Markdown
-or a trace viewer (HTML escaping is the HTML renderer's own)."""
+"""Untrusted text made safe to show: names read from a trace or a user's script may hold control characters
+(terminal escape sequences that retitle, clear or write the clipboard, carriage returns, bidirectional
+overrides, lone surrogates). `printable` shows each escaped (`\x1b`, `\u202e`); renderers call it where
+text leaves for a terminal, Markdown or a trace viewer (HTML escaping is the HTML renderer's own)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Fused attention for Hugging Face models built with eager attention: the root model switched to
+"""Fused attention for Hugging Face models built with eager attention: each such top-level model switched to
 PyTorch's `scaled_dot_product_attention` (`attn_implementation="sdpa"`) before its first forward, and
 back on undo."""
 
@@ -16,11 +16,14 @@ class HFSdpa(FixPatch):
     fix_id = "sdpa"
     order = 50
     switchable = True
-    _module: Any = None
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self._modules: list[Any] = []  # the Hugging Face models switched
 
     def switch(self, on: bool) -> None:
-        if self._module is not None:
-            _set(self._module, "sdpa" if on else "eager")
+        for module in self._modules:
+            _set(module, "sdpa" if on else "eager")
 
     def _apply(self) -> None:
         self.ctx.finder.on_root(self._on_root)
@@ -30,16 +33,19 @@ class HFSdpa(FixPatch):
         config = getattr(module, "config", None)
         current = getattr(config, "_attn_implementation", None)
         if current != "eager":
+            if self._modules:
+                return
             self.not_applicable = (
                 f"{type(module).__name__} is not a Hugging Face model with eager attention"
                 + (f" (it uses {current!r})" if current else "")
             )
             return
         _set(module, "sdpa")
-        self._module = module
+        self._modules.append(module)
         self.restorer.on_restore(lambda: _set(module, "eager"))
         self.snippet = 'model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")'
-        self.changed(f'{type(module).__name__}: attn_implementation="sdpa" (was "eager")', self._edit())
+        what = f'{type(module).__name__}: attn_implementation="sdpa" (was "eager")'
+        self.changed(what, self._edit(), module)
 
     def _edit(self) -> Edit | None:
         """attn_implementation="sdpa" on the script's one from_config/from_pretrained call, if it has one."""

@@ -1,5 +1,7 @@
-"""Mixed precision around the root module's forward: bfloat16 autocast, or float16 with loss scaling
-where the GPU has no bfloat16. The root's `forward` is wrapped (an instance attribute, deleted on undo);
+"""Mixed precision around the forward of every top-level module the step calls (float32 ones): bfloat16
+autocast, or float16 with loss scaling where the GPU has no bfloat16. Each one's `forward` is wrapped (an
+instance attribute, deleted on undo), and its first call, which runs before the wrapper can, is entered
+under autocast too;
 loss scaling hooks `Tensor.backward` (the scalar loss is scaled; hooked as the patch applies, where the
 dtype may be float16, so that the loss recorded for the numerics guard is the unscaled one) and the
 optimizers' steps (gradients unscaled before, the step skipped by dropping the gradients when they
@@ -64,20 +66,28 @@ class Autocast(ForwardWrapper):
 
         param = next(module.parameters())
         device = param.device.type
+        name = type(module).__name__
         if not param.is_floating_point() or param.dtype != torch.float32:
-            self.not_applicable = f"the root module's parameters are {param.dtype}, not float32"
+            self.not_applicable = f"{name}'s parameters are {param.dtype}, not float32"
             return False
-        self._device, self._dtype = device, self._resolve(device)
-        if self._dtype == torch.float16 and module.training:
+        if self._dtype is None:
+            self._device, self._dtype = device, self._resolve(device)
+        if self._dtype == torch.float16 and module.training and self.scaler is None:
             self._install_scaler(device)
-        name = "bfloat16" if self._dtype == torch.bfloat16 else "float16"
-        wrap = f'torch.autocast("{device}", dtype=torch.{name})'
-        site = self.ctx.finder.site
+        half = "bfloat16" if self._dtype == torch.bfloat16 else "float16"
+        wrap = f'torch.autocast("{device}", dtype=torch.{half})'
+        seen = self.ctx.finder.seen_of(module)
+        site = seen.site if seen else None
         edit = Edit("wrap_statement", site.file, site.line, wrap=wrap) if site else None
         self.snippet = f"with {wrap}:\n    output = model(inputs)"
-        what = f"{type(module).__name__}.forward under {wrap}"
-        self.changed(what + (" with loss scaling" if self.scaler is not None else ""), edit)
+        what = f"{name}.forward under {wrap}"
+        self.changed(what + (" with loss scaling" if self.scaler is not None else ""), edit, module)
         return True
+
+    def first_call(self, module: Any) -> Any:
+        import torch
+
+        return torch.autocast(device_type=self._device, dtype=self._dtype)
 
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         import torch

@@ -1,13 +1,14 @@
 """What every fix's patch shares: `FixPatch` (apply/undo through a `Restorer`, so that a failure half-way
 leaves nothing behind; `switch(on)` for a fix that can be turned off and on again in the running process,
 for an A/B in blocks of steps), the outcome it reports after the run (applied or why not, what it
-changed, the edits that make it permanent), and the context patches share in a child process (the root
-finder)."""
+changed, the edits that make it permanent), and the context patches share in a child process (the
+finder of the top-level modules the step calls)."""
 
 from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site
@@ -48,8 +49,8 @@ class FixPatch:
         self.ctx = ctx
         self.name = self.fix_id
         self.restorer = Restorer()
-        self.changes: list[str] = []
-        self.edits: list[Edit] = []
+        # (the top-level module it was made for, or None; what changed; the edit that makes it permanent)
+        self._changes: list[tuple[int | None, str, Edit | None]] = []
         self.snippet: str | None = None
         self.not_applicable: str | None = None
         self._sites_seen: set[tuple[str, int]] = set()
@@ -73,11 +74,22 @@ class FixPatch:
         raise NotSwitchable(f"{self.name} cannot be switched off and on in a running process")
 
     # -- bookkeeping for the outcome ----------------------------------------------------------------------
-    def changed(self, what: str, edit: Edit | None = None) -> None:
-        if what not in self.changes:
-            self.changes.append(what)
-        if edit is not None and edit not in self.edits:
-            self.edits.append(edit)
+    def changed(self, what: str, edit: Edit | None = None, module: Any = None) -> None:
+        """Record a change (and its edit); `module`: the top-level module it was made for, so that the
+        outcome keeps only those the loop calls per step (not one called once at set-up)."""
+        self._changes.append((None if module is None else id(module), what, edit))
+
+    def _kept_changes(self) -> list[tuple[str, Edit | None]]:
+        step = {id(r.module) for r in self.ctx.finder.per_step()}
+        return [(what, edit) for mid, what, edit in self._changes if mid is None or not step or mid in step]
+
+    @property
+    def changes(self) -> list[str]:
+        return list(dict.fromkeys(what for what, _ in self._kept_changes()))
+
+    @property
+    def edits(self) -> list[Edit]:
+        return list(dict.fromkeys(edit for _, edit in self._kept_changes() if edit is not None))
 
     def first_time_at(self, site: CallSite | None) -> bool:
         """True the first time a call site is seen (a loop calls the same line every step)."""
@@ -88,8 +100,9 @@ class FixPatch:
         return True
 
     def outcome(self) -> PatchOutcome:
-        if self.changes:
-            return PatchOutcome(True, None, tuple(self.changes), tuple(self.edits), self.snippet)
+        changes = self.changes
+        if changes:
+            return PatchOutcome(True, None, tuple(changes), tuple(self.edits), self.snippet)
         return PatchOutcome(False, self.not_applicable or "the script never reached what this fix changes")
 
 

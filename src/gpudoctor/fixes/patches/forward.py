@@ -1,14 +1,16 @@
-"""What wraps the root module's forward — autocast, torch.compile — and how a running process switches
-the root between two such forwards. `ForwardWrapper`: a patch whose `wrap(forward)` makes its wrapper of
-any forward; alone, it wraps the root's forward when the root is found (the instance's `forward`
-replaced, deleted on undo), and `switch` takes its wrapper off and puts it back. `ForwardVariants`: the
-forward of each side of an in-process A/B, built from that side's wrappers over the module's own
-forward and held at once, the root pointed at one or the other at a block boundary — so that a wrapper
-can leave from beneath one that stays (autocast under torch.compile, which compiled what autocast had
-wrapped) or take another's place (one compile mode for another)."""
+"""What wraps the forward of the modules the step calls — autocast, torch.compile — and how a running
+process switches them between two such forwards. `ForwardWrapper`: a patch whose `wrap(forward)` makes its
+wrapper of any forward; alone, it wraps the forward of every top-level module it applies to when that
+module is first called (the instance's `forward` replaced, deleted on undo), and `switch` takes its
+wrappers off and puts them back. `ForwardVariants`: the forward of each side of an in-process A/B, built
+per module from that side's wrappers over the module's own forward and held at once, each module pointed
+at one or the other at a block boundary — so that a wrapper can leave from beneath one that stays
+(autocast under torch.compile, which compiled what autocast had wrapped) or take another's place (one
+compile mode for another)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -19,10 +21,12 @@ _MISSING = object()
 
 
 class ForwardSlot:
-    """The root module's `forward` (an instance attribute) switched between `on` and `off`; `off` None:
-    what the instance held before (nothing: the class's forward)."""
+    """A module's `forward` (an instance attribute) switched between `on` and `off`; either None: what
+    the instance held before (nothing: the class's forward)."""
 
-    def __init__(self, module: Any, on: Callable[..., Any], off: Callable[..., Any] | None = None) -> None:
+    def __init__(
+        self, module: Any, on: Callable[..., Any] | None, off: Callable[..., Any] | None = None
+    ) -> None:
         self.module, self.on, self.off = module, on, off
         self.before = vars(module).get("forward", _MISSING)
 
@@ -30,46 +34,76 @@ class ForwardSlot:
         value = self.on if on else self.off
         if value is not None:
             self.module.forward = value
-        elif self.before is _MISSING:
+        else:
+            self.restore()
+
+    def restore(self) -> None:
+        if self.before is _MISSING:
             vars(self.module).pop("forward", None)
         else:
             self.module.forward = self.before
 
 
 class ForwardWrapper(FixPatch):
-    """A patch that wraps the root's forward. Subclasses implement `prepare` (does it apply to this root,
-    and what it changes) and `wrap` (its wrapper of a forward, made as often as asked)."""
+    """A patch that wraps the forward of each top-level module it applies to. Subclasses implement
+    `prepare` (does it apply to this module, and what it changes) and `wrap` (its wrapper of a forward,
+    made as often as asked); `first_call` may give a context for a module's first call, which runs
+    before any wrapper can (autocast: so that the first step computes as the others do)."""
 
-    # the root's forward is built by `ForwardVariants` from this patch's `wrap`, not installed by it
+    # the forwards are built by `ForwardVariants` from this patch's `wrap`, not installed by it
     held = False
 
     def __init__(self, ctx: PatchContext) -> None:
         super().__init__(ctx)
-        self.ready = False  # it applies to the root found
-        self._slot: ForwardSlot | None = None
+        self.modules: dict[int, Any] = {}  # the top-level modules it applies to, by id
+        self.on = True  # switched on (every fix of a round is on from its start)
+        self._slots: list[ForwardSlot] = []
+
+    @property
+    def ready(self) -> bool:
+        """It applies to at least one of the modules found."""
+        return bool(self.modules)
+
+    def applies_to(self, module: Any) -> bool:
+        return id(module) in self.modules
 
     def _apply(self) -> None:
         self.ctx.finder.on_root(self._on_root)
+        self.ctx.finder.around_first_call(self._first_call)
         self.not_applicable = "no nn.Module with parameters was called"
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
-        self.ready = self.prepare(module)
-        if not self.ready or self.held:
+        if not self.prepare(module):
+            return
+        self.modules[id(module)] = module
+        if self.held:
             return
         wrapped = self.wrap(module.forward)
-        self._slot = ForwardSlot(module, wrapped)
-        self.restorer.replace(module, "forward", wrapped)
+        slot = ForwardSlot(module, wrapped)
+        slot.set(self.on)
+        self._slots.append(slot)
+        self.restorer.on_restore(lambda: slot.set(False))
+
+    def _first_call(self, module: Any) -> contextlib.AbstractContextManager[Any] | None:
+        if not self.on or id(module) not in self.modules:
+            return None
+        return self.first_call(module)
+
+    def first_call(self, module: Any) -> contextlib.AbstractContextManager[Any] | None:
+        """A context for the module's first call (its forward was fetched before it was wrapped)."""
+        return None
 
     def prepare(self, module: Any) -> bool:
-        """Whether it applies to the root `module` (else `not_applicable` says why); records its change."""
+        """Whether it applies to `module` (else `not_applicable` says why); records its change."""
         raise NotImplementedError
 
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         raise NotImplementedError
 
     def switch(self, on: bool) -> None:
-        if self._slot is not None:
-            self._slot.set(on)
+        self.on = on
+        for slot in self._slots:
+            slot.set(on)
 
 
 class ForwardVariants:
@@ -100,8 +134,11 @@ class ForwardVariants:
         self.order = max(p.order for p in (*stay, *join, *leave))
         for p in (*stay, *join, *leave):
             p.held = True
+        for p in leave:
+            p.on = False  # the B side is on from the start: what it replaces is off
         self.restorer = Restorer()
-        self._slot: ForwardSlot | None = None
+        self._slots: list[ForwardSlot] = []
+        self._on = True
 
     def apply(self) -> None:
         self.finder.on_root(self._on_root)
@@ -110,21 +147,26 @@ class ForwardVariants:
         self.restorer.restore()
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
+        a = [p for p in self.a if p.applies_to(module)]
+        b = [p for p in self.b if p.applies_to(module)]
+        if not a and not b:
+            return
         own = module.forward
-        a = [p for p in self.a if p.ready]
-        b = [p for p in self.b if p.ready]
-        self._slot = ForwardSlot(module, _wrapped(own, b), _wrapped(own, a) if a else None)
-        self.restorer.replace(module, "forward", self._slot.on)
+        slot = ForwardSlot(module, _wrapped(own, b) if b else None, _wrapped(own, a) if a else None)
+        slot.set(self._on)
+        self._slots.append(slot)
+        self.restorer.on_restore(lambda: slot.restore())
 
     def switch(self, on: bool) -> None:
-        """At a step boundary: B's forward (on) or A's. A wrapper that cannot leave the running process
+        """At a step boundary: B's forwards (on) or A's. A wrapper that cannot leave the running process
         (float16 autocast's loss scaling is the run's) raises `NotSwitchable` first."""
         for p in self.join:
             p.switch(on)
         for p in self.leave:
             p.switch(not on)
-        if self._slot is not None:
-            self._slot.set(on)
+        self._on = on
+        for slot in self._slots:
+            slot.set(on)
 
 
 def _wrapped(forward: Callable[..., Any], wrappers: Sequence[ForwardWrapper]) -> Callable[..., Any]:

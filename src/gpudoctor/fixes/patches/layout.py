@@ -1,5 +1,6 @@
-"""channels_last for convolution models: the root module's 4-D parameters converted (their layout put
-back on undo, values kept), and its 4-D tensor inputs converted by a forward pre-hook. Switched off and on
+"""channels_last for convolution models: the 4-D parameters of every top-level module with convolutions
+converted (their layout put back on undo, values kept), and its 4-D tensor inputs converted by a forward
+pre-hook. Switched off and on
 in a running process, their gradients and the optimizers' state of them (momentum, Adam's moments) follow
 their layout: left behind, a foreach or fused step would fall to its slow path (or refuse) in one configuration
 only, and bias the A/B."""
@@ -21,26 +22,28 @@ class ChannelsLast(FixPatch):
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
-        self._module: Any = None
-        self._hook: Any = None
+        self._modules: list[Any] = []  # the top-level modules with convolutions, converted
+        self._hooks: dict[int, Any] = {}  # id(module) -> its input-converting pre-hook, while on
         self._optimizers: Any = None  # the optimizers that stepped (a WeakSet), for their state's layout
 
     def switch(self, on: bool) -> None:
+        for module in self._modules:
+            self._switch(module, on)
+
+    def _switch(self, module: Any, on: bool) -> None:
         import torch
 
-        module = self._module
-        if module is None or (self._hook is not None) == on:
+        if (id(module) in self._hooks) == on:
             return
         layout = torch.channels_last if on else torch.contiguous_format
         if on:
             module.to(memory_format=layout)
-            self._hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
+            self._hooks[id(module)] = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
         else:
             for t in (*module.parameters(), *module.buffers()):
                 if t.dim() == 4:
                     t.data = t.data.contiguous()
-            self._hook.remove()
-            self._hook = None
+            self._hooks.pop(id(module)).remove()
         for p in module.parameters():  # a gradient kept between steps (set_to_none=False) follows too
             if p.dim() == 4 and p.grad is not None:
                 p.grad = p.grad.contiguous(memory_format=layout)
@@ -60,13 +63,20 @@ class ChannelsLast(FixPatch):
         hook = register_optimizer_step_pre_hook(lambda opt, args, kwargs: self._optimizers.add(opt))
         self.restorer.on_restore(hook.remove)
         self.ctx.finder.on_root(self._on_root)
+        self.restorer.on_restore(self._remove_hooks)
         self.not_applicable = "no nn.Module with parameters was called"
+
+    def _remove_hooks(self) -> None:
+        for handle in self._hooks.values():
+            handle.remove()
+        self._hooks.clear()
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         import torch
 
         if not any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
-            self.not_applicable = f"{type(module).__name__} has no Conv2d"
+            if not self._modules:
+                self.not_applicable = f"{type(module).__name__} has no Conv2d"
             return None
         cl = torch.channels_last
         changed = [
@@ -81,26 +91,27 @@ class ChannelsLast(FixPatch):
 
         self.restorer.on_restore(back)
         module.to(memory_format=cl)
-        self._module = module
-        self._hook = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
-        self.restorer.on_restore(lambda: self._hook.remove() if self._hook is not None else None)
+        self._modules.append(module)
+        self._hooks[id(module)] = module.register_forward_pre_hook(self._inputs, with_kwargs=True)
         self.snippet = (
             CONVERT.format(name="model") + "\n" + CONVERT.format(name="inputs") + "  # each 4-D input batch"
         )
-        finder = self.ctx.finder
-        name = next((n for n in finder.names if n != "self"), "")
-        edits = []
-        if finder.binding is not None:
-            site, bound = finder.binding
-            edits.append(Edit("after_assignment", site.file, site.line, name=bound, code=(CONVERT,)))
+        seen = self.ctx.finder.seen_of(module)
+        what = f"{type(module).__name__} and its 4-D inputs in channels_last"
+        self.changed(what, None, module)
+        if seen is not None and seen.binding is not None:
+            site, bound = seen.binding
+            edit = Edit("after_assignment", site.file, site.line, name=bound, code=(CONVERT,))
+            self.changed(what, edit, module)
         new_args, converted = _convert(args)
-        if finder.site is not None and name:
-            names = _arg_names(finder.site, name, converted)
+        name = next((n for n in (seen.names if seen else ()) if n != "self"), "")
+        if seen is not None and seen.site is not None and name:
+            names = _arg_names(seen.site, name, converted)
             if names:
                 code = tuple(CONVERT.format(name=n) for n in names)
-                edits.append(Edit("before_statement", finder.site.file, finder.site.line, code=code))
-        self.changed(f"{type(module).__name__} and its 4-D inputs in channels_last", None)
-        self.edits.extend(edits)
+                self.changed(
+                    what, Edit("before_statement", seen.site.file, seen.site.line, code=code), module
+                )
         return new_args
 
     def _inputs(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

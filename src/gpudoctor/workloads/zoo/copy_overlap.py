@@ -1,9 +1,7 @@
-"""`copy_overlap`: each step trains a bf16 MLP (hidden 8192: ~6 ms of GPU work) on a 64 MB float32 batch
-that already sits in pinned host memory (a loader with `pin_memory=True`). Slow: `.to(device,
-non_blocking=True)` on the compute stream right before the forward — pinned and asynchronous, yet the
-stream runs the copy and then the kernels, so the GPU copies with nothing beside it. Fixed: the next batch's
-copy is started on a side stream while this batch computes (one batch ahead, the compute stream waiting
-for it only when it needs it)."""
+"""`copy_overlap`: each step trains a bf16 MLP on a 64 MB float32 batch already in pinned host memory. Slow:
+`.to(device, non_blocking=True)` on the compute stream right before the forward, so the stream runs the
+copy with nothing beside it. Fixed: the next batch's copy started on a side stream while this batch
+computes, the compute stream waiting for it only when it needs it."""
 
 from __future__ import annotations
 

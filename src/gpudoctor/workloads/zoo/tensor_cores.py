@@ -1,10 +1,7 @@
-"""`tensor_cores_unused`: an MLP (3 x 4096 hidden, batch 4096) trained with fused AdamW, with fp32 matmuls
-kept at full precision (`torch.set_float32_matmul_precision("highest")`, i.e. TF32 off, set by the build and
-restored by `close`). Slow: plain fp32, so every GEMM runs on the CUDA cores. Fixed: the same step under
-`torch.autocast(dtype=torch.bfloat16)`, so the GEMMs run on the tensor cores.
-
-`tf32_not_bf16`: the same MLP with TF32 on (`"high"`): slow, float32 tensors whose GEMMs run on the tensor
-cores in TF32; fixed, the same step under bfloat16 autocast."""
+"""`tensor_cores_unused`: an MLP (3 × 4096 hidden, batch 4096) trained with fused AdamW in float32 with TF32
+off (set by the build, restored by `close`), so every GEMM runs on the CUDA cores; fixed, the same step
+under bfloat16 autocast. `tf32_not_bf16`: the same MLP with TF32 on, its GEMMs on the tensor cores in
+TF32; fixed, under bfloat16 autocast."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 (issue 26: torchvision_augment's block pairs 12.5% false positives of 200 resampled comparisons on the
 H100), and what the block rule of `timing.blocks` makes of the same recorded steps. CPU only: it reads
 the blocks recorded on the H100 (benchmarks/results/aa_rounds/<workload>.json, copied from the
-device's output with their origin) and writes benchmarks/results/aa_blocks_replay.json.
+device's output with their origin) and writes lab/results/aa_blocks_replay.json.
 
 1. The recorded resampling as `fixes/aa.py` did it (stretches of 16 adjacent blocks from any block,
    labelled A B B A …), split by where a stretch starts: on a pair the session made (an even block), or
@@ -23,7 +23,7 @@ device's output with their origin) and writes benchmarks/results/aa_blocks_repla
    new rule (from any block, a coin for each pair's order), and the process pairs' as recorded
    (unchanged).
 
-    PYTHONPATH=src python3 benchmarks/aa_blocks_replay.py [--out benchmarks/results/aa_blocks_replay.json]
+    PYTHONPATH=src python3 lab/aa_blocks_replay.py [--out lab/results/aa_blocks_replay.json]
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def workload(path: Path) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "aa_blocks_replay.json")
+    p.add_argument("--out", type=Path, default=ROOT / "lab" / "results" / "aa_blocks_replay.json")
     a = p.parse_args()
     found = [workload(f) for f in sorted(RECORDED.glob("*.json"))]
     new_aa = {w["workload"]: w["replayed"]["new"]["effect_1.00"]["rate"] for w in found}

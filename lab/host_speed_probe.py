@@ -2,7 +2,7 @@
 taskset, several times: whether a process's host speed depends on where it lands (step times of
 host-bound loops varied 5.8 to 10.1 ms from one process to the next on the GPU machine).
 
-    python3 benchmarks/host_speed_probe.py --repeats 3 [--script S --args ...]
+    python3 lab/host_speed_probe.py --repeats 3 [--script S --args ...]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ ResNet-50, tests/fixtures/light_settle.json) judged by `runner.settle`: per rank
 step (what was reported), the steps left out as unsettled, the kept mean (what is reported now), whether
 the rest settled (every quarter within 5% of its mean), beside the plain steps of the same call. CPU only.
 
-    PYTHONPATH=src python3 benchmarks/light_settle_replay.py [--out benchmarks/results/light_settle_replay.json]
+    PYTHONPATH=src python3 lab/light_settle_replay.py [--out lab/results/light_settle_replay.json]
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def judged(times: list[float], plain_us: float | None) -> dict[str, Any]:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "light_settle_replay.json")
+    p.add_argument("--out", type=Path, default=ROOT / "lab" / "results" / "light_settle_replay.json")
     a = p.parse_args()
     recorded = json.loads(FIXTURE.read_text())
     out: dict[str, Any] = {"what": __doc__.split("\n\n")[0], "tolerance": settle.TOLERANCE, "sources": {}}

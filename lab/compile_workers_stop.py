@@ -6,7 +6,7 @@ show a later compile still works. `--how gpudoctor` times gpudoctor's stop, `--h
 shutdown called directly (the same today; the result file's "gpudoctor" runs were of a variant, since
 reverted, that first terminated the sidecar's children: it found none, and held the loop as long).
 
-    PYTHONPATH=src python3 benchmarks/compile_workers_stop.py --out $OUT/compile_workers_stop.json
+    PYTHONPATH=src python3 lab/compile_workers_stop.py --out $OUT/compile_workers_stop.json
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ benchmarks/fix_workloads plainly (plain_timer.py: CUDA-synchronized windows, no 
 (sched_setaffinity) to `--cores` cores near the GPU (its PCI device's local_cpulist, else the first
 ones this process may use).
 
-    PYTHONPATH=src python3 benchmarks/process_spread.py --out $OUT/process_spread.json \\
+    PYTHONPATH=src python3 lab/process_spread.py --out $OUT/process_spread.json \\
         --workload per_param_optimizer --processes 6
-    .venv/bin/python benchmarks/process_spread.py --out /tmp/spread.json --smoke   # CPU plumbing
+    .venv/bin/python lab/process_spread.py --out /tmp/spread.json --smoke   # CPU plumbing
 """
 
 from __future__ import annotations

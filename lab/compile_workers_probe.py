@@ -3,7 +3,7 @@ GPT-2's expert configuration (bfloat16, TF32, fused AdamW, model.compile()) time
 fresh processes: one to fill Inductor's cache, then alternately with the workers left running and shut
 down at the warm-up's end, each over `--windows` windows of `--window-s` seconds.
 
-    PYTHONPATH=src python3 benchmarks/compile_workers_probe.py --out $OUT/compile_workers_probe.json
+    PYTHONPATH=src python3 lab/compile_workers_probe.py --out $OUT/compile_workers_probe.json
 """
 
 from __future__ import annotations

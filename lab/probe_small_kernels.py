@@ -5,7 +5,7 @@ measured hot: graph back-to-back per call; events around one eager call queued b
 around one replay of a one-call graph behind a spin; an empty event pair behind a spin; CUPTI's kernel
 duration; and ncu's gpu__time_duration (+ elapsed cycles) for the same launches. Prints a table, writes JSON.
 
-    PYTHONPATH=src python benchmarks/probe_small_kernels.py --out DIR
+    PYTHONPATH=src python lab/probe_small_kernels.py --out DIR
 """
 
 from __future__ import annotations

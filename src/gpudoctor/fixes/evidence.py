@@ -1,0 +1,213 @@
+"""Whether a fix took effect in its rounds, from what the forward of the step's modules ran. `WorkProbe`
+counts, during each top-level module's first call (eager, whatever wraps it later), the forward's matmul,
+convolution and attention work by dtype and layout; `CompileCounts` reads what torch.compile compiled in
+the round. `not_in_effect` turns them into "did not take effect: …" for a fix whose change did not reach
+the work it is for (bfloat16 around an `Embedding` alone: no matmul ran in bfloat16)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpudoctor.util.serial import Serialized
+
+HALF = ("bfloat16", "float16")
+IN_EFFECT = 0.5  # a share of the work the fix is for below this: it did not take effect
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation"}
+CONVOLUTIONS = {"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"}
+
+
+@dataclass(frozen=True)
+class WorkTally(Serialized):
+    """The forward work of one module's first call: FLOPs of matmuls, convolutions and fused attention by
+    input dtype, and of convolutions fed channels_last (NHWC) inputs."""
+
+    flops: dict[str, float] = field(default_factory=dict)  # dtype -> matmul + convolution + attention
+    conv_flops: float = 0.0
+    conv_nhwc_flops: float = 0.0
+    attention_calls: int = 0  # fused scaled_dot_product_attention kernels
+    ops: int = 0  # every op the forward ran
+
+    @property
+    def total(self) -> float:
+        return sum(self.flops.values())
+
+    def half_flops(self) -> float:
+        return sum(v for k, v in self.flops.items() if k in HALF)
+
+
+@dataclass(frozen=True)
+class CompileCounts(Serialized):
+    """What torch.compile did in a round (Dynamo's counters, from the round's start)."""
+
+    graphs: int = 0
+    frames: int = 0  # frames converted into graphs
+    ops: int = 0  # calls captured into them
+    graph_breaks: int = 0
+
+
+def summed(tallies: Sequence[WorkTally]) -> WorkTally:
+    flops: dict[str, float] = {}
+    for t in tallies:
+        for k, v in t.flops.items():
+            flops[k] = flops.get(k, 0.0) + v
+    return WorkTally(
+        flops,
+        sum(t.conv_flops for t in tallies),
+        sum(t.conv_nhwc_flops for t in tallies),
+        sum(t.attention_calls for t in tallies),
+        sum(t.ops for t in tallies),
+    )
+
+
+def _numel(shape: Sequence[int]) -> float:
+    return float(math.prod(int(s) for s in shape))
+
+
+def op_flops(name: str, args: Sequence[Any], out: Any) -> tuple[str, float] | None:
+    """(kind, FLOPs) of a matmul, convolution or fused attention op from its arguments' shapes; None for
+    any other op."""
+    tensors = [a for a in args if hasattr(a, "shape") and hasattr(a, "dtype")]
+    if name in MATMULS:
+        a, b = (
+            (tensors[1], tensors[2])
+            if name in ("addmm", "baddbmm", "addbmm", "_addmm_activation")
+            else tensors[:2]
+        )
+        if a.dim() < 2 or b.dim() < 2:
+            return None
+        return "matmul", 2.0 * _numel(a.shape) * b.shape[-1]
+    if name in CONVOLUTIONS and len(tensors) >= 2 and hasattr(out, "shape"):
+        weight = tensors[1]
+        per_output = _numel(weight.shape[1:])  # Cin/groups x the kernel's size
+        return "conv", 2.0 * _numel(out.shape) * per_output
+    if name.startswith("_scaled_dot_product") and len(tensors) >= 3:
+        q, k = tensors[0], tensors[1]
+        return "attention", 4.0 * _numel(q.shape) * k.shape[-2]
+    return None
+
+
+def work_probe() -> Any:
+    """A TorchDispatchMode that tallies the work it sees (made on demand: it needs torch)."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class WorkProbe(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.flops: dict[str, float] = {}
+            self.conv = self.nhwc = 0.0
+            self.attention = self.ops = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            out = func(*args, **(kwargs or {}))
+            self.ops += 1
+            name = func.overloadpacket.__name__
+            try:
+                counted = op_flops(name, args, out)
+            except (IndexError, AttributeError, TypeError, RuntimeError):
+                counted = None
+            if counted is not None:
+                kind, flops = counted
+                first = next(a for a in args if isinstance(a, torch.Tensor))
+                if kind == "matmul" and name in ("addmm", "baddbmm", "addbmm", "_addmm_activation"):
+                    first = args[1]
+                dtype = str(first.dtype).removeprefix("torch.")
+                self.flops[dtype] = self.flops.get(dtype, 0.0) + flops
+                if kind == "conv":
+                    self.conv += flops
+                    if first.dim() == 4 and first.is_contiguous(memory_format=torch.channels_last):
+                        self.nhwc += flops
+                elif kind == "attention":
+                    self.attention += 1
+            return out
+
+        def tally(self) -> WorkTally:
+            return WorkTally(dict(self.flops), self.conv, self.nhwc, self.attention, self.ops)
+
+    return WorkProbe()
+
+
+def compile_counts() -> CompileCounts:
+    """Dynamo's counters as they stand (zero where torch._dynamo was never imported)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return CompileCounts()
+    counters = utils.counters
+    stats, frames = counters.get("stats", {}), counters.get("frames", {})
+    return CompileCounts(
+        graphs=int(stats.get("unique_graphs", 0)),
+        frames=int(frames.get("ok", 0)),
+        ops=int(stats.get("calls_captured", 0)),
+        graph_breaks=int(sum(counters.get("graph_break", {}).values())),
+    )
+
+
+def since(now: CompileCounts, start: CompileCounts) -> CompileCounts:
+    return CompileCounts(
+        now.graphs - start.graphs,
+        now.frames - start.frames,
+        now.ops - start.ops,
+        now.graph_breaks - start.graph_breaks,
+    )
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f}%"
+
+
+def not_in_effect(
+    kind: str, work: WorkTally | None, compiled: CompileCounts | None, modules: int
+) -> str | None:
+    """Why fix `kind` did not take effect in a round ("did not take effect: …"), or None where it did or
+    the round could not tell (its modules were not probed)."""
+    if kind == "compile":
+        if compiled is not None and compiled.graphs == 0:
+            return "did not take effect: torch.compile compiled no graph (the forward never ran compiled)"
+        return None
+    if work is None:
+        return None
+    many = f" of the {modules} modules the step calls" if modules > 1 else ""
+    if kind == "autocast":
+        if work.total == 0:
+            return f"did not take effect: no matmul or convolution ran in the forward{many}"
+        share = work.half_flops() / work.total
+        if share < IN_EFFECT:
+            return (
+                f"did not take effect: {_pct(share)} of the forward's matmul and convolution work{many} "
+                "ran in reduced precision"
+            )
+    elif kind == "channels_last":
+        if work.conv_flops == 0:
+            return f"did not take effect: no convolution ran in the forward{many}"
+        share = work.conv_nhwc_flops / work.conv_flops
+        if share < IN_EFFECT:
+            return f"did not take effect: {_pct(share)} of the convolution work{many} was fed channels_last"
+    elif kind == "tf32" and work.total and work.flops.get("float32", 0.0) == 0:
+        return "did not take effect: no float32 matmul or convolution ran in the forward"
+    elif kind == "sdpa" and work.attention_calls == 0:
+        return "did not take effect: no fused scaled_dot_product_attention ran in the forward"
+    return None
+
+
+def in_words(kind: str, work: WorkTally | None, compiled: CompileCounts | None, modules: int) -> str | None:
+    """What a round shows of fix `kind`'s effect, in a few words (None where nothing was measured)."""
+    many = f" over {modules} modules" if modules > 1 else ""
+    if kind == "compile" and compiled is not None:
+        breaks = f", {compiled.graph_breaks} graph breaks" if compiled.graph_breaks else ""
+        return f"{compiled.graphs} graphs compiled from {compiled.frames} frames ({compiled.ops} ops){breaks}"
+    if work is None or not work.total:
+        return None
+    if kind == "autocast":
+        return f"{_pct(work.half_flops() / work.total)} of the forward's matmul/convolution work in reduced precision{many}"
+    if kind == "channels_last" and work.conv_flops:
+        return (
+            f"{_pct(work.conv_nhwc_flops / work.conv_flops)} of the convolution work fed channels_last{many}"
+        )
+    if kind == "sdpa":
+        return f"{work.attention_calls} fused attention calls in the forward{many}"
+    return None

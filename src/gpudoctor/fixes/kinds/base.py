@@ -1,0 +1,90 @@
+"""`Fix`: one fix as one object — its id (`kind` or `kind:argument`: `workers:8`,
+`compile:reduce-overhead`), title, the findings it answers, the numerics tolerance it is held to, the
+group of alternatives it belongs to (one of a group is kept), its patch, and the questions the search asks
+of it: is it proposed here (`propose`), does it apply (`why_not`), did it take effect (`not_in_effect`),
+and what is its change in the user's framework (`in_framework`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.evidence import not_in_effect
+from gpudoctor.fixes.frameworks import Framework
+from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.patches.base import FixPatch, PatchContext
+
+# Largest relative difference of the first steps' losses (or outputs) from the baseline's. Changes that
+# only reorder floating-point work are held tight; reduced-precision arithmetic is allowed its rounding.
+TIGHT = 1e-3
+TF32_TOLERANCE = 1e-2  # 10-bit mantissa products, float32 accumulation
+HALF_TOLERANCE = 5e-2  # bfloat16's 8-bit mantissa; the loss of a few steps moves by about a percent
+# a script already computing in bfloat16 or float16: work reordered in it rounds at their precision
+# (BERT under the Trainer's bf16=True, compiled: 0.1% over 5 steps, past float32's TIGHT)
+HALF_REORDER_TOLERANCE = 1e-2
+
+
+@dataclass(frozen=True)
+class Proposing:
+    """What the search knows when it proposes fixes: the findings by id, what the baseline round saw,
+    and the user's options."""
+
+    found: dict[str, Any]  # finding id -> Finding
+    obs: Observations
+    allow_batch: bool = False
+    compile_mode: str | None = None
+    step_s: float | None = None  # the baseline's mean step
+    steps: int = 0  # steps the observing round made
+
+
+class Fix:
+    kind: ClassVar[str]
+    title: ClassVar[str]
+    rules: ClassVar[tuple[str, ...]] = ()  # the findings it answers
+    tolerance: ClassVar[float | None] = TIGHT  # None: results are not comparable (finite is enough)
+    tolerance_note: ClassVar[str] = ""
+    group: ClassVar[str]  # alternatives: one of a group goes into the combination (its kind, by default)
+    # judged on speed alone: where batches are made changes, not the model's arithmetic
+    speed_only: ClassVar[bool] = False
+    patch: ClassVar[type[FixPatch]]
+    example_arg: ClassVar[str] = ""  # for the one-line error of a bad argument
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "group" not in vars(cls) and "kind" in vars(cls):
+            cls.group = cls.kind
+
+    @property
+    def switchable(self) -> bool:
+        return self.patch.switchable
+
+    def valid_arg(self, arg: str) -> bool:
+        return not arg
+
+    def title_of(self, arg: str) -> str:
+        return self.title
+
+    def build(self, ctx: PatchContext, arg: str, *, compile_backend: str, exact_random: bool) -> FixPatch:
+        return self.patch(ctx)
+
+    def propose(self, p: Proposing) -> list[tuple[str, str]]:
+        """(fix id, why) for each variant of it worth trying here."""
+        return []
+
+    def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
+        """Why it has nothing to change in this script, or None when it may."""
+        return None
+
+    def not_in_effect(self, obs: Observations) -> str | None:
+        """Why it did not take effect in a round it ran in (None: it did, or the round cannot tell)."""
+        return not_in_effect(self.kind, obs.work, obs.compiled, len(obs.step_roots))
+
+    def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
+        """Its change as the framework's own switch, where the framework has one (None: its edits)."""
+        return None
+
+
+def roots_named(obs: Observations) -> str:
+    return " and ".join(dict.fromkeys(r.cls for r in obs.step_roots))

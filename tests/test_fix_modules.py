@@ -1,0 +1,191 @@
+"""Steps that call several top-level modules — an embedding, an encoder and a head called in one function,
+a GAN's generator and discriminator — get every fix that wraps "the model" on each of them, and each fix
+shows whether it took effect: the share of the forward's matmul work that ran in bfloat16, the
+convolutions fed channels_last, the graphs torch.compile made. On the CPU, on real modules."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import torch
+from torch.nn.modules import module as nn_module
+
+from gpudoctor.fixes.attempt import no_effect
+from gpudoctor.fixes.catalog import build_patch
+from gpudoctor.fixes.evidence import CompileCounts, WorkTally, not_in_effect, op_flops
+from gpudoctor.fixes.observe import Observer
+from gpudoctor.fixes.patches.base import PatchContext
+from gpudoctor.fixes.round import RoundResult
+from gpudoctor.runner.hooks import RootFinder, patched
+
+
+@pytest.fixture(autouse=True)
+def no_global_hooks_left() -> Iterator[None]:
+    before = (dict(nn_module._global_forward_pre_hooks), dict(nn_module._global_forward_hooks))
+    yield
+    assert (dict(nn_module._global_forward_pre_hooks), dict(nn_module._global_forward_hooks)) == before
+
+
+class LanguageModel:
+    """The issue's language model: three modules called in turn by one function."""
+
+    def __init__(self) -> None:
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(50, 32)
+        layer = torch.nn.TransformerEncoderLayer(32, 4, 64, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(32, 50)
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def run(fixes: list[str], body: Any, steps: list[int]) -> tuple[RootFinder, list[Any], Observer]:
+    """Apply `fixes` with the observer, as a fix round does (the modules found over the first 3 steps of
+    `body`, which bumps steps[0] at each step), run `body()`, undo."""
+    finder = RootFinder(until=lambda: steps[0] >= 3)
+    ctx = PatchContext(finder, __file__)
+    patches = sorted((build_patch(f, ctx) for f in fixes), key=lambda p: p.order)
+    observer = Observer(finder)
+    finder.install()
+    try:
+        with patched([*patches, observer]):
+            body()
+            obs = observer.observations()
+    finally:
+        finder.uninstall()
+    return finder, [p.outcome() for p in patches], obs
+
+
+def test_every_top_level_module_is_found_and_one_called_once_at_set_up_is_not_the_steps() -> None:
+    lm = LanguageModel()
+    probe = torch.nn.Linear(50, 50)  # called once before the loop
+    steps = [0]
+
+    def body() -> None:
+        probe(torch.randn(2, 50))
+        for _ in range(5):
+            lm.step(torch.randint(0, 50, (2, 8)))
+            steps[0] += 1
+
+    finder, _, obs = run([], body, steps)
+    assert [r.module for r in finder.roots()] == [probe, lm.embed, lm.encoder, lm.head]
+    assert [r.module for r in finder.per_step()] == [lm.embed, lm.encoder, lm.head]
+    assert [r.cls for r in obs.step_roots] == ["Embedding", "TransformerEncoder", "Linear"]
+    assert obs.root is not None and obs.root.cls == "Embedding"
+    assert not finder.watching  # gone once the steps were counted
+
+
+def test_bfloat16_reaches_the_matmuls_of_every_module_and_says_so() -> None:
+    lm = LanguageModel()
+    steps = [0]
+    dtypes: list[torch.dtype] = []
+
+    def body() -> None:
+        for _ in range(5):
+            dtypes.append(lm.step(torch.randint(0, 50, (2, 8))).dtype)
+            steps[0] += 1
+
+    _, outcomes, obs = run(["autocast"], body, steps)
+    # THEN the head's logits are bfloat16 from the first step on, and the probe of each module's first
+    # call saw its matmuls in bfloat16 (the embedding has none)
+    assert dtypes == [torch.bfloat16] * 5
+    work = obs.work
+    assert work is not None and work.total > 0 and work.half_flops() / work.total > 0.99
+    assert not_in_effect("autocast", work, obs.compiled, len(obs.step_roots)) is None
+    # AND the permanent change wraps each module's call (all three on the one line of `step`)
+    assert {e.op for e in outcomes[0].edits} == {"wrap_statement"}
+    assert [c.split(".")[0] for c in outcomes[0].changes] == ["Embedding", "TransformerEncoder", "Linear"]
+
+
+def test_autocast_on_the_first_module_alone_did_not_take_effect() -> None:
+    # GIVEN the work of the issue's language model with bfloat16 around the embedding alone: the
+    # encoder's and the head's matmuls in float32
+    tally = WorkTally({"float32": 3.0e6}, ops=40)
+    reason = not_in_effect("autocast", tally, None, 3)
+    # THEN it is said as such, never as "no significant difference"
+    assert reason is not None and reason.startswith("did not take effect: 0% of the forward's matmul")
+    assert "of the 3 modules the step calls" in reason
+
+
+def test_a_round_whose_fix_did_not_take_effect_is_failed_with_why() -> None:
+    lm = LanguageModel()
+    steps = [0]
+
+    def body() -> None:
+        for _ in range(4):
+            lm.step(torch.randint(0, 50, (2, 8)))
+            steps[0] += 1
+
+    _, _, obs = run([], body, steps)  # the baseline: float32
+    r = RoundResult(fixes=("autocast",), outcome="completed", exit_code=0, observations=obs)
+    why = no_effect(r, ("autocast",))
+    assert why is not None and why.startswith("bfloat16 autocast did not take effect")
+    assert no_effect(r, ("workers:4",)) is None  # nothing to tell for a loader fix
+
+
+def test_channels_last_reaches_the_convolutions_of_both_gan_modules() -> None:
+    torch.manual_seed(0)
+    gen = torch.nn.Sequential(torch.nn.ConvTranspose2d(8, 4, 4, 2, 1), torch.nn.Conv2d(4, 3, 3, padding=1))
+    disc = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, 2, 1), torch.nn.Flatten(), torch.nn.LazyLinear(1))
+    disc(torch.randn(1, 3, 8, 8))  # materialize the lazy layer outside the finder
+    steps = [0]
+
+    def body() -> None:
+        for _ in range(4):
+            fake = gen(torch.randn(2, 8, 4, 4))
+            disc(torch.randn(2, 3, 8, 8))
+            disc(fake.detach())
+            steps[0] += 1
+
+    finder, outcomes, obs = run(["channels_last"], body, steps)
+    assert [r.module for r in finder.per_step()] == [gen, disc]
+    work = obs.work
+    assert work is not None and work.conv_flops > 0 and work.conv_nhwc_flops / work.conv_flops > 0.99
+    assert all(p.is_contiguous() for p in (*gen.parameters(), *disc.parameters()))  # put back on undo
+    converted = {e.name for e in outcomes[0].edits if e.op == "after_assignment"}
+    assert converted == {"gen", "disc"}  # each module converted where it is made
+
+
+def test_compile_waits_for_the_finder_and_compiles_each_module_once() -> None:
+    torch._dynamo.reset()
+    lm = LanguageModel()
+    steps = [0]
+    compiled_while_watching = []
+    from torch._dynamo.utils import counters
+
+    start = counters["stats"]["unique_graphs"]  # Dynamo's counters add up over the whole process
+
+    def body() -> None:
+        for _ in range(6):
+            lm.step(torch.randint(0, 50, (2, 8)))
+            steps[0] += 1
+            compiled_while_watching.append(counters["stats"]["unique_graphs"] - start)
+
+    finder = RootFinder(until=lambda: steps[0] >= 3)
+    ctx = PatchContext(finder, __file__)
+    patch = build_patch("compile", ctx, compile_backend="eager")
+    observer = Observer(finder)
+    finder.install()
+    try:
+        with patched([patch, observer]):
+            body()
+            obs = observer.observations()
+    finally:
+        finder.uninstall()
+    # THEN nothing compiled while the finder's hooks were in (steps 1-3), then each module once
+    assert compiled_while_watching[:3] == [0, 0, 0]
+    assert obs.compiled is not None and obs.compiled.graphs >= 3
+    assert not_in_effect("compile", None, obs.compiled, 3) is None
+    assert not_in_effect("compile", None, CompileCounts(), 3) is not None
+
+
+def test_flops_are_counted_from_shapes() -> None:
+    a, b = torch.empty(4, 8), torch.empty(8, 16)
+    assert op_flops("mm", (a, b), None) == ("matmul", 2 * 4 * 8 * 16)
+    assert op_flops("addmm", (torch.empty(16), a, b), None) == ("matmul", 2 * 4 * 8 * 16)
+    x, w, out = torch.empty(1, 3, 8, 8), torch.empty(4, 3, 3, 3), torch.empty(1, 4, 6, 6)
+    assert op_flops("convolution", (x, w, None), out) == ("conv", 2 * 4 * 6 * 6 * 27)
+    assert op_flops("relu", (a,), a) is None
