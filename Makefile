@@ -38,8 +38,11 @@ browser: setup
 		|| $(BIN)/python -m pip install -q '$(VIEWERS_PIN)' \
 		|| echo "$(VIEWERS_PIN) could not be installed: the trace viewer tests will skip"
 
+# Two at a time, then alone the tests that measure wall-clock time in real processes (conftest.py's
+# SERIAL_FILES); each part prints its 15 slowest tests.
 test: setup lint browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 -m "not serial" --durations=15
+	$(BIN)/python -m pytest -q -m serial --durations=15
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .ruff_cache gpudoctor-demo

@@ -69,3 +69,34 @@ def write_trace(tmp_path: Path) -> WriteTrace:
         return write_json(path, doc, indent=indent, compact=compact)
 
     return write
+
+
+# Test files whose verdicts rest on wall-clock time measured in real processes (fix rounds' A/B, loader
+# waits, timers, timeouts, grace periods): they run alone after the rest, which runs two at a time
+# (`make test`), so that a neighbour's load on a two-core machine cannot move what they measure.
+SERIAL_FILES = frozenset(
+    {
+        "test_adversarial.py",
+        "test_aa_noise_script.py",
+        "test_bench_cli.py",
+        "test_bench_plugin.py",
+        "test_config_gap.py",
+        "test_fix_cli.py",
+        "test_fix_forkserver.py",
+        "test_fix_loader.py",
+        "test_monitor.py",
+        "test_plain_timer.py",
+        "test_procgroup.py",
+        "test_run_steps.py",
+        "test_runner_child.py",
+        "test_timing_cpu.py",
+        "test_timing_runner.py",
+        "test_userfiles.py",
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SERIAL_FILES:
+            item.add_marker(pytest.mark.serial)

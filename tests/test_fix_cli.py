@@ -43,7 +43,8 @@ for x, y in loader:
     opt.step()
     print(f"loss {loss.item():.4f}")
 """
-FAST = ["--warmup", "2", "--steps", "6", "--warmup-s", "0", "--steps-s", "0"]
+# the proof of what is kept, end to end: test_fix_proof_cli.py
+FAST = ["--warmup", "2", "--steps", "6", "--warmup-s", "0", "--steps-s", "0", "--no-proof"]
 
 
 def fix(*args: str) -> object:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpudoctor.fixes.forkserver import ForkLauncher, script_libraries, start_launcher
 from gpudoctor.fixes.launch import SubprocessLauncher
@@ -152,6 +153,8 @@ def test_the_server_will_not_fork_once_the_cuda_driver_is_loaded(monkeypatch: py
     from gpudoctor.fixes.forkserver import _unsafe
 
     monkeypatch.setattr(forkserver.threading, "active_count", lambda: 1)  # as in the server: no thread
+    # as in the server, which never starts CUDA (this test process may have, on a GPU machine)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
 
     maps = "7f00-7f01 r-xp 00000000 08:01 1 /usr/lib/x86_64-linux-gnu/libc.so.6\n7f02-7f03 rw-p 0 0:0 0\n"
     assert _unsafe(maps) is None
@@ -286,6 +289,8 @@ def test_the_server_will_not_fork_beside_a_thread_a_library_started(monkeypatch:
     from gpudoctor.fixes import forkserver
     from gpudoctor.fixes.forkserver import _unsafe
 
+    # as in the server, which never starts CUDA (this test process may have, on a GPU machine)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     stop = threading.Event()
     thread = threading.Thread(target=stop.wait)
     thread.start()

@@ -61,7 +61,14 @@ def test_a_loader_that_sleeps_keeps_workers_past_the_cores_at_least_2x_faster(
     monkeypatch.chdir(tmp_path)
     Path("train.py").write_text(REMOTE.format(augment=augment))
     options = FixOptions(
-        rounds=3, warmup=3, steps=10, warmup_s=0, steps_s=0, skip=("fused_optimizer",), stack=False
+        rounds=3,
+        warmup=3,
+        steps=10,
+        warmup_s=0,
+        steps_s=0,
+        skip=("fused_optimizer",),
+        stack=False,
+        proof=False,  # the proof end to end: test_fix_proof_cli.py
     )
     report = run_fix(FixTarget("train.py", ()), tmp_path / "fix", options, diagnose=False)
     workers = [v for v in report.verdicts if v.fix.startswith("workers:")]

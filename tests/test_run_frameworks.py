@@ -235,4 +235,5 @@ def test_a_trace_recorded_from_a_trainer_callback_analyzes_into_steps(tmp_path: 
     )
     runpy.run_path(str(script), run_name="__main__")
     analysis = analyze(load_trace(tmp_path / "hf.json"))
-    assert len(analysis.steps) == 4
+    # every step found (a first one far slower than the rest, the Trainer's set-up, is a warm-up)
+    assert len(analysis.warmup_steps) + len(analysis.steps) == 4 and len(analysis.steps) >= 3

@@ -1,8 +1,9 @@
 """`gpudoctor fix [options] train.py [args...]` / `gpudoctor fix --from RUN_DIR`: diagnose, apply each
 candidate fix to the unmodified script — switched in blocks of one process where it can be, else in fresh
 processes — keep it only if it is faster beyond noise with the same results, combine the kept ones, and
-print the table and the diff. Writes the fix directory as it
-goes (fix.json after every fix; fix.md, fix.html, fix.diff, calibration.json at the end); Ctrl-C keeps
+print the table and the diff; then apply the diff to a copy of the user's files and time it against the
+script as plain processes (the proof, the headline; `--no-proof` skips it). Writes the fix directory as it
+goes (fix.json after every fix; fix.md, fix.html, fix.diff — where recommended —, calibration.json at the end); Ctrl-C keeps
 the results so far and exits 130 (SIGTERM and SIGHUP likewise, exiting 128 + the signal); a script that
 does not compile is a usage error (exit 2); one that does not run as written exits 1, its output kept."""
 
@@ -102,6 +103,8 @@ def fix_command(
     shared_baseline: Annotated[bool, typer.Option("--shared-baseline", help="One baseline process per round for all fixes (A B C, A C B, …), not one per fix: fewer processes.")] = False,
     stack: Annotated[bool, typer.Option("--stack/--no-stack", help="Try each fix after a kept one on top of what is kept (one bottleneck at a time), and those not faster alone on top of the recommendation; --no-stack: every fix against the script alone.")] = True,
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
+    proof: Annotated[bool, typer.Option("--proof/--no-proof", help="Apply the recommended diff to a copy of your files and time it against the script as plain processes (python script.py), the report's headline; --no-proof: the harness's figure alone.")] = True,
+    proof_half_width: Annotated[float, typer.Option("--proof-half-width", min=0.1, max=50.0, help="The proof times pairs of plain processes until the speedup's 95% interval is within ± this % of it (3 pairs at least, 10 at most, fewer where --budget ends first).")] = 5.0,
     aa: Annotated[bool, typer.Option("--aa", help="A/A: time the script against itself and a patch that changes nothing (in processes and in blocks), beside plain processes: the noise floor, and the test's false-positive rate here.")] = False,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
@@ -140,6 +143,7 @@ def fix_command(
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=_skipped(skip), fork=fork,
         shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s, extend_blocks=extend_blocks,
+        proof=proof, proof_half_width=proof_half_width / 100,
     )  # fmt: skip
     if blocks == 1:
         raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
@@ -259,8 +263,9 @@ def _write_all(out: Path, report: FixReport) -> None:
     from gpudoctor.report.fix_view import render_fix_html, render_fix_markdown
     from gpudoctor.runner.rundir import write_fix
 
+    # fix.diff is the recommended change: none where the proof refuted it (fix.json keeps the diff and why)
     write_fix(out, report.to_json(), markdown=render_fix_markdown(report), html=render_fix_html(report),
-              calibration=report.calibration_json(), diff=report.diff)  # fmt: skip
+              calibration=report.calibration_json(), diff=report.diff if report.recommended else None)  # fmt: skip
 
 
 def _name(target: str) -> str:

@@ -1,5 +1,6 @@
 """`run_fix`: the whole of `gpudoctor fix` below the command line — the diagnosis (the doctor run on the
-script in a fresh process, a run directory, or none), then the A/B session in child processes — returning the `FixReport`.
+script in a fresh process, a run directory, or none), then the A/B session in child processes, then the
+proof of its recommendation in plain processes — returning the `FixReport`.
 Writes only under `out` (the diagnosis run, the rounds' results and logs, copies of the user's files); what
 the script itself writes is watched and the user's files it changed are put back (`runner.userfiles`)."""
 
@@ -15,6 +16,7 @@ from gpudoctor.fixes.aa import BLOCK_PAIRS_FACTOR, AAReport, run_aa
 from gpudoctor.fixes.diagnose import RunInputs, diagnose_script, load_run
 from gpudoctor.fixes.forkserver import ForkLauncher, start_launcher
 from gpudoctor.fixes.launch import SubprocessLauncher
+from gpudoctor.fixes.prove import PlainProver, Target
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, FixSession, Progress
@@ -105,14 +107,19 @@ def _run_fix(
         notes.append(f"no diagnosis: {inputs.note}; fixes chosen from what the script does")
     if on_stage:
         on_stage("starting the rounds' processes")
+    t0 = time.monotonic()
     launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=options,
                                    rounds_dir=out / rundir.ROUNDS_DIR, extra=child_extra, fork=options.fork)  # fmt: skip
     if options.fork and not isinstance(launcher, ForkLauncher):
         notes.append(f"rounds: {how}")  # slower than asked (the options say fork)
+    # a plain process imports what the server imported once before its rounds: the budget counts it
+    start_s = time.monotonic() - t0 if isinstance(launcher, ForkLauncher) else 0.0
+    prover = PlainProver(Target(script.target, script.args, script.module), options, out, start_s=start_s,
+                         on_stage=on_stage)  # fmt: skip
     try:
         session = FixSession(launcher, options, inputs.diagnosis if inputs else None,
                              argv=(script.target, *script.args), started_at=started,
-                             on_progress=on_progress, on_update=on_update)  # fmt: skip
+                             on_progress=on_progress, on_update=on_update, prover=prover)  # fmt: skip
         session.notes.extend(notes)
         if isinstance(launcher, ForkLauncher):
             launcher.on_gone = session.notes.append

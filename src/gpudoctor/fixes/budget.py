@@ -26,6 +26,7 @@ class Budget:
         self.round_s: list[float] = []
         self.round_s_by: dict[tuple[str, ...], list[float]] = {}  # per configuration (): the baseline
         self.block_s: list[float] = []  # in-process A/B rounds' lengths
+        self.proof_s = 0.0  # kept back for the proof (`fixes.prove`) until it runs
 
     def record(self, fixes: tuple[str, ...], seconds: float) -> None:
         self.round_s.append(seconds)
@@ -38,7 +39,13 @@ class Budget:
     def fits_s(self, seconds: float) -> bool:
         if self.options.budget_s is None:
             return True
-        return self.clock() - self.start + seconds <= self.options.budget_s
+        return self.clock() - self.start + seconds + self.proof_s <= self.options.budget_s
+
+    def left_s(self) -> float | None:
+        """Seconds of the budget left (none kept back); None without a budget."""
+        if self.options.budget_s is None:
+            return None
+        return max(0.0, self.options.budget_s - (self.clock() - self.start))
 
     def typical_s(self, fixes: tuple[str, ...] | None = None) -> float:
         """A round's length: the median of `fixes`' rounds so far, else of all rounds."""
@@ -89,7 +96,7 @@ class Budget:
         faster = [t.fixes for t in tried if t.verdict.kept] + [
             t.fixes for t in cut if t.verdict.measured_saving_pct is None or t.verdict.measured_saving_pct > 0
         ]
-        needed = self.clock() - self.start + more + self.reserve_s(faster)
+        needed = self.clock() - self.start + more + self.reserve_s(faster) + self.proof_s
         mins = max(1, math.ceil(needed / 60))
         return (
             f"the time budget ({minutes(budget)}) ran out before {len(cut)} of the {len(tried)} "

@@ -42,6 +42,7 @@ from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
 from gpudoctor.runner.launch import ScriptEnd, run_script
 from gpudoctor.runner.outputs import OutputRecorder
+from gpudoctor.runner.record import StepFound
 from gpudoctor.runner.rundir import write_child_result
 from gpudoctor.timing.blocks import BlockPlan
 
@@ -276,6 +277,7 @@ def _result(
         oom=_is_oom(end.error if end else None),
         device=_device(capture),
         torch=_torch_version(),
+        step=None if capture.definition is None else StepFound.of(capture.definition, capture.calls_per_step),
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from gpudoctor.fixes.proof import TARGET_HALF_WIDTH
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.timing.compare import SAME_WITHIN
 
@@ -37,6 +38,10 @@ class FixOptions:
     # block pairs added, once, to an in-process A/B whose planned pairs lean to a saving undecided,
     # where the time budget has room (timing.blocks; 0: never)
     extend_blocks: int = 16
+    # the recommendation's diff applied to a copy and timed against the script as plain processes
+    # (fixes.prove), in pairs until the speedup's 95% interval is within ±proof_half_width of it
+    proof: bool = True
+    proof_half_width: float = TARGET_HALF_WIDTH
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """What `gpudoctor fix` found (schema `gpudoctor.fix/1`): per fix tried, the predicted and measured saving
 with its interval, the numerics check, compile time and its payback, kept or reverted and why; the kept
 fixes combined and verified; the permanent change as a unified diff (or snippets); the changes left to the
-user; predicted against measured per rule (the calibration). Written after every round, so an
-interrupted run leaves what it had."""
+user; predicted against measured per rule (the calibration); the proof — the diff applied to a copy and
+timed against the script as plain processes — and the headline figure it gives. Written after every
+round, so an interrupted run leaves what it had."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, ClassVar
 
 from gpudoctor.fixes.candidates import ManualFix
 from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.proof import HarnessLevel, Headline, Proof
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.runner.userfiles import WrittenFiles
 from gpudoctor.util.serial import Serialized, to_jsonable
@@ -120,7 +122,19 @@ class FixReport(Serialized):
     stacked: tuple[FixVerdict, ...] = ()
     # what the script wrote under its directories while gpudoctor ran it, and the user's files put back
     user_files: WrittenFiles | None = None
+    # the recommendation's diff applied to a copy and timed against the script as plain processes
+    # (`fixes.prove`); the headline figure is the proof's where it timed pairs, else the harness's
+    proof: Proof | None = None
+    headline: Headline | None = None
+    # the harness's baseline beside plain processes of the script (the proof's A side)
+    harness_level: HarnessLevel | None = None
     schema: str = SCHEMA
+
+    @property
+    def recommended(self) -> bool:
+        """A change is recommended: kept by the harness, and not refuted by the proof (a diff that does
+        not apply, a patched script that does not run or is not faster)."""
+        return bool(self.final) and (self.headline is None or self.headline.recommended)
 
     def calibration_json(self) -> dict[str, Any]:
         """Predicted against measured per rule, for fixing the rules' estimates."""

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.patches.base import PatchOutcome
+from gpudoctor.runner.record import StepFound
 from gpudoctor.timing.blocks import Block, BlockLayout, Redone
 from gpudoctor.util.serial import Serialized
 
@@ -49,6 +50,7 @@ class RoundResult(Serialized):
     redone: tuple[Redone, ...] = ()  # blocks set aside and timed again: the process compiled inside them
     restarted_s: tuple[float, ...] = ()  # without blocks: each restart of the light phase, seconds compiled
     leftover_processes: int = 0  # left running in its process group when it ended (then killed)
+    step: StepFound | None = None  # what a step was (the proof's plain processes count the same)
     schema: str = SCHEMA
 
     @property

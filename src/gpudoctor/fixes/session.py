@@ -54,6 +54,7 @@ from gpudoctor.fixes.guard import numerics_of
 from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
 from gpudoctor.fixes.patches.loader import PREFETCH
+from gpudoctor.fixes.proof import Proof, ProofRequest, Prover, disagreement, harness_level, headline_of
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.verify import NumericsCheck
@@ -77,8 +78,12 @@ class FixSession:
         clock: Callable[[], float] = time.monotonic,
         on_progress: Callable[[Progress], None] | None = None,
         on_update: Callable[[FixReport], None] | None = None,
+        prover: Prover | None = None,
     ) -> None:
+        """`prover`: the proof of the recommendation as the user runs it (`fixes.prove`); None: none."""
         self.launch, self.options, self.diagnosis = launcher, options, diagnosis
+        self.prover = prover if options.proof else None
+        self.proof: Proof | None = None
         self.argv, self.started_at, self.clock = argv, started_at, clock
         self.on_progress, self.on_update = on_progress, on_update
         self.start = clock()
@@ -127,6 +132,8 @@ class FixSession:
             self.notes.append(baseline_failure(ref, self.options))
             return
         self.baselines.append(ref)
+        if self.prover is not None:  # the budget keeps the proof's time back from the fixes
+            self.budget.proof_s = self.prover.reserve_s(self.budget.typical_s(()))
         o = self.options
         step_s = ref.mean_step_us / 1e6 if ref.mean_step_us else None
         self.candidates, self.manual = choose(
@@ -165,6 +172,18 @@ class FixSession:
         self._combine()
         self._stack()
         self._budget_note()
+        self._prove()
+
+    def _prove(self) -> None:
+        """The recommendation's diff applied to a copy and timed against the script as plain processes."""
+        self.budget.proof_s = 0.0
+        if self.prover is None or not self.final or self.reference is None:
+            return
+        report = self.report()
+        request = ProofRequest(
+            self.final, report.diff, report.snippets, self.reference.step, self.budget.left_s()
+        )
+        self.proof = self.prover(request)
 
     def _loader_first(
         self, queue: list[tuple[int, Candidate]], ref: RoundResult
@@ -702,20 +721,24 @@ class FixSession:
                 "saving is hard to tell from that; more --rounds narrow it"
             )
         means = [r.mean_step_us for r in timed if r.mean_step_us]
+        baseline_us = statistics.fmean(means) if means else None
+        final_saving = self._final_saving()
+        level = harness_level(baseline_us, self.proof)
+        notes += [n for n in (level.warning if level else None, self._disagreement(final_saving)) if n]
         return FixReport(
             argv=self.argv,
             started_at=self.started_at,
             device=ref.device if ref else "unknown",
             torch=ref.torch if ref else None,
             options={k: list(v) if isinstance(v, tuple) else v for k, v in vars(self.options).items()},
-            baseline_us=statistics.fmean(means) if means else None,
+            baseline_us=baseline_us,
             baseline_rounds=len(timed),
             observations=obs,
             verdicts=tuple(t.verdict for t in tried),
             combination=self.combination.verdict if self.combination else None,
             stacked=tuple(t.verdict for t in self.stacked),
             final=self.final,
-            final_saving_pct=self._final_saving(),
+            final_saving_pct=final_saving,
             diff=diff.diff,
             snippets=tuple(dict.fromkeys(snippets)),
             unplaced=tuple(f"{e.op} at {e.file}:{e.line}: {why}" for e, why in diff.unplaced),
@@ -726,7 +749,18 @@ class FixSession:
             interrupted=self.interrupted,
             elapsed_s=self.clock() - self.start,
             baseline_spread_pct=spread,
+            proof=self.proof,
+            headline=headline_of(self.proof, self.final, final_saving),
+            harness_level=level,
         )
+
+    def _disagreement(self, saving: float | None) -> str | None:
+        """The harness's saving against the proof's, with the harness's interval where one A/B against
+        the script measured the whole recommendation."""
+        t = self._final_tried()
+        whole = t is not None and not t.verdict.on_top_of and t.verdict.measured_saving_pct == saving
+        lo, hi = (t.verdict.ci_low_pct, t.verdict.ci_high_pct) if whole and t is not None else (None, None)
+        return disagreement(self.proof, saving, lo, hi)
 
 
 # the end of the note for a loop its loader still paces with every worker count tried: what such a loop

@@ -99,9 +99,52 @@ def headline(report: FixReport) -> str:
         return f"{base}; no fix applies to this script{why}."
     if not report.final:
         return f"{base}; no fix was faster beyond noise with the same results."
+    fixes = ", ".join(report.final)
+    h, proof = report.headline, report.proof
+    if h is not None and h.source == "proof" and proof is not None:
+        if not h.recommended:
+            return f"{base}; not recommended: {fixes} — {proof.reason}."
+        harness = f"; the harness measured {h.harness_speedup:.2f}×" if h.harness_speedup else ""
+        return (
+            f"{base}; recommended: {fixes} — {h.speedup:.2f}× faster as you run it (95% CI "
+            f"{h.speedup_low:.2f}–{h.speedup_high:.2f}×, the diff applied and timed in plain processes{harness})."
+        )
     saving = report.final_saving_pct
     speedup = f", {100 / (100 - saving):.2f}× faster" if saving is not None and saving < 100 else ""
-    return f"{base}; recommended: {', '.join(report.final)} — saves {saving:.1f}% of the step{speedup}."
+    unproven = " by the harness, not proven as you run it" if proof is not None else ""
+    return f"{base}; recommended: {fixes} — saves {saving:.1f}% of the step{speedup}{unproven}."
+
+
+def diff_title(report: FixReport, title: str) -> str:
+    """The diff's heading: not recommended where the proof refuted it (it is not in fix.diff then)."""
+    return title if report.recommended else f"{title} the harness kept — not recommended (see above)"
+
+
+def proof_lines(report: FixReport) -> list[str]:
+    """The proof under the headline: what ran, what it measured or why it was not made, and the
+    harness's baseline beside the plain processes of the script."""
+    proof = report.proof
+    if proof is None:
+        return []
+    out = []
+    if proof.speedup is not None:
+        out.append(
+            f"proof: {proof.script_us / 1e3:.4g} ms a step as written, {proof.patched_us / 1e3:.4g} ms patched "
+            f"({len(proof.pairs)} process pairs, A B, B A, …; {proof.test}; p {proof.p_value:.2g}); "
+            f"steps: {proof.step}"
+        )
+        out.append(f"proof commands: {' '.join(proof.script_command)}  |  {' '.join(proof.patched_command)}")
+    elif proof.recommended is None:
+        out.append(f"proof not made: {proof.reason}")
+    elif not (report.headline and report.headline.source == "proof"):
+        out.append(f"proof: {proof.reason}")
+    level = report.harness_level
+    if level is not None:
+        out.append(
+            f"the harness's baseline: {level.harness_us / 1e3:.4g} ms a step in its rounds, "
+            f"{level.plain_us / 1e3:.4g} ms as a plain process ({level.ratio:.2f}×)"
+        )
+    return out
 
 
 def compile_lines(report: FixReport) -> list[str]:
@@ -246,12 +289,14 @@ def _fix_rows(report: FixReport, console: Console) -> None:
 def render_fix_terminal(report: FixReport, console: Console) -> None:
     section(console, f"gpudoctor fix: {' '.join(report.argv)}")
     console.print(Text(f"  {' · '.join((*machine(report), headline(report)))}"))
+    for line in proof_lines(report):
+        console.print(Text(f"  {printable(line)}"))
     if rows(report):
         _fix_rows(report, console)
     for note in _notes(report):
         dim_line(console, note)
     if report.diff:
-        section(console, "The change, as a diff")
+        section(console, diff_title(report, "The change, as a diff"))
         console.print(Syntax(report.diff, "diff", theme="ansi_dark", background_color="default"))
     for snippet in report.snippets:
         section(console, "The change (no call site known: add it where it belongs)")
@@ -277,13 +322,22 @@ def render_fix_markdown(report: FixReport) -> str:
         *meta,
         f"**{md_text(headline(report))}**",
         "",
+        *[f"- {md_text(line)}" for line in proof_lines(report)],
+        *([""] if report.proof else []),
     ]
     if rows(report):
         out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
         out += ["| " + " | ".join(md_text(c) for c in cells) + " |" for _, cells in rows(report)]
     out += [""] + [f"- {md_text(line)}" for line in _notes(report)]
     if report.diff:
-        out += ["", "### The change", "", "```diff", _fence(report.diff.rstrip("\n")), "```"]
+        out += [
+            "",
+            f"### {diff_title(report, 'The change')}",
+            "",
+            "```diff",
+            _fence(report.diff.rstrip("\n")),
+            "```",
+        ]
     for snippet in report.snippets:
         out += ["", "```python", _fence(snippet), "```"]
     out += [f"- not in the diff: {md_text(u)}" for u in report.unplaced]
@@ -323,13 +377,15 @@ def render_fix_html(report: FixReport) -> str:
         f"<header><h1>gpudoctor fix: <code>{escape(' '.join(report.argv))}</code></h1>"
         f'<p class="meta">{escape(" · ".join(machine(report)))}</p></header>',
         f'<p class="bound">{escape(headline(report))}</p>',
+        "".join(f'<p class="meta">{escape(line)}</p>' for line in proof_lines(report)),
         f'<div class="scroll"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
         if body
         else "",
         "".join(f'<p class="meta">{escape(n)}</p>' for n in _notes(report)),
     ]
     if report.diff:
-        parts.append(f"<section><h2>The change</h2><pre>{escape(report.diff)}</pre></section>")
+        title = escape(diff_title(report, "The change"))
+        parts.append(f"<section><h2>{title}</h2><pre>{escape(report.diff)}</pre></section>")
     parts += [f"<section><h2>The change (no call site known)</h2><pre>{escape(s)}</pre></section>"
               for s in report.snippets]  # fmt: skip
     if report.manual:

@@ -21,6 +21,7 @@ from gpudoctor.runner.agreement import LightAgreement, RankAgreement
 from gpudoctor.runner.compile_workers import stop_compile_workers
 from gpudoctor.runner.discovery import StepDefinition
 from gpudoctor.runner.environment import environment
+from gpudoctor.runner.forked import leave_forked_children
 from gpudoctor.runner.light import LightPhase
 from gpudoctor.runner.memory import MemoryOptions, MemoryRecorder
 from gpudoctor.runner.phases import LiveOptions, StopRun, WarmUp
@@ -105,6 +106,7 @@ class LiveCapture:
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> LiveCapture:
         global _ACTIVE
+        leave_forked_children()  # a DataLoader's workers run as in the script, without gpudoctor's hooks
         self._detector = StepDetector(
             self.boundary, self._on_definition, self.script_files, discover=not self.options.trace_all
         ).install()

@@ -95,15 +95,35 @@ def read_result(path: Path) -> tuple[dict[str, Any] | None, str | None]:
 
 def run_child(module: str, argv: Sequence[str], *, result: Path, log: Path, timeout_s: float) -> ChildRun:
     """Run `python -m module argv…` to its end (or its time limit); what it wrote to `result`."""
+    return _run_to_end([sys.executable, "-m", module, *argv], child_env(), None, result, log, timeout_s, None)
+
+
+def run_plain(
+    argv: Sequence[str], *, env: dict[str, str], cwd: str, result: Path, log: Path, timeout_s: float
+) -> ChildRun:
+    """Run `argv` as the user runs their script (`python script.py args`: no gpudoctor on its path, the
+    environment and folder given), with the protocol's process group, time limit, log and result file:
+    the proof of `gpudoctor fix` (`fixes.prove`), whose stopwatch writes `result`."""
+    return _run_to_end(list(argv), env, cwd, result, log, timeout_s, subprocess.DEVNULL)
+
+
+def _run_to_end(
+    cmd: list[str],
+    env: dict[str, str],
+    cwd: str | None,
+    result: Path,
+    log: Path,
+    timeout_s: float,
+    stdin: int | None,
+) -> ChildRun:
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", module, *argv]
     t0 = time.perf_counter()
     f = open_log(log)
     try:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=child_env(),
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, stdin=stdin,
+                                env=env, cwd=cwd, start_new_session=True)  # fmt: skip
     except OSError as err:
-        raise GpudoctorError(f"cannot start {sys.executable}: {err}") from None
+        raise GpudoctorError(f"cannot start {cmd[0]}: {err}") from None
     finally:
         close_live(f)
     code: int | None

@@ -52,6 +52,11 @@ AA_FILE = "aa.json"  # gpudoctor.fix-aa/1 of `fix --aa`
 ROUNDS_DIR = "rounds"  # each round's result and log
 DIAGNOSIS_RUN = "run"  # the diagnosis run's directory
 FORKSERVER_LOG = "forkserver.log"
+PROOF_DIR = (
+    "proof"  # the proof: the patched copy, the stopwatch's folder, each plain process's result and log
+)
+PROOF_COPY = "copy"
+PROOF_BOOT = "stopwatch"  # holds sitecustomize.py, first on the plain processes' PYTHONPATH
 
 # -- the batch directory -------------------------------------------------------------------------------
 BATCH_FILE = "batch.json"
@@ -338,6 +343,9 @@ def write_fix(
     write_json(out / CALIBRATION_FILE, calibration)
     if diff:
         write_text(out / FIX_DIFF, diff)
+    else:  # nothing recommended as a diff: an earlier run's fix.diff is not this one's
+        with contextlib.suppress(OSError):
+            (out / FIX_DIFF).unlink(missing_ok=True)
 
 
 def write_aa(out: Path, doc: dict[str, Any]) -> Path:
@@ -359,6 +367,24 @@ def diagnosis_files(run_dir: Path) -> tuple[Path, Path]:
 def forkserver_log(rounds_dir: Path) -> Path:
     rounds_dir.mkdir(parents=True, exist_ok=True)
     return rounds_dir / FORKSERVER_LOG
+
+
+def proof_folders(out: Path) -> tuple[Path, Path]:
+    """The proof's patched copy and the stopwatch's folder, in the fix directory's proof/."""
+    (out / PROOF_DIR / PROOF_BOOT).mkdir(parents=True, exist_ok=True)
+    return out / PROOF_DIR / PROOF_COPY, out / PROOF_DIR / PROOF_BOOT
+
+
+def write_stopwatch(out: Path, source: str) -> Path:
+    """The stopwatch as `sitecustomize.py` in the proof's folder for it; returns that folder."""
+    boot = proof_folders(out)[1]
+    write_text(boot / "sitecustomize.py", source)
+    return boot
+
+
+def proof_files(out: Path, label: str) -> tuple[Path, Path]:
+    """A plain process's result file and log, in the fix directory's proof/."""
+    return round_files(out / PROOF_DIR, label)
 
 
 def read_fix(out: Path) -> dict[str, Any] | None:

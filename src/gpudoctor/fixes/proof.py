@@ -1,0 +1,201 @@
+"""The proof by the diff, as data and decisions: `Proof` (the patched copy of the user's files against the
+untouched script, each run as a plain process, in pairs), when enough pairs were timed, what the pairs
+say, and how the harness's figures stand beside the proof's — the level of its baseline against plain
+processes of the script (`HarnessLevel`), its saving against the proof's (`disagreement`), and the
+report's headline (`Headline`). Pure: `fixes.prove` runs the processes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpudoctor.runner.record import StepFound
+from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
+
+MIN_PAIRS = 3  # process pairs before the proof may stop (df 2)
+MAX_PAIRS = 10  # without a time budget, at most
+TARGET_HALF_WIDTH = 0.05  # the 95% interval of the speedup, ±5% of it: tight enough to state
+LEVEL_WARN = 0.10  # the harness's baseline this far from plain processes of the script: a warning
+COUNTABLE = ("optimizer", "module", "dataloader")  # step sources the stopwatch counts plainly
+UNIT = "process pair"
+
+
+@dataclass(frozen=True)
+class PlainProcess:
+    """One plain process of the proof: the script as written or the patched copy."""
+
+    side: str  # script, patched
+    mean_step_us: float | None  # over its timed windows; None where it failed
+    steps_timed: int
+    set_aside: int  # windows set aside (torch.compile compiled in them)
+    warmup_steps: int
+    wall_s: float
+    exit_code: int | None  # None: ended at its time limit
+    failure: str | None
+    log: str
+
+
+@dataclass(frozen=True)
+class ProofPair:
+    script_us: float
+    patched_us: float
+    patched_first: bool
+
+
+@dataclass(frozen=True)
+class Proof:
+    # faster, same, slower, ambiguous (timed); does not apply, does not run (the diff's fault); not made
+    verdict: str
+    recommended: bool | None  # None: not made (the harness's figure stands, unproven)
+    reason: str
+    speedup: float | None  # script / patched: the geometric mean over the pairs
+    speedup_low: float | None  # its 95% interval
+    speedup_high: float | None
+    p_value: float | None
+    script_us: float | None  # mean over the script's processes of their mean step
+    patched_us: float | None
+    pairs: tuple[ProofPair, ...]
+    processes: tuple[PlainProcess, ...]
+    test: str | None
+    half_width_pct: float | None  # of the speedup's interval, in % of it
+    target_half_width_pct: float
+    step: str | None  # what a step is, as the harness's baseline found it
+    script_command: tuple[str, ...]
+    patched_command: tuple[str, ...]
+    cwd: str
+    env: dict[str, str]  # what the proof adds to the user's environment
+    copy: str | None  # the patched copy's folder
+    cores: tuple[int, ...]  # the cores the processes ran on (the rounds' too)
+    elapsed_s: float
+
+    @property
+    def saving_pct(self) -> float | None:
+        return None if self.speedup is None else 100 * (1 - 1 / self.speedup)
+
+
+@dataclass(frozen=True)
+class ProofRequest:
+    """What the session hands the prover: the recommended change and how the harness counted a step."""
+
+    fixes: tuple[str, ...]
+    diff: str
+    snippets: tuple[str, ...]
+    step: StepFound | None
+    seconds_left: float | None  # of the time budget; None: no budget
+
+
+class Prover(Protocol):
+    def reserve_s(self, round_s: float) -> float:
+        """The time to keep back for the proof, from a baseline round's length."""
+        ...
+
+    def __call__(self, request: ProofRequest) -> Proof: ...
+
+
+@dataclass(frozen=True)
+class HarnessLevel:
+    """The harness's baseline mean step beside plain processes of the script (the proof's A side)."""
+
+    harness_us: float
+    plain_us: float
+    ratio: float  # harness / plain
+    warning: str | None
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The report's figure: the proof's where it was made, else the harness's (unproven)."""
+
+    source: str  # proof, harness
+    recommended: bool
+    speedup: float | None
+    speedup_low: float | None
+    speedup_high: float | None
+    harness_speedup: float | None  # beside it
+
+
+# -- decisions ------------------------------------------------------------------------------------------
+def compare(pairs: Sequence[ProofPair]) -> PairedComparison:
+    """The paired test on the pairs: B (the patched copy) against A (the script)."""
+    return paired_compare(
+        [Pair(p.script_us, p.patched_us, b_first=p.patched_first) for p in pairs], unit=UNIT
+    )
+
+
+def half_width(c: PairedComparison) -> float:
+    """Half the 95% interval of the ratio on the log scale: ±this share of the figure."""
+    return math.log(c.ci_high / c.ci_low) / 2 if c.ci_low > 0 else math.inf
+
+
+def enough(pairs: Sequence[ProofPair], target: float = TARGET_HALF_WIDTH, min_pairs: int = MIN_PAIRS) -> bool:
+    """Tight enough to state: `min_pairs` at least, and the interval within ±`target`."""
+    return len(pairs) >= min_pairs and half_width(compare(pairs)) <= target
+
+
+def timed_reason(c: PairedComparison) -> tuple[bool, str]:
+    """Recommended or not, and why, from the pairs' verdict."""
+    speed = f"{1 / c.ratio:.2f}× (95% CI {1 / c.ci_high:.2f}–{1 / c.ci_low:.2f}×, {c.pairs} {UNIT}s)"
+    if c.verdict == "faster":
+        return True, f"the patched copy ran faster as you run it: {speed}"
+    if c.verdict == "slower":
+        return False, f"the patched copy ran slower as you run it: {speed}"
+    if c.verdict == "same":
+        return False, f"the patched copy ran no faster as you run it: {speed}"
+    return False, f"the patched copy was not faster beyond noise as you run it: {speed}"
+
+
+def harness_level(
+    harness_us: float | None, proof: Proof | None, warn: float = LEVEL_WARN
+) -> HarnessLevel | None:
+    """The harness's baseline against the plain processes of the script, where both were timed."""
+    if harness_us is None or proof is None or not proof.script_us:
+        return None
+    ratio = harness_us / proof.script_us
+    warning = None
+    if abs(ratio - 1) > warn:
+        way = "slower" if ratio > 1 else "faster"
+        warning = (
+            f"the harness's baseline ran {100 * abs(ratio - 1):.0f}% {way} than the script as a plain "
+            f"process ({harness_us / 1e3:.3g} ms against {proof.script_us / 1e3:.3g} ms a step): its "
+            "savings were measured against that level; the proof's figure is the one you get"
+        )
+    return HarnessLevel(harness_us, proof.script_us, ratio, warning)
+
+
+def speedup_of(saving_pct: float | None) -> float | None:
+    return None if saving_pct is None or saving_pct >= 100 else 100 / (100 - saving_pct)
+
+
+def disagreement(
+    proof: Proof | None, saving_pct: float | None, ci_low_pct: float | None, ci_high_pct: float | None
+) -> str | None:
+    """Where the harness's saving and the proof's disagree beyond their intervals (the harness's own
+    where it has one, else its figure against the proof's interval): by how much, in one line."""
+    harness = speedup_of(saving_pct)
+    if proof is None or proof.speedup is None or proof.speedup_low is None or harness is None:
+        return None
+    assert proof.speedup_high is not None
+    low, high = speedup_of(ci_low_pct), speedup_of(ci_high_pct)
+    h_low, h_high = (low, high) if low is not None and high is not None else (harness, harness)
+    if h_low <= proof.speedup_high and h_high >= proof.speedup_low:
+        return None
+    by = 100 * (harness / proof.speedup - 1)
+    return (
+        f"the harness measured {harness:.2f}× and the proof {proof.speedup:.2f}× (95% CI "
+        f"{proof.speedup_low:.2f}–{proof.speedup_high:.2f}×): they disagree beyond their intervals, the "
+        f"harness's figure {abs(by):.0f}% {'above' if by > 0 else 'below'} what the script gets run plainly"
+    )
+
+
+def headline_of(proof: Proof | None, final: tuple[str, ...], saving_pct: float | None) -> Headline | None:
+    """The report's headline figure: the proof's where it timed pairs, else the harness's."""
+    harness = speedup_of(saving_pct)
+    if proof is not None and proof.recommended is not None:
+        return Headline(
+            "proof", proof.recommended, proof.speedup, proof.speedup_low, proof.speedup_high, harness
+        )
+    if not final:
+        return None
+    return Headline("harness", True, harness, None, None, harness)

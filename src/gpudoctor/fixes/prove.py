@@ -1,0 +1,282 @@
+"""`PlainProver`: the proof of `gpudoctor fix`'s recommendation. `fix.diff` is applied by a strict applier
+(`fixes.patchtext`) to a copy of the user's files (`fixes.shadow`), and the patched copy is timed against
+the untouched script as plain processes — `python script.py args` with the user's folder, arguments and
+environment, on the cores the rounds ran on, no gpudoctor code and no fork server in them; only the
+stopwatch (`fixes.stopwatch`, as `sitecustomize.py` first on PYTHONPATH) counts the step the harness's
+baseline counted — in pairs, A B, B A, …, until the paired test's 95% interval is within ±5% (3 pairs at
+least; at most 10, or what the time budget leaves). Every process runs through the runner's protocol
+(`runner.child.run_plain`: its process group ended with it, a time limit)."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpudoctor.fixes import stopwatch
+from gpudoctor.fixes.options import FixOptions
+from gpudoctor.fixes.patchtext import PatchError, patched_files
+from gpudoctor.fixes.proof import (
+    COUNTABLE,
+    MAX_PAIRS,
+    MIN_PAIRS,
+    TARGET_HALF_WIDTH,
+    PlainProcess,
+    Proof,
+    ProofPair,
+    ProofRequest,
+    compare,
+    enough,
+    half_width,
+    timed_reason,
+)
+from gpudoctor.fixes.shadow import ShadowError, build_shadow
+from gpudoctor.runner.child import ChildRun, run_plain
+from gpudoctor.runner.record import StepFound
+from gpudoctor.runner.rundir import proof_files, proof_folders, write_stopwatch
+from gpudoctor.timing.paired import PairedComparison
+
+TIMEOUT_FACTOR = 3.0  # a side's processes after its first: this many times its longest so far, and at least
+MIN_TIMEOUT_S = 60.0
+SIDES = ("script", "patched")
+WINDOWS = 4  # the timed span is cut in this many windows (each one set aside where it compiled)
+
+
+@dataclass(frozen=True)
+class Target:
+    script: str
+    args: tuple[str, ...]
+    module: bool
+
+
+class PlainProver:
+    def __init__(
+        self,
+        target: Target,
+        options: FixOptions,
+        out: Path,
+        *,
+        start_s: float = 0.0,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        on_stage: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`start_s`: what a fresh interpreter spends before the script's first line that a round did
+        not (the fork server's imports), for the budget's reserve."""
+        self.target, self.options, self.out, self.start_s = target, options, out, start_s
+        self.cwd = cwd or Path.cwd()
+        self.env = dict(os.environ if env is None else env)
+        self.say = on_stage or (lambda s: None)
+        self.clock = clock
+
+    def reserve_s(self, round_s: float) -> float:
+        """MIN_PAIRS pairs of plain processes, each a baseline round and an interpreter's start."""
+        return 2 * MIN_PAIRS * (round_s + self.start_s) if self.options.proof else 0.0
+
+    def __call__(self, request: ProofRequest) -> Proof:
+        t0 = self.clock()
+        script = Path(self.target.script)
+        a_cmd = (sys.executable, self.target.script, *self.target.args)
+        stated = Stated(a_cmd, str(self.cwd), t0, self.clock, request.step)
+        why = self._cannot(request)
+        if why is not None:
+            return stated.proof("not made", None, why)
+        try:
+            patched = patched_files(request.diff, self.cwd)
+        except PatchError as err:
+            return stated.proof("does not apply", False, f"fix.diff does not apply to your files: {err}")
+        copy_dir, _ = proof_folders(self.out)
+        try:
+            copy = build_shadow(self.cwd / script, patched, copy_dir)
+        except (ShadowError, OSError) as err:
+            return stated.proof("not made", None, f"the patched copy could not be made: {err}")
+        boot = write_stopwatch(self.out, Path(stopwatch.__file__).read_text(encoding="utf-8")).resolve()
+        b_cmd = (sys.executable, str(copy.script), *self.target.args)
+        return self._pairs(request, stated, a_cmd, b_cmd, boot, str(copy.root))
+
+    def _cannot(self, request: ProofRequest) -> str | None:
+        """Why no proof can be made of this recommendation, or None."""
+        if self.target.module:
+            return "the script runs as a module (-m): the proof runs scripts by their path"
+        if not request.diff:
+            return "the kept change has no call site in your files (a snippet to add), so no diff to run"
+        step = request.step
+        if step is None or step.source not in COUNTABLE:
+            what = "no step was found" if step is None else f"the step is {step.description}"
+            return f"{what}: a plain process counts optimizer steps, top-level module calls or DataLoader batches"
+        return None
+
+    def _pairs(
+        self,
+        request: ProofRequest,
+        known: Stated,
+        a_cmd: tuple[str, ...],
+        b_cmd: tuple[str, ...],
+        boot: Path,
+        copy: str,
+    ) -> Proof:
+        step = request.step
+        assert step is not None
+        o = self.options
+        settings = {"source": step.source, "module": step.module, "warmup": o.warmup, "warmup_s": o.warmup_s,
+                    "steps": o.steps, "steps_s": o.steps_s, "window_s": max(o.steps_s / WINDOWS, 0.05)}  # fmt: skip
+        path = os.pathsep.join(p for p in (str(boot), self.env.get("PYTHONPATH", "")) if p)
+        added = {"PYTHONPATH": path, stopwatch.ENV: json.dumps(settings)}
+        stated = replace(known, patched_command=b_cmd, env=tuple(added.items()), copy=copy)
+        processes: list[PlainProcess] = []
+        pairs: list[ProofPair] = []
+        deadline = None if request.seconds_left is None else self.clock() + request.seconds_left
+        target = self.options.proof_half_width
+        for k in range(1, MAX_PAIRS + 1):
+            if pairs and (enough(pairs, target) or not self._fits(processes, pairs, deadline)):
+                break
+            order = ("script", "patched") if k % 2 else ("patched", "script")  # A B, B A, …
+            means: dict[str, float] = {}
+            for side in order:
+                self.say(
+                    f"proof: pair {k} — {'the patched copy' if side == 'patched' else 'the script as written'}"
+                )
+                cmd = b_cmd if side == "patched" else a_cmd
+                p = self._run(side, k, cmd, dict(settings), added, processes)
+                processes.append(p)
+                if p.failure is not None or p.mean_step_us is None:
+                    return self._failed(stated, p, processes, pairs)
+                means[side] = p.mean_step_us
+            pairs.append(ProofPair(means["script"], means["patched"], patched_first=order[0] == "patched"))
+        if len(pairs) < MIN_PAIRS:
+            why = (
+                f"the time budget ran out after {len(pairs)} of the {MIN_PAIRS} pairs a proof needs at least"
+            )
+            return stated.proof("not made", None, why, processes, pairs)
+        c = compare(pairs)
+        recommended, reason = timed_reason(c)
+        return stated.proof(c.verdict, recommended, reason, processes, pairs, c, target)
+
+    def _fits(self, processes: list[PlainProcess], pairs: list[ProofPair], deadline: float | None) -> bool:
+        """Another pair fits the budget (the first MIN_PAIRS are run in any case: the reserve kept them)."""
+        if len(pairs) < MIN_PAIRS or deadline is None:
+            return True
+        return self.clock() + 2 * max(p.wall_s for p in processes) <= deadline
+
+    def _run(
+        self,
+        side: str,
+        k: int,
+        cmd: tuple[str, ...],
+        settings: dict[str, object],
+        added: dict[str, str],
+        before: list[PlainProcess],
+    ) -> PlainProcess:
+        result, log = proof_files(self.out, f"{side}-{k}")
+        settings["out"] = str(result.resolve())  # the script may change its folder
+        env = {**self.env, **added, stopwatch.ENV: json.dumps(settings)}
+        # each side's first process gets the rounds' limit (the patched copy may compile), the next ones
+        # a few times the longest of their side
+        limit = self.options.child_timeout_s
+        own = [p.wall_s for p in before if p.side == side]
+        if own:
+            limit = min(limit, max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * max(own)))
+        run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
+        return plain_process(side, run, str(log), self.options)
+
+    def _failed(
+        self, stated: Stated, p: PlainProcess, processes: list[PlainProcess], pairs: list[ProofPair]
+    ) -> Proof:
+        if p.side == "patched":
+            why = f"the patched script did not run as you run it: {p.failure} (its output: {p.log})"
+            return stated.proof("does not run", False, why, processes, pairs)
+        why = f"the script as written did not run as a plain process: {p.failure} (its output: {p.log})"
+        return stated.proof("not made", None, why, processes, pairs)
+
+
+def plain_process(side: str, run: ChildRun, log: str, o: FixOptions) -> PlainProcess:
+    """What one plain process measured, or why it measured nothing, in one line."""
+    doc = run.result or {}
+    mean = doc.get("mean_step_us")
+    failure = None
+    if doc.get("error"):
+        failure = f"the stopwatch could not count its steps ({doc['error']})"
+    elif run.timed_out:
+        failure = f"{run.error} before its steps were timed ({doc.get('steps_seen', 'no')} steps)"
+    elif doc.get("outcome") == "ended":
+        failure = (
+            f"the script ended (exit status {run.exit_code}) after {doc.get('steps_seen', 0)} steps, before "
+            f"its steps were timed (a process warms up {o.warmup} steps and {o.warmup_s:g} s, then times "
+            f"{o.steps} steps and {o.steps_s:g} s){_last_line(run.log_tail)}"
+        )
+    elif not isinstance(mean, (int, float)) or mean <= 0:
+        failure = f"{run.error or 'no step timed'}{_last_line(run.log_tail)}"
+    windows = doc.get("windows") or []
+    return PlainProcess(
+        side=side,
+        mean_step_us=float(mean) if failure is None and isinstance(mean, (int, float)) else None,
+        steps_timed=int(sum(w[1] for w in windows)),
+        set_aside=len(doc.get("set_aside") or []),
+        warmup_steps=int(doc.get("warmup_steps") or 0),
+        wall_s=run.wall_s,
+        exit_code=run.exit_code,
+        failure=failure,
+        log=log,
+    )
+
+
+def _last_line(tail: str) -> str:
+    last = (tail.strip().splitlines() or [""])[-1].strip()
+    return f": {' '.join(last.split())[:200]}" if last else ""
+
+
+@dataclass(frozen=True)
+class Stated:
+    """What every proof states, timed or not: the commands, folder, environment, cores, and when it
+    began."""
+
+    script_command: tuple[str, ...]
+    cwd: str
+    t0: float
+    clock: Callable[[], float]
+    step: StepFound | None
+    patched_command: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    copy: str | None = None
+
+    def proof(
+        self,
+        verdict: str,
+        recommended: bool | None,
+        reason: str,
+        processes: Sequence[PlainProcess] = (),
+        pairs: Sequence[ProofPair] = (),
+        c: PairedComparison | None = None,
+        target: float = TARGET_HALF_WIDTH,
+    ) -> Proof:
+        means = {s: [p.mean_step_us for p in processes if p.side == s and p.mean_step_us] for s in SIDES}
+        return Proof(
+            verdict=verdict,
+            recommended=recommended,
+            reason=reason,
+            speedup=None if c is None else 1 / c.ratio,
+            speedup_low=None if c is None else 1 / c.ci_high,
+            speedup_high=None if c is None else 1 / c.ci_low,
+            p_value=None if c is None else c.p_value,
+            script_us=statistics.fmean(means["script"]) if means["script"] else None,
+            patched_us=statistics.fmean(means["patched"]) if means["patched"] else None,
+            pairs=tuple(pairs),
+            processes=tuple(processes),
+            test=None if c is None else c.test,
+            half_width_pct=None if c is None else 100 * half_width(c),
+            target_half_width_pct=100 * target,
+            step=None if self.step is None else self.step.description,
+            script_command=self.script_command,
+            patched_command=self.patched_command,
+            cwd=self.cwd,
+            env=dict(self.env),
+            copy=self.copy,
+            cores=tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else (),
+            elapsed_s=self.clock() - self.t0,
+        )
