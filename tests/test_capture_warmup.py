@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from gpudoctor.runner.capture import MAX_EXTRA_WARMUP, LiveCapture, LiveOptions
+from gpudoctor.runner.phases import MAX_EXTRA_WARMUP, LiveOptions, WarmUp
 
 
 def warm_up_steps(tmp_path: Path, step_s: list[float], warmup: int = 5) -> int | None:
     """The number of steps after which the warm-up ends for these step times (None: not within them)."""
-    capture = LiveCapture(tmp_path, LiveOptions(warmup=warmup, warmup_seconds=0.0))
-    capture._warm = [0.0]
+    warm = WarmUp(LiveOptions(warmup=warmup, warmup_seconds=0.0), lockstep=False)
+    warm.boundaries = [0.0]
     for n, t in enumerate(itertools.accumulate(step_s), 1):
-        capture._warm.append(t)
-        if capture._warmed_up():
+        warm.boundaries.append(t)
+        if warm.warmed_up():
             return n
     return None
 

@@ -1,5 +1,5 @@
 """`gpudoctor fix`'s diagnosis is the doctor's (`run_and_diagnose`) in a process of its own through the
-runner's child protocol — `python -m gpudoctor.doctor.child`, never the command line — read back as the
+runner's child protocol — `python -m gpudoctor.doctor.diagnosis_process`, never the command line — read back as the
 findings and the script's command line."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_the_diagnosis_runs_the_doctor_in_a_child_never_the_cli(
     inputs = fix_diagnose.diagnose_script(
         str(script), ["--x"], module=False, out=out, warmup=2, light_steps=5, steps=2, timeout_s=300
     )
-    assert started == ["gpudoctor.doctor.child"]
+    assert started == ["gpudoctor.doctor.diagnosis_process"]
     assert inputs.note is None and inputs.diagnosis is not None, inputs.note
     assert inputs.argv == (str(script), "--x")
     # the diagnosis run left a run directory the fix can be started from again, and its log beside it

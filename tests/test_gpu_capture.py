@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from gpudoctor.analysis.summary import analyze  # noqa: E402
-from gpudoctor.runner.profile import ProfileOptions, profile_steps  # noqa: E402
+from gpudoctor.runner.profile import StepTraceOptions, profile_steps  # noqa: E402
 from gpudoctor.trace import load_trace  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -32,7 +32,7 @@ def test_a_recorded_training_step_analyzes(tmp_path: Path) -> None:
         loss.item()  # one planted host sync per step
 
     path = profile_steps(
-        step, tmp_path / "t.json.gz", ProfileOptions(active=3, with_stack=True, profile_memory=True)
+        step, tmp_path / "t.json.gz", StepTraceOptions(active=3, with_stack=True, profile_memory=True)
     )
     a = analyze(load_trace(path))
     assert len(a.steps) == 3
@@ -54,7 +54,7 @@ def test_shapes_recorded_on_this_gpu_put_its_matmuls_on_the_roofline(tmp_path: P
         for _ in range(4):
             torch.mm(a_, b_)
 
-    options = ProfileOptions(active=2, record_shapes=True, with_flops=True)
+    options = StepTraceOptions(active=2, record_shapes=True, with_flops=True)
     trace = load_trace(profile_steps(step, tmp_path / "mm.json.gz", options))
     # WHEN analyzed against the ceilings gpudoctor knows for this GPU (if any)
     r = analyze(trace).roofline

@@ -195,10 +195,10 @@ def test_ranks_plan_the_warm_up_seconds_into_their_light_phase(tmp_path) -> None
     """With ranks the warm-up goes by --warmup steps alone: the light phase rank 0 plans covers
     --warmup-seconds too, its unsettled head left out afterwards (it is never extended)."""
     capture = LiveCapture(tmp_path, LiveOptions(warmup_seconds=1.0, light_seconds=2.0, light_steps=20))
-    capture._warm = [0.0, 0.02, 0.04, 0.06]
+    capture.warmup.boundaries = [0.0, 0.02, 0.04, 0.06]
     assert capture.light_plan() == 150
     capture = LiveCapture(tmp_path, LiveOptions(warmup_seconds=1.0, light_seconds=0.0, light_steps=20))
-    capture._warm = [0.0, 0.02, 0.04, 0.06]
+    capture.warmup.boundaries = [0.0, 0.02, 0.04, 0.06]
     assert capture.light_plan() == 20
 
 

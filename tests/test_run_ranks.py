@@ -419,16 +419,19 @@ class _Host:
 
 
 def _light(run: RankRun | None, plan: int, light_steps: int = 20) -> tuple[Any, _Host]:
-    from gpudoctor.runner.capture import LiveCapture
+    """One rank's light phase of `plan` agreed steps, on a host clock the test advances."""
+    from gpudoctor.runner.agreement import RankAgreement
+    from gpudoctor.runner.light import LightPhase
     from gpudoctor.timing.stepclock import StepClock
 
-    capture = LiveCapture(Path("."), LiveOptions(light_steps=light_steps, light_seconds=1.0),
-                          on_phase=lambda phase, c: None)  # fmt: skip
+    agreement = RankAgreement()
+    agreement.begin(plan, run)
+    light = LightPhase(LiveOptions(light_steps=light_steps, light_seconds=1.0), cuda=False, every=1,
+                       agreement=agreement, calls=lambda: 0, restarts=[], notes=[], can_restart=False)  # fmt: skip
     host = _Host()
-    capture._clock = StepClock(cuda=False, host=host)
-    capture._clock.boundary()  # the light phase's first mark
-    capture.light_target, capture.agree = plan, run
-    return capture, host
+    light.clock = StepClock(cuda=False, host=host)
+    light.clock.boundary()  # the light phase's first mark
+    return light, host
 
 
 def _until_done(captures: list[tuple[Any, _Host]], step_us: list[Any], limit: int = 1000) -> list[int]:
@@ -439,8 +442,7 @@ def _until_done(captures: list[tuple[Any, _Host]], step_us: list[Any], limit: in
             if ended[k] is not None:
                 continue
             host.us += step_us[k](i)
-            capture._clock.boundary()
-            if capture._light_done():
+            if capture.boundary():
                 ended[k] = i
         if all(e is not None for e in ended):
             break
@@ -457,7 +459,7 @@ def test_ranks_extend_an_unsettled_light_phase_alike_and_end_it_at_one_step(tmp_
     ended = _until_done(captures, [steady, faster])
     # THEN both go on past the plan and end at the same step, once rank 1 has settled, before twice it
     assert ended[0] == ended[1] and 40 < ended[0] < 80
-    assert all(c._check >= 1 for c, _ in captures)
+    assert all(c.agreement.check >= 1 for c, _ in captures)
     # AND one that never settles ends at twice the plan, on both ranks
     run = ranks(tmp_path / "a", 2, dist.HashStore())
     never = lambda i: 40e3 - 30e3 * i / 100  # noqa: E731 (40 ms down to 16 at step 80)

@@ -27,7 +27,7 @@ WRITERS = {
 # writes that are not gpudoctor's own bytes: module -> why they may write directly
 OTHERS = {
     "util/outfile.py": "the temporary file beside the target, renamed into place",
-    "runner/capture.py": "torch.profiler exports its raw trace; rundir.keep_trace makes it trace.json.gz",
+    "runner/profiler_session.py": "torch.profiler exports its raw trace; rundir.keep_trace makes it trace.json.gz",
     "runner/profile.py": "torch.profiler exports its raw trace; rundir.keep_trace makes it trace.json.gz",
     "timing/kernels.py": "a temporary trace of a timed kernel, read back and removed",
     "runner/userfiles.py": "the user's own files copied byte for byte before the script runs, and put back",

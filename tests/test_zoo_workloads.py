@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from gpudoctor import workloads
-from gpudoctor.runner.profile import ProfileOptions
+from gpudoctor.runner.profile import StepTraceOptions
 from gpudoctor.util import UsageError
 from gpudoctor.workloads import zoo
 
@@ -86,7 +86,7 @@ def test_samples_per_step_differ_only_where_the_batch_size_is_the_cause() -> Non
 
 
 def test_profile_overrides_are_profiler_options() -> None:
-    known = {f.name for f in dataclasses.fields(ProfileOptions)}
+    known = {f.name for f in dataclasses.fields(StepTraceOptions)}
     for case in zoo.cases():
         assert set(case.profile_slow) | set(case.profile_fixed) <= known
     heavy = zoo.case("profiler_distortion")

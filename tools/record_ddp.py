@@ -26,7 +26,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from gpudoctor.runner import profile as capture
-from gpudoctor.runner.profile import ProfileOptions
+from gpudoctor.runner.profile import StepTraceOptions
 from gpudoctor.workloads import models
 from gpudoctor.workloads.base import seed_everything
 
@@ -78,7 +78,7 @@ def worker(rank: int, args: argparse.Namespace, port: int) -> None:
         samples.append(start.elapsed_time(end) * 1e3)
     dist.barrier()
     dest = args.out / f"rank{rank}.json.gz"
-    capture.profile_steps(step, dest, ProfileOptions(active=args.active_steps, with_stack=args.with_stack))
+    capture.profile_steps(step, dest, StepTraceOptions(active=args.active_steps, with_stack=args.with_stack))
     entry = {
         "file": dest.name,
         "rank": rank,

@@ -40,14 +40,14 @@ COPY_PART_BYTES = 15 * 1024 * 1024
 try:
     from gpudoctor import workloads
     from gpudoctor.runner import profile as capture
-    from gpudoctor.runner.profile import ProfileOptions
+    from gpudoctor.runner.profile import StepTraceOptions
     from gpudoctor.timing.api import driver_version
     from gpudoctor.util.units import fmt_bytes, fmt_us
 except ImportError:  # run without PYTHONPATH=src
     sys.path.insert(0, str(REPO / "src"))
     from gpudoctor import workloads
     from gpudoctor.runner import profile as capture
-    from gpudoctor.runner.profile import ProfileOptions
+    from gpudoctor.runner.profile import StepTraceOptions
     from gpudoctor.timing.api import driver_version
     from gpudoctor.util.units import fmt_bytes, fmt_us
 
@@ -154,7 +154,7 @@ def time_steps(step: workloads.Step, device: torch.device, n: int) -> tuple[list
 
 def profile_steps(step: workloads.Step, device: torch.device, spec: FixtureSpec) -> int:
     """Profile wait=1, warmup=2, active=N steps into `spec.path` (gzipped); returns the file's size."""
-    options = ProfileOptions(
+    options = StepTraceOptions(
         active=spec.active_steps,
         cuda=device.type == "cuda",
         with_stack=spec.with_stack,

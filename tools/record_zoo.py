@@ -160,7 +160,7 @@ def record(rec: Recording, device: torch.device, small: bool, args: argparse.Nam
             torch.cuda.reset_peak_memory_stats(device)
         samples, method = time_steps(step, device, args.timing_steps)
         active = args.iterations if args.no_step_markers else rec.active_steps
-        options = capture.ProfileOptions(active=active, cuda=on_gpu, **rec.profile)
+        options = capture.StepTraceOptions(active=active, cuda=on_gpu, **rec.profile)
         walls: list[float] = []
         run = step.run
 
@@ -198,7 +198,7 @@ def record(rec: Recording, device: torch.device, small: bool, args: argparse.Nam
     }
 
 
-def profile_unmarked(run_step: Callable[[], None], dest: Path, options: capture.ProfileOptions) -> Path:
+def profile_unmarked(run_step: Callable[[], None], dest: Path, options: capture.StepTraceOptions) -> Path:
     """Run `options.active` steps inside one `torch.profiler.profile()` window, never calling
     `prof.step()`, and write the trace to `dest` (.json.gz): no ProfilerStep#N annotation in it."""
     from torch.profiler import ProfilerActivity, profile

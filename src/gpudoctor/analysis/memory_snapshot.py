@@ -45,7 +45,7 @@ class Owners:
 
 
 @dataclass(frozen=True)
-class Block:
+class AllocatorBlock:
     address: int
     size: int  # bytes the allocator gave (rounded)
     requested: int
@@ -113,7 +113,7 @@ def segments(snapshot: Any) -> list[Mapping[str, Any]]:
     return [s for s in snapshot["segments"] if isinstance(s, Mapping)]
 
 
-def blocks(snapshot: Any) -> list[Block]:
+def blocks(snapshot: Any) -> list[AllocatorBlock]:
     """Every block of every segment, addresses computed where the snapshot leaves them out."""
     out = []
     for seg in segments(snapshot):
@@ -123,7 +123,7 @@ def blocks(snapshot: Any) -> list[Block]:
                 continue
             size = _int(b.get("size", 0), "a block's size")
             out.append(
-                Block(
+                AllocatorBlock(
                     address=_int(b.get("address", address), "a block's address"),
                     size=size,
                     requested=_int(b.get("requested_size", size), "a block's requested size"),
@@ -155,7 +155,7 @@ def allocator_state(snapshot: Any) -> AllocatorState:
     return AllocatorState(reserved, allocated, len(segs), split_blocks, split_bytes, largest, expandable)
 
 
-def block_category(block: Block, owners: Owners) -> str:
+def block_category(block: AllocatorBlock, owners: Owners) -> str:
     return owners.owner(block.address, block.size) or category_of_frames(block.frames)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Annotated, Any
@@ -114,6 +115,92 @@ def bench_command(
     shown apart. Sampling stops once the median is known to ±--noise.
     """
     set_debug(ctx, debug)
+    request = BenchRequest(
+        stmts=tuple(stmts or ()),
+        setup=tuple(setup or ()),
+        labels=tuple(labels or ()),
+        device=device,
+        sampling=Sampling(
+            cold=cold,
+            method=method,
+            min_time_s=min_time,
+            timeout_s=timeout,
+            max_noise=noise,
+            min_samples=min_samples,
+            discard_throttled=discard_throttled,
+            cooldown=cooldown,
+            kernel_time=kernels,
+        ),
+        nbytes=nbytes,
+        flops=flops,
+        dtype=dtype,
+        as_json=as_json,
+        save=save,
+        baseline=baseline,
+        threshold=threshold,
+        ceilings=ceilings,
+        remeasure=remeasure,
+    )
+    code = run_bench(request)
+    if code:
+        raise typer.Exit(code)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How each statement is sampled: the timing core's `BenchOptions` as the command line sets them."""
+
+    cold: bool = False  # the L2 cache flushed before every sample
+    method: str = "auto"
+    min_time_s: float = 0.25
+    timeout_s: float = 10.0
+    max_noise: float = 0.005
+    min_samples: int = 10
+    discard_throttled: bool = False
+    cooldown: float | None = None
+    kernel_time: bool = False
+
+    def bench_options(self) -> dict[str, Any]:
+        """The keyword options of `timing.bench` (checked there, as each statement is timed)."""
+        return {
+            "mode": "cold" if self.cold else "hot",
+            "method": self.method,
+            "min_time_s": self.min_time_s,
+            "timeout_s": self.timeout_s,
+            "max_noise": self.max_noise,
+            "min_samples": self.min_samples,
+            "throttled": "discard" if self.discard_throttled else "flag",
+            "cooldown": self.cooldown,
+            "kernel_time": self.kernel_time,
+        }
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """What `gpudoctor bench` was asked: the statements (the first the baseline of the others) and their
+    setup, where and how to time them, what one call moves and computes, and what to do with the
+    measurements — print them or their JSON, save them, check them against a saved baseline — and
+    whether to show the device's measured ceilings."""
+
+    stmts: tuple[str, ...] = ()
+    setup: tuple[str, ...] = ()
+    labels: tuple[str, ...] = ()  # one per statement, or none
+    device: str = "auto"
+    sampling: Sampling = Sampling()
+    nbytes: int | None = None
+    flops: float | None = None
+    dtype: str | None = None
+    as_json: bool = False
+    save: Path | None = None
+    baseline: Path | None = None
+    threshold: float | None = None  # None: timing.compare.REGRESSION_THRESHOLD
+    ceilings: bool = False
+    remeasure: bool = False
+
+
+def run_bench(request: BenchRequest) -> int:
+    """Time the statements as asked, print the results; the exit status (REGRESSION_EXIT when a check
+    against the baseline failed)."""
     # the timing core and its renderers: imported when a benchmark runs, not when the CLI starts
     from gpudoctor.report.bench_table import (
         render_ceilings,
@@ -122,7 +209,6 @@ def bench_command(
         render_regressions,
     )
     from gpudoctor.timing import (
-        check_regression,
         compare,
         load_measurements,
         measured_ceilings,
@@ -130,62 +216,74 @@ def bench_command(
         save_measurements,
     )
     from gpudoctor.timing.api import infer_dtype
-    from gpudoctor.timing.compare import REGRESSION_THRESHOLD, match_baseline
-    from gpudoctor.timing.measurement import FILE_SCHEMA, SCHEMA_VERSION
+    from gpudoctor.timing.compare import REGRESSION_THRESHOLD
 
-    threshold = REGRESSION_THRESHOLD if threshold is None else threshold
+    r = request
+    threshold = REGRESSION_THRESHOLD if r.threshold is None else r.threshold
     console = stdout_console()
-    stmts = stmts or []
-    if not stmts and not ceilings:
+    stmts, labels, device, baseline, save = list(r.stmts), list(r.labels), r.device, r.baseline, r.save
+    if not stmts and not r.ceilings:
         raise UsageError(
             "give a statement to time, e.g.: gpudoctor bench 'a @ a' -s 'a = torch.randn(4096, 4096, device=\"cuda\")'"
         )
     if labels and len(labels) != len(stmts):
         raise UsageError(f"{len(labels)} --label for {len(stmts)} statements")
-    if ceilings:
+    if r.ceilings:
         render_ceilings(measured_ceilings(device if device != "auto" else "cuda" if _has_cuda() else "cpu",
-                                          remeasure=remeasure), console)  # fmt: skip
+                                          remeasure=r.remeasure), console)  # fmt: skip
         if not stmts:
-            return
+            return 0
     baselines = load_measurements(baseline) if baseline else None
     if save:
         check_target(save, inputs=[baseline] if baseline else [])
-    namespace = run_setup("\n".join(setup or []))
-    chosen = resolve_device(device if device != "auto" else guess_device(namespace, [*(setup or []), *stmts]))
-    options = {"mode": "cold" if cold else "hot", "method": method, "min_time_s": min_time, "timeout_s": timeout,
-               "max_noise": noise, "min_samples": min_samples, "throttled": "discard" if discard_throttled else "flag",
-               "cooldown": cooldown, "kernel_time": kernels}  # fmt: skip
-    if flops and dtype is None:  # the FLOP/s ceiling to compare with: the setup's first float tensor
+    namespace = run_setup("\n".join(r.setup))
+    chosen = resolve_device(device if device != "auto" else guess_device(namespace, [*r.setup, *stmts]))
+    options = r.sampling.bench_options()
+    dtype = r.dtype
+    if r.flops and dtype is None:  # the FLOP/s ceiling to compare with: the setup's first float tensor
         dtype = infer_dtype(namespace.values(), chosen)
     results = []
     for i, stmt in enumerate(stmts):
         label = labels[i] if labels else " ".join(stmt.split())
         fn = compile_stmt(stmt, namespace)
         results.append(
-            _run(fn, stmt, device=chosen, label=label, nbytes=nbytes, flops=flops, dtype=dtype, **options)
+            _run(fn, stmt, device=chosen, label=label, nbytes=r.nbytes, flops=r.flops, dtype=dtype, **options)
         )
     comparisons = [compare(results[0], m) for m in results[1:]]
-    checks = []
-    if baselines is not None:
-        for m in results:
-            base = match_baseline(baselines, m.label)
-            if base is None:
-                raise UsageError(f"{baseline} has no measurement labelled {m.label!r}")
-            checks.append(check_regression(base, m, threshold))
+    checks = [] if baselines is None else _checks(results, baselines, baseline, threshold)
     if save:
         save_measurements(save, results, inputs=(baseline,) if baseline else ())
-    if as_json:
-        doc = {"schema": FILE_SCHEMA, "schema_version": SCHEMA_VERSION, "measurements": [m.to_json() for m in results],
-               "comparisons": [_comparison_json(c) for c in comparisons],
-               "regressions": [{**_comparison_json(c.comparison), "regressed": c.regressed} for c in checks]}  # fmt: skip
-        typer.echo(json.dumps(doc, indent=1, allow_nan=False))
+    if r.as_json:
+        _print_json(results, comparisons, checks)
     else:
         render_measurements(results, console)
         render_comparisons(comparisons, console)
         if checks:
             render_regressions(checks, console)
-    if any(c.regressed for c in checks):
-        raise typer.Exit(REGRESSION_EXIT)
+    return REGRESSION_EXIT if any(c.regressed for c in checks) else 0
+
+
+def _checks(results: list[Any], baselines: Any, baseline: Path | None, threshold: float) -> list[Any]:
+    """Each measurement checked against the baseline's of the same label."""
+    from gpudoctor.timing import check_regression
+    from gpudoctor.timing.compare import match_baseline
+
+    checks = []
+    for m in results:
+        base = match_baseline(baselines, m.label)
+        if base is None:
+            raise UsageError(f"{baseline} has no measurement labelled {m.label!r}")
+        checks.append(check_regression(base, m, threshold))
+    return checks
+
+
+def _print_json(results: list[Any], comparisons: list[Any], checks: list[Any]) -> None:
+    from gpudoctor.timing.measurement import FILE_SCHEMA, SCHEMA_VERSION
+
+    doc = {"schema": FILE_SCHEMA, "schema_version": SCHEMA_VERSION, "measurements": [m.to_json() for m in results],
+           "comparisons": [_comparison_json(c) for c in comparisons],
+           "regressions": [{**_comparison_json(c.comparison), "regressed": c.regressed} for c in checks]}  # fmt: skip
+    typer.echo(json.dumps(doc, indent=1, allow_nan=False))
 
 
 def _has_cuda() -> bool:

@@ -94,6 +94,15 @@ def input_path(text: str) -> Path:
     return Path(text)
 
 
+def one_blas_thread() -> None:
+    """For a command that only reads and judges traces (no linear algebra), before numpy is imported:
+    OpenBLAS then starts one thread instead of a pool of one per core at numpy's import, which such a
+    command would wait for and never use. Not for commands that run the user's code: their numpy stays as
+    the user set it up. A variable the user set is left as it is."""
+    if "numpy" not in sys.modules:
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def set_debug(ctx: typer.Context, debug: bool) -> None:
     """Record --debug for the error handler; given at either level (`gpudoctor --debug analyze` or
     `gpudoctor analyze --debug`), it holds."""

@@ -52,7 +52,8 @@ def demo_command(
 
     from gpudoctor import workloads  # imports torch: only when the demo runs
     from gpudoctor.cli.run import run_and_report
-    from gpudoctor.runner.capture import LiveOptions
+    from gpudoctor.doctor.run import RunOptions
+    from gpudoctor.runner.phases import LiveOptions
 
     if list_workloads:
         for name in workloads.names():
@@ -68,7 +69,7 @@ def demo_command(
         Text.assemble(("gpudoctor demo", "bold"), f": {workload} on {device} ({size})"),
         f"— as `gpudoctor run -m {DRIVER} {workload}`",
     )
-    options = LiveOptions(
+    live = LiveOptions(
         warmup=WARMUP_STEPS,
         light_steps=light_steps,
         warmup_seconds=0.0,
@@ -86,7 +87,7 @@ def demo_command(
         show_recorded(RECORDED[workload], out / RECORDED_DIR, console)
         console.print()
         console.print(Rule(Text(f"This machine: {workload} on the CPU, live", style="bold")))
-    code = run_and_report(DRIVER, args, module=True, out=out, options=options, console=console)
+    code = run_and_report(DRIVER, args, RunOptions(live, module=True, out=out), console)
     if recorded:
         console.print(
             f"\n(above this machine's run: the recorded {RECORDED[workload]} run; its report is "

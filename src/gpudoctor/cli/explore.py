@@ -4,6 +4,7 @@ with --plot, where matplotlib is installed), with the size from which the GPU wi
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -46,28 +47,59 @@ def explore_command(
     GPU: device time with the data already there, one synchronized call, and with the copies in and out.
     """
     set_debug(ctx, debug)
+    request = ExploreRequest(
+        ops=tuple(n.strip() for n in ops.split(",") if n.strip()),
+        sizes=tuple(_parse_sizes(sizes)) if sizes else None,
+        quick=quick,
+        dtype=dtype,
+        transfers=transfers,
+        gpu=not cpu_only,
+        json_path=json_path,
+        plot=plot,
+    )
+    run_explore(request)
+
+
+@dataclass(frozen=True)
+class ExploreRequest:
+    """What `gpudoctor explore` was asked: the ops and their sizes (None: each op's own range, fewer
+    with `quick`), the dtype, whether copies in and out are timed, whether the GPU is used, and the
+    files to write (results JSON, plot)."""
+
+    ops: tuple[str, ...] = OP_NAMES
+    sizes: tuple[int, ...] | None = None
+    quick: bool = False
+    dtype: str = "float32"
+    transfers: bool = True
+    gpu: bool = True
+    json_path: Path | None = None
+    plot: Path | None = None
+
+
+def run_explore(request: ExploreRequest) -> None:
+    """Check the outputs, time the ops (a spinner on a terminal), print the table, write the files."""
     from gpudoctor.report.bench_plot import matplotlib_available, plot_explore
     from gpudoctor.report.bench_table import render_explore
     from gpudoctor.timing.explore import explore
 
-    names = [n.strip() for n in ops.split(",") if n.strip()]
-    size_list = _parse_sizes(sizes) if sizes else None
-    if plot and not matplotlib_available():  # say so before minutes of measuring, not after
+    r = request
+    if r.plot and not matplotlib_available():  # say so before minutes of measuring, not after
         raise UsageError(
             "--plot needs matplotlib (pip install matplotlib, or gpudoctor[plot]); the table and --json work without it"
         )
-    for target in (json_path, plot):
+    for target in (r.json_path, r.plot):
         if target is not None:  # before minutes of measuring, not after
             check_target(target)
     err = stderr_console()
+    sizes = list(r.sizes) if r.sizes is not None else None
     with err.status("measuring", spinner="dots") if err.is_terminal else nullcontext() as status:
-        result = explore(names, quick=quick, sizes=size_list, dtype=dtype, transfers=transfers, gpu=not cpu_only,
+        result = explore(list(r.ops), quick=r.quick, sizes=sizes, dtype=r.dtype, transfers=r.transfers, gpu=r.gpu,
                          progress=(lambda s: status.update(f"measuring {s}")) if status else None)  # fmt: skip
     render_explore(result, stdout_console())
-    if json_path:
-        write_json(json_path, result.to_json())
-    if plot:
-        plot_explore(result, plot)
+    if r.json_path:
+        write_json(r.json_path, result.to_json())
+    if r.plot:
+        plot_explore(result, r.plot)
 
 
 def _parse_sizes(text: str) -> list[int]:

@@ -6,6 +6,7 @@ The work is in `cli.monitor_run`, imported when the command runs."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -106,54 +107,87 @@ def monitor_command(
     `gpudoctor monitor -- python train.py` follows the command and summarizes its run.
     """
     set_debug(ctx, debug)
+    request = MonitorRequest(
+        command=tuple(command or ()),
+        interval_s=interval_ms / 1e3,
+        once=once,
+        log=log,
+        gpus=gpus,
+        duration_s=duration,
+        summary_path=summary_path,
+        as_json=as_json,
+        replay=replay,
+        quiet=quiet,
+        gpm=not no_gpm,
+    )
+    code = run_monitor(request)
+    if code is not None:
+        raise typer.Exit(code)
+
+
+@dataclass(frozen=True)
+class MonitorRequest:
+    """What `gpudoctor monitor` was asked: one snapshot, the live view (for `duration_s`), a command to
+    follow and summarize, or a log to replay; which GPUs, how often, and the files to write."""
+
+    command: tuple[str, ...] = ()
+    interval_s: float = 0.1
+    once: bool = False
+    log: Path | None = None
+    gpus: str | None = None  # NVML indices or UUIDs, comma-separated; None: every GPU
+    duration_s: float | None = None
+    summary_path: Path | None = None
+    as_json: bool = False
+    replay: Path | None = None
+    quiet: bool = False
+    gpm: bool = True
+
+    def check(self) -> None:
+        """Options that do not go together, and a log file of no known format, as one-line errors."""
+        if self.once and self.command:
+            raise UsageError("--once takes no command")
+        if self.replay is not None and (self.once or self.command or self.log is not None):
+            raise UsageError("--replay reads a log: it takes no command, --once or --log")
+        if self.as_json and not (self.once or self.replay is not None):
+            raise UsageError("--json goes with --once or --replay (use --summary FILE for a run's summary)")
+        if self.duration_s is not None and (self.once or self.command):
+            raise UsageError("--duration is for the live view")
+        if self.log is not None:
+            from gpudoctor.monitor.logfile import log_format
+
+            log_format(self.log)
+
+
+def run_monitor(request: MonitorRequest) -> int | None:
+    """Monitor as asked; the followed command's exit status (None for the other modes)."""
     from gpudoctor.cli.monitor_run import _devices, _emit_summary, _follow, _live, _once
     from gpudoctor.monitor.alerts import AlertPolicy
     from gpudoctor.monitor.samples import MonitorRecord
     from gpudoctor.monitor.summary import summarize_record
 
-    command = list(command or [])
-    _check_options(command, once=once, replay=replay, log=log, duration=duration, as_json=as_json)
-    interval_s = interval_ms / 1e3
+    r = request
+    r.check()
     policy = AlertPolicy()
-    if replay is not None:
-        summary = summarize_record(MonitorRecord.read_jsonl(replay), policy)
-        _emit_summary(summary, summary_path, as_json=as_json, console=stdout_console(), inputs=(replay,))
-        return
-    backend = open_backend(gpm=not no_gpm, process_interval_s=max(interval_s, 0.5))
+    if r.replay is not None:
+        summary = summarize_record(MonitorRecord.read_jsonl(r.replay), policy)
+        _emit_summary(
+            summary, r.summary_path, as_json=r.as_json, console=stdout_console(), inputs=(r.replay,)
+        )
+        return None
+    backend = open_backend(gpm=r.gpm, process_interval_s=max(r.interval_s, 0.5))
     try:
-        devices = _devices(backend, gpus)
-        if once:
-            _once(backend, devices, interval_s, log, as_json)
-        elif command:
-            code = _follow(backend, devices, interval_s, log, command, summary_path, quiet, policy)
-            raise typer.Exit(code)
+        devices = _devices(backend, r.gpus)
+        if r.once:
+            _once(backend, devices, r.interval_s, r.log, r.as_json)
+        elif r.command:
+            return _follow(
+                backend, devices, r.interval_s, r.log, list(r.command), r.summary_path, r.quiet, policy
+            )
         else:
-            _live(backend, devices, interval_s, log, duration, summary_path, policy)
+            _live(backend, devices, r.interval_s, r.log, r.duration_s, r.summary_path, policy)
     finally:
         backend.close()
-
-
-def _check_options(
-    command: list[str],
-    *,
-    once: bool,
-    replay: Path | None,
-    log: Path | None,
-    duration: float | None,
-    as_json: bool,
-) -> None:
-    if once and command:
-        raise UsageError("--once takes no command")
-    if replay is not None and (once or command or log is not None):
-        raise UsageError("--replay reads a log: it takes no command, --once or --log")
-    if as_json and not (once or replay is not None):
-        raise UsageError("--json goes with --once or --replay (use --summary FILE for a run's summary)")
-    if duration is not None and (once or command):
-        raise UsageError("--duration is for the live view")
-    if log is not None:
-        from gpudoctor.monitor.logfile import log_format
-
-        log_format(log)
+    return None
 
 
 def register(app: typer.Typer) -> None:

@@ -7,6 +7,7 @@ is the doctor's (`doctor.source`), the files `cli.report_files`', imported when 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -20,6 +21,7 @@ from gpudoctor.cli.common import (
     WorkersOption,
     engine_name,
     input_path,
+    one_blas_thread,
     parse_size,
     set_debug,
     step_time_us,
@@ -28,6 +30,7 @@ from gpudoctor.util.errors import UsageError
 from gpudoctor.util.text import printable
 
 if TYPE_CHECKING:
+    from gpudoctor.doctor.pipeline import AnalyzeOptions
     from gpudoctor.report.ranks_view import RanksView
 
 
@@ -88,33 +91,65 @@ def report_command(
     one (--rank); the annotated trace is of that rank.
     """
     set_debug(ctx, debug)
-    from gpudoctor.cli import report_files
-    from gpudoctor.doctor.document import DAMAGED
+    one_blas_thread()
     from gpudoctor.doctor.pipeline import AnalyzeOptions
-    from gpudoctor.doctor.source import load_source
-    from gpudoctor.report.run_view import ranks_view
 
     engine = engine_name(engine)
     source_path = input_path(path)
-    target = out or Path(DEFAULT_OUT[fmt])
-    options = AnalyzeOptions(unprofiled_us=step_time_us(step_time_ms), max_bytes=parse_size(max_trace_size))
+    request = ReportRequest(
+        path=source_path,
+        target=out or Path(DEFAULT_OUT[fmt]),
+        fmt=fmt,
+        options=AnalyzeOptions(
+            unprofiled_us=step_time_us(step_time_ms), max_bytes=parse_size(max_trace_size)
+        ),
+        rank=rank,
+        workers=workers,
+        engine=engine,
+    )
+    typer.echo(write_report(request))
+
+
+@dataclass(frozen=True)
+class ReportRequest:
+    """What `gpudoctor report` was asked: the input (a trace, a directory of rank traces, a run
+    directory or a saved analysis), the file to write and its format, how a trace is analyzed again,
+    the rank to detail, and where the ranks of a directory are analyzed."""
+
+    path: Path
+    target: Path
+    fmt: Format
+    options: AnalyzeOptions
+    rank: int | None = None
+    workers: int | None = None
+    engine: str = "auto"
+
+
+def write_report(request: ReportRequest) -> str:
+    """Write the report as asked; the line that says what was written."""
+    from gpudoctor.cli import report_files
+    from gpudoctor.doctor.document import DAMAGED
+    from gpudoctor.doctor.source import load_source
+    from gpudoctor.report.run_view import ranks_view
+
+    r = request
     source = load_source(
-        source_path, options, need_trace=fmt == Format.trace, rank=rank, workers=workers, engine=engine
+        r.path, r.options, need_trace=r.fmt == Format.trace, rank=r.rank, workers=r.workers, engine=r.engine
     )
     try:
-        if fmt == Format.html:
-            report_files.write_html(target, source.report, source.inputs)
-        elif fmt == Format.md:
-            report_files.write_markdown(target, source)
+        if r.fmt == Format.html:
+            report_files.write_html(r.target, source.report, source.inputs)
+        elif r.fmt == Format.md:
+            report_files.write_markdown(r.target, source)
         else:
-            report_files.write_annotated(target, source, options.max_bytes)
+            report_files.write_annotated(r.target, source, r.options.max_bytes)
     except DAMAGED as err:  # a saved analysis whose values no report can show: edited by hand
         if source.saved is None:
             raise
         raise UsageError(
             f"{printable(str(source.saved))} cannot be rendered (edited by hand?): {type(err).__name__}: {err}"
         ) from None
-    typer.echo(f"wrote {printable(str(target))}{_ranks_note(ranks_view(source.report))}")
+    return f"wrote {printable(str(r.target))}{_ranks_note(ranks_view(source.report))}"
 
 
 def _ranks_note(view: RanksView | None) -> str:

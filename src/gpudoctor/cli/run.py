@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from gpudoctor.cli.common import DebugOption, mute, set_debug, shown, stdout_console
-from gpudoctor.runner.capture import LiveOptions
 
 if TYPE_CHECKING:
     from rich.console import Console
 
     from gpudoctor.doctor.report import RunReport
+    from gpudoctor.doctor.run import RunOptions
 
 
 class MemoryHistory(str, Enum):
@@ -92,11 +92,11 @@ def run_command(
     (or runs on with --run-to-end). Options after the script name are the script's.
     """
     set_debug(ctx, debug)
-    from gpudoctor.doctor.run import default_out
+    from gpudoctor.doctor.run import RunOptions, default_out
+    from gpudoctor.runner.phases import LiveOptions
 
     target, args = command[0], command[1:]
-    out = out or default_out(target)
-    options = LiveOptions(
+    live = LiveOptions(
         warmup=warmup,
         warmup_seconds=warmup_seconds,
         light_steps=light_steps,
@@ -112,32 +112,27 @@ def run_command(
         module_depth=module_depth,
         memory_history=memory_history.value,
     )
+    options = RunOptions(live, module, out or default_out(target), rerun)
     console = stdout_console()
     if nproc:  # several ranks: torchrun runs this command in each
-        raise typer.Exit(launch(nproc, out, options, module, command, console))
-    code = run_and_report(target, args, module=module, out=out, options=options, console=console, rerun=rerun)
+        raise typer.Exit(launch(nproc, options, command, console))
+    code = run_and_report(target, args, options, console)
     if code:
         raise typer.Exit(code)
 
 
-def run_and_report(
-    target: str,
-    args: list[str],
-    *,
-    module: bool,
-    out: Path,
-    options: LiveOptions,
-    console: Console,
-    rerun: bool = True,
-) -> int:
+def run_and_report(target: str, args: list[str], options: RunOptions, console: Console) -> int:
     """The doctor runs the script (`doctor.run_and_diagnose`); its report printed and report.html
-    written; the script's exit status."""
-    from gpudoctor.doctor.run import RunOptions, run_and_diagnose
+    written; the script's exit status. `options.out` is the run directory."""
+    from gpudoctor.doctor.run import run_and_diagnose
+
+    assert options.out is not None
+    out = options.out
 
     def note(text: str) -> None:
         shown(console, text, style="dim")
 
-    report = run_and_diagnose(target, args, RunOptions(options, module, out, rerun), on_note=note)
+    report = run_and_diagnose(target, args, options, on_note=note)
     record = report.record
     assert record is not None
     if record.outcome == "terminated" and report.analysis is None:  # asked to stop: analyze it later
@@ -163,14 +158,14 @@ def run_and_report(
     return record.exit_code
 
 
-def launch(
-    nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str], console: Console
-) -> int:
+def launch(nproc: int, options: RunOptions, command: list[str], console: Console) -> int:
     """`--nproc N`: the ranks under torchrun; combined here if no rank did."""
     from gpudoctor.doctor.combine import launch_ranks
 
+    assert options.out is not None
+    out = options.out
     code, report = launch_ranks(
-        nproc, out, options, module, command, lambda text: console.print(text, style="dim")
+        nproc, out, options.live, options.module, command, lambda text: console.print(text, style="dim")
     )
     if report is not None:
         _write_html(out, report, console)

@@ -9,12 +9,29 @@ it; it renders nothing (that is `report`'s).
     RunReport.load("gpudoctor-runs/train-…/")             # a saved run directory
 
 The notebook API (`gpudoctor.profile()`, `gpudoctor.diagnose()`, `%%gpudoctor`) is `doctor.notebook`.
+The names below are imported on first use, so that reading a trace never loads the runner.
 """
 
-from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
-from gpudoctor.doctor.pipeline import AnalyzeOptions
-from gpudoctor.doctor.report import RunReport
-from gpudoctor.doctor.run import RunOptions, run_and_diagnose
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
+    from gpudoctor.doctor.pipeline import AnalyzeOptions
+    from gpudoctor.doctor.report import RunReport
+    from gpudoctor.doctor.run import RunOptions, run_and_diagnose
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "AnalyzeOptions": "gpudoctor.doctor.pipeline",
+    "RunOptions": "gpudoctor.doctor.run",
+    "RunReport": "gpudoctor.doctor.report",
+    "diagnose_ranks": "gpudoctor.doctor.diagnose",
+    "diagnose_trace": "gpudoctor.doctor.diagnose",
+    "run_and_diagnose": "gpudoctor.doctor.run",
+}
 
 __all__ = [
     "AnalyzeOptions",
@@ -24,3 +41,13 @@ __all__ = [
     "diagnose_trace",
     "run_and_diagnose",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """A public name, imported from its module the first time it is asked for."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -15,7 +15,7 @@ from gpudoctor.doctor.diagnose import ranks_report
 from gpudoctor.doctor.ranks import FULL_REPORTS_MAX, analyze_directory
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.runner import rundir
-from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.phases import LiveOptions, fitted_options
 from gpudoctor.runner.torchrun import run_ranks
 from gpudoctor.util.errors import GpudoctorError
 
@@ -57,8 +57,6 @@ def untraced_ranks(out: Path) -> str:
     """Why no rank left a trace, and what to do: a script that ended before its traced phase is not
     run again under torchrun (every rank would have to start the script's process group anew): the
     phases that fit the steps it ran, as the options to pass."""
-    from gpudoctor.doctor.run import fitted_options
-
     records = rundir.rank_records(out)
     if not records:
         return f"no rank left a record or a trace in {out}: the ranks ended before gpudoctor could write"

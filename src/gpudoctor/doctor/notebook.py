@@ -17,10 +17,10 @@ from gpudoctor.doctor.report import RunReport
 from gpudoctor.doctor.run import default_out, diagnose_run, now_utc, record_of
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.launch import ScriptEnd
+from gpudoctor.runner.record import PROFILE_ARGV0
 from gpudoctor.util.errors import UsageError
 
 Present = Callable[[RunReport], Any]
-PROFILE_ARGV0 = "gpudoctor.profile()"  # a profiled block's record: argv is (this, the file of its code)
 
 
 @dataclass(frozen=True)

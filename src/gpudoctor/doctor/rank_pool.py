@@ -11,9 +11,7 @@ import resource
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -135,6 +133,9 @@ def _serial(jobs: Sequence[RankJob], _: int) -> list[dict[str, Any] | None]:
 
 
 def _processes(jobs: Sequence[RankJob], workers: int) -> list[dict[str, Any] | None]:
+    from concurrent.futures import ProcessPoolExecutor  # here: one trace is read without a pool
+    from multiprocessing import get_context
+
     # spawn: the parent may hold CUDA or threads (a rank of `gpudoctor run`), which fork would copy
     with ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn")) as pool:
         return list(pool.map(analyze_rank, jobs, chunksize=1))

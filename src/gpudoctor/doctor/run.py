@@ -19,9 +19,10 @@ from gpudoctor.doctor.observer import observer_effect, unprofiled_step_us
 from gpudoctor.doctor.pipeline import AnalyzeOptions, diagnose_loaded
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.runner import rundir
-from gpudoctor.runner.capture import LiveCapture, LiveOptions
+from gpudoctor.runner.capture import LiveCapture
 from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.launch import ScriptEnd, check_runnable, print_script_traceback, run_script
+from gpudoctor.runner.phases import LiveOptions, fitted_options
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 
@@ -220,21 +221,6 @@ def diagnose_run(out: Path, record: RunRecord) -> RunReport:
     )
     report.save(out)
     return report
-
-
-def fitted_options(record: RunRecord, options: LiveOptions) -> LiveOptions | None:
-    """For a script that ended (by itself) before its trace: phases that fit the steps it ran, or the
-    whole script traced when it ran too few; None when it was traced or must not run again."""
-    if record.trace_files or record.exit_code != 0 or record.outcome not in ("completed", "exit"):
-        return None
-    if options.trace_all:
-        return None
-    n = record.steps_seen
-    if n < 5 or record.step is None:
-        return replace(options, trace_all=True)
-    steps = max(1, min(options.steps, (n - 2) // 3))
-    light = max(n - 2 - steps - 1, 1)
-    return replace(options, warmup=1, warmup_seconds=0.0, light_steps=light, light_seconds=0.0, steps=steps)
 
 
 def script_files(target: str, module: bool) -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from gpudoctor.fixes.attempt import Tried, minutes
 from gpudoctor.fixes.catalog import spec_of
 
 if TYPE_CHECKING:
-    from gpudoctor.fixes.session import FixOptions
+    from gpudoctor.fixes.options import FixOptions
 
 RAN_OUT = "the time budget ran out"  # a fix's failure when the budget cut its rounds short
 RESERVED = " (the rest is kept to verify the faster fixes together)"

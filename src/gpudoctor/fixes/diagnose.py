@@ -1,6 +1,6 @@
 """The doctor's diagnosis for `gpudoctor fix`: `doctor.run_and_diagnose` (stacks on, no NVML) on the
 script in a fresh process through the runner's child protocol (`runner.child` running
-`gpudoctor.doctor.child`: its own process group, a time limit, what it leaves running ended), so that
+`gpudoctor.doctor.diagnosis_process`: its own process group, a time limit, what it leaves running ended), so that
 nothing it loads stays in this one; or a run directory already made, read back as the doctor's
 `RunReport`."""
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from gpudoctor.doctor.child import EXITED, ChildDiagnosis, child_argv
+from gpudoctor.doctor.diagnosis_process import EXITED, ChildDiagnosis, child_argv
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.fixes.round import said
 from gpudoctor.rules.finding import Diagnosis
@@ -45,7 +45,7 @@ def diagnose_script(
     argv = child_argv(
         out, result, module=module, warmup=warmup, light_steps=light_steps, steps=steps, command=command
     )
-    run = run_child("gpudoctor.doctor.child", argv, result=result, log=log, timeout_s=timeout_s)
+    run = run_child("gpudoctor.doctor.diagnosis_process", argv, result=result, log=log, timeout_s=timeout_s)
     if run.timed_out:
         return RunInputs(None, tuple(command), f"the diagnosis run ran past {timeout_s:.0f} s")
     if run.result is None:

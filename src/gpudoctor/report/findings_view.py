@@ -57,10 +57,13 @@ def _render_finding(f: Finding, console: Console, with_snippet: bool, of: str = 
     fix.append(printable(f.fix.summary))
     console.print(fix)
     if with_snippet:
+        # Highlighted only where colours are written: elsewhere the plain lexer lays out the same text
+        # without compiling the regular expressions of pygments' Python lexer.
+        lexer = "python" if console.color_system is not None else "text"
         console.print(
             Syntax(
                 printable_block(f.fix.snippet),
-                "python",
+                lexer,
                 theme="ansi_dark",
                 background_color="default",
                 padding=(0, 6),

@@ -13,16 +13,14 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from gpudoctor.doctor.notebook import PROFILE_ARGV0
 from gpudoctor.doctor.report import RunReport
 from gpudoctor.report.findings_view import render_diagnosis
-from gpudoctor.report.html import render_html
 from gpudoctor.report.memory_view import render_memory_run
 from gpudoctor.report.ranks_view import RanksView, view_of
 from gpudoctor.report.terminal import render_analysis, render_rank_overview
 from gpudoctor.rules.finding import SCHEMA as FINDINGS_SCHEMA
 from gpudoctor.rules.finding import Diagnosis
-from gpudoctor.runner.record import RunRecord
+from gpudoctor.runner.record import PROFILE_ARGV0, RunRecord
 from gpudoctor.util.text import printable
 from gpudoctor.util.units import fmt_bytes, fmt_us
 
@@ -176,6 +174,8 @@ def render_alignment(info: dict[str, Any], console: Console) -> None:
 def report_html(report: RunReport) -> str:
     """report.html: the whole report of the (detailed) trace, with the run's NVML series; a report with
     no analysis is its terminal text, in a page."""
+    from gpudoctor.report.html import render_html  # here: the terminal report does without it
+
     if report.analysis is not None and report.diagnosis is not None:
         return render_html(
             report.analysis, report.diagnosis, report.timeline, report.nvml_samples(), ranks_view(report)

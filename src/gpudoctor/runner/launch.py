@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-from gpudoctor.runner.capture import StopRun
+from gpudoctor.runner.phases import StopRun
 from gpudoctor.util.errors import UsageError
 
 

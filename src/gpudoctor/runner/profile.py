@@ -15,7 +15,10 @@ from gpudoctor.util.errors import GpudoctorError
 
 
 @dataclass(frozen=True)
-class ProfileOptions:
+class StepTraceOptions:
+    """How a step function's trace is recorded: the steps skipped, warmed up and recorded, and what the
+    profiler records of them."""
+
     active: int = 3
     wait: int = 1
     warmup: int = 2
@@ -27,7 +30,7 @@ class ProfileOptions:
 
 
 def profile_steps(
-    run_step: Callable[[], None], dest: Path, options: ProfileOptions = ProfileOptions()
+    run_step: Callable[[], None], dest: Path, options: StepTraceOptions = StepTraceOptions()
 ) -> Path:
     """Run `wait + warmup + active` steps under the profiler and write the trace to `dest` (.json.gz).
 

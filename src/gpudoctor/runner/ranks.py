@@ -176,7 +176,7 @@ class RankRun:
         return int(capture.options.light_steps)
 
     def post_settled(self, check: int, settled: bool) -> None:
-        """This rank's light-phase steps settled, or not, at `check` (`capture.LightAgreement`)."""
+        """This rank's light-phase steps settled, or not, at `check` (`agreement.LightAgreement`)."""
         if self.store is None:
             return
         try:

@@ -10,6 +10,8 @@ from typing import Any, ClassVar
 from gpudoctor.util.serial import Serialized, to_jsonable
 
 SCHEMA = "gpudoctor.run/1"
+# The argv of a `gpudoctor.profile()` block's record: (this, the file of its code); a script's is its own.
+PROFILE_ARGV0 = "gpudoctor.profile()"
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import os
 import sys
 from pathlib import Path
 
-from gpudoctor.runner.capture import LiveOptions
 from gpudoctor.runner.child import run_attached
+from gpudoctor.runner.phases import LiveOptions
 
 NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0"}
 

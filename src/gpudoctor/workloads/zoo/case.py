@@ -13,8 +13,9 @@ from gpudoctor.workloads.base import Workload
 @dataclass(frozen=True)
 class ZooCase:
     """A planted bottleneck and its fix. `samples_per_step_*` let throughput be compared per sample (they
-    differ only where the batch size is the cause); `profile_*` are ProfileOptions overrides (with_stack,
-    record_shapes, profile_memory) that the recorder applies to that variant's trace."""
+    differ only where the batch size is the cause); `profile_*` are `runner.profile.StepTraceOptions`
+    overrides (with_stack, record_shapes, profile_memory) that the recorder applies to that variant's
+    trace."""
 
     rule: str
     title: str

@@ -1,8 +1,9 @@
-"""`python -m gpudoctor.doctor.child --out RUN_DIR --result FILE [phases] [-m] -- script [args...]`: the
-doctor run in a fresh process through the runner's child protocol (`runner.child`), for `gpudoctor
-fix`'s diagnosis, so that nothing the script loads stays in the caller. It runs `run_and_diagnose` into
-RUN_DIR and writes FILE (through the one writer): the findings, the script's command line, and why
-there are no findings where there are none. Not a command line for people: the CLI is `gpudoctor run`."""
+"""`python -m gpudoctor.doctor.diagnosis_process --out RUN_DIR --result FILE [phases] [-m] -- script
+[args...]`: the doctor run in a fresh process through the runner's child protocol (`runner.child`), for
+`gpudoctor fix`'s diagnosis, so that nothing the script loads stays in the caller. It runs
+`run_and_diagnose` into RUN_DIR and writes FILE (through the one writer): the findings, the script's
+command line, and why there are no findings where there are none. Not a command line for people: the
+CLI is `gpudoctor run`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import Any
 
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner import rundir
-from gpudoctor.runner.capture import LiveOptions
+from gpudoctor.runner.phases import LiveOptions
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import GpudoctorError
 
@@ -46,7 +47,7 @@ class ChildDiagnosis:
 def child_argv(
     out: Path, result: Path, *, module: bool, warmup: int, light_steps: int, steps: int, command: list[str]
 ) -> list[str]:
-    """The arguments of `python -m gpudoctor.doctor.child` for a diagnosis run with stacks, no NVML."""
+    """The arguments of `python -m gpudoctor.doctor.diagnosis_process` for a diagnosis run with stacks, no NVML."""
     return [
         "--out", str(out), "--result", str(result), "--warmup", str(warmup), "--light-steps", str(light_steps),
         "--steps", str(steps), *(["-m"] if module else []), "--", *command,
@@ -54,7 +55,7 @@ def child_argv(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m gpudoctor.doctor.child")
+    parser = argparse.ArgumentParser(prog="python -m gpudoctor.doctor.diagnosis_process")
     parser.add_argument("--out", required=True)
     parser.add_argument("--result", required=True)
     parser.add_argument("--warmup", type=int, default=3)

@@ -1,0 +1,105 @@
+"""What a capture samples beside its step times: the allocator's statistics at the light phase's end,
+NVML samples through the light phase (a `MonitorSession` in a background thread), and when the memory
+recorder reads the allocator at a step boundary (`MemoryCadence`). A missing capability is a reason,
+never an error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudoctor.runner.environment import cuda_uuid
+from gpudoctor.runner.phases import LiveOptions
+
+MEMORY_KEYS = (
+    "allocated_bytes.all.current",
+    "allocated_bytes.all.peak",
+    "reserved_bytes.all.current",
+    "reserved_bytes.all.peak",
+    "num_alloc_retries",
+    "num_ooms",
+    "num_device_alloc",
+    "num_device_free",
+)
+MEMORY_EVERY_S = 0.02  # light-phase memory statistics at most this often (each group's peak),
+MEMORY_EACH_STEPS = 5  # after the first steps of the phase, each read alone
+
+
+def allocator_statistics(cuda: bool) -> tuple[dict[str, int] | None, str | None]:
+    """torch.cuda's memory statistics now (MEMORY_KEYS), or why there are none."""
+    if not cuda:
+        return None, "no CUDA device in use: torch.cuda memory statistics are GPU-only"
+    import torch
+
+    stats = torch.cuda.memory_stats()
+    return {k: int(stats[k]) for k in MEMORY_KEYS if k in stats}, None
+
+
+class MemoryCadence:
+    """When the allocator's statistics are read at a step boundary. Reading them costs tens of µs: in
+    the light phase, after its first MEMORY_EACH_STEPS steps, once per group of steps at least
+    MEMORY_EVERY_S long (each group's peak), so that the step time keeps the reads out; in every other
+    phase, at each boundary."""
+
+    def __init__(self) -> None:
+        self.read_at = 0.0  # when the statistics were last read
+        self.light_rows = 0  # light-phase steps whose statistics were read
+
+    def due(self, phase: str, now: float) -> bool:
+        """Whether the step of `phase` that ends `now` is read (and counted, in the light phase)."""
+        rows = self.light_rows if phase == "light" else 0
+        due = phase != "light" or rows < MEMORY_EACH_STEPS or now - self.read_at >= MEMORY_EVERY_S
+        if phase == "light" and due:
+            self.light_rows += 1
+        return due
+
+    def read(self, now: float) -> None:
+        self.read_at = now
+
+    def restart(self) -> None:
+        self.light_rows = 0
+
+
+class NvmlSampling:
+    """The light phase's NVML samples of the GPU this process uses (every GPU where its UUID is not
+    found), and their summary; or why there are none (turned off, no CUDA device, no NVML)."""
+
+    def __init__(self, options: LiveOptions) -> None:
+        self.options = options
+        self.samples: tuple[dict[str, Any], ...] = ()
+        self.summary: dict[str, Any] | None = None
+        self.missing: str | None = None
+        self._running: Any = None  # (backend, session)
+
+    def start(self, cuda: bool) -> None:
+        if not self.options.nvml:
+            self.missing = "turned off (--no-nvml)"
+            return
+        if not cuda:
+            self.missing = "no CUDA device in use"
+            return
+        from gpudoctor.monitor import MonitorSession, open_backend
+        from gpudoctor.util.errors import GpudoctorError
+
+        try:
+            backend = open_backend()
+        except (GpudoctorError, OSError) as err:
+            self.missing = str(err)
+            return
+        try:
+            devices = [backend.resolve(cuda_uuid())]
+        except Exception:  # an unknown UUID (MIG, another namespace): watch every GPU
+            devices = None
+        session = MonitorSession(backend, interval_s=self.options.nvml_interval_s, devices=devices, keep=None)
+        self._running = (backend, session.start())
+
+    def stop(self) -> None:
+        """Stop sampling and keep what was sampled; nothing when not running."""
+        if self._running is None:
+            return
+        (backend, session), self._running = self._running, None
+        try:
+            summary = session.stop(raise_error=False)
+            self.samples = tuple(s.to_json() for s in session.sampler.samples())
+            self.summary = summary.to_json()
+        finally:
+            backend.close()
