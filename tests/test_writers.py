@@ -23,6 +23,7 @@ WRITERS = {
     "timing/measurement.py": "bench --save FILE: a measurement",
     "report/bench_plot.py": "bench/explore --plot FILE: an image",
     "device/ceilings.py": "the cache of measured ceilings (~/.cache/gpudoctor)",
+    "fixes/shadow.py": "the proof's copy of the user's files: those the diff changes, written patched",
 }
 # writes that are not gpudoctor's own bytes: module -> why they may write directly
 OTHERS = {
@@ -31,6 +32,9 @@ OTHERS = {
     "runner/profile.py": "torch.profiler exports its raw trace; rundir.keep_trace makes it trace.json.gz",
     "timing/kernels.py": "a temporary trace of a timed kernel, read back and removed",
     "runner/userfiles.py": "the user's own files copied byte for byte before the script runs, and put back",
+    "fixes/shadow.py": "the proof's copy: the user's script copied byte for byte, the patched files' modes kept",
+    "fixes/stopwatch.py": "the stopwatch runs inside the user's plain process and imports nothing of gpudoctor: "
+    "its result written beside the target and renamed into place, as the one writer does",
 }
 
 
