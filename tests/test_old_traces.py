@@ -197,10 +197,12 @@ def _steps(*durations: float, gpu: bool = True) -> list[Step]:
         ((20, 1, 1, 25), 0),  # a later step is longer still: the first is no outlier
         ((20, 1), 1),
         ((5,), 0),
+        ((0.3, 0.09), 0),  # 3.3x, but 2 ms more: a busy host's first profiled step, not a warm-up
     ],
 )
 def test_leading_warmup_steps(durations: tuple[float, ...], warm: int) -> None:
-    assert leading_warmup(_steps(*durations)) == warm
+    # durations in units of 10 ms
+    assert leading_warmup(_steps(*(10_000 * d for d in durations))) == warm
 
 
 def test_a_step_with_gpu_work_is_not_judged_against_a_stub_without_any() -> None:

@@ -127,6 +127,9 @@ def steps_from_spans(
 # times their median: cudnn autotuning, first allocations and lazy initialization take seconds once, and
 # a loop's own steps vary far less than that.
 WARMUP_FACTOR = 3.0
+# and by this much at least: what a warm-up costs (an autotuning pass, first allocations) is tens of ms or
+# more, where a short loop's first profiled step on a busy host may be a few ms slower than its others
+WARMUP_MIN_EXCESS_US = 20_000.0
 
 
 def leading_warmup(steps: Sequence[Step]) -> int:
@@ -142,6 +145,8 @@ def leading_warmup(steps: Sequence[Step]) -> int:
         longest = max(s.duration_us for s in rest)
         d = steps[n].duration_us
         if not comparable or typical <= 0 or d <= longest or d <= WARMUP_FACTOR * typical:
+            break
+        if d - typical < WARMUP_MIN_EXCESS_US:
             break
         n += 1
     return n
