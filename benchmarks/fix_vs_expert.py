@@ -1,11 +1,16 @@
 """gpudoctor fix against an expert: for each workload written as users write them
-(benchmarks/fix_workloads/<name>.py), run `gpudoctor fix` on it, then time three configurations plainly
+(benchmarks/fix_workloads/<name>.py), run `gpudoctor fix` on it, then time four configurations plainly
 in fresh processes, alternating — the script as written, the script with the expert's hand-written fixes
-(`--expert`), and the script with the fixes gpudoctor kept — with CUDA-synchronized wall time over
-windows of at least a second (plain_timer.py). Reports each workload's speedups, gpudoctor's as a share
-of the expert's — (gpudoctor's speedup − 1) / (the expert's − 1), goal ≥ 80% — whether any
-slower or numerically broken fix was kept, how many of the four most promising candidates got a verdict,
-and predicted against measured saving per fix. The control (`tuned_control`, already tuned: the
+(`--expert`), the script with the fixes gpudoctor kept applied at runtime, and a copy of the script with
+the fix's `fix.diff` applied by `patch` (`patched`: what the user gets, run with no fixes) — with
+CUDA-synchronized wall time over windows of at least a second (plain_timer.py). Reports each workload's
+speedups, gpudoctor's as a share of the expert's — (gpudoctor's speedup − 1) / (the expert's − 1), goal
+≥ 80% — whether any slower or numerically broken fix was kept, how many of the four most
+promising candidates got a verdict, and predicted against measured saving per fix; the top-level modules
+the plain script's step calls (`modules_per_step`, counted by its timer over the warm-up); and the fix's
+proof (fix.json's `proof`: the patched copy against the script, as plain processes) beside the
+benchmark's own plain timing of the patched copy — their agreement (goal ±10%) and the share of the
+expert's gain by each (`proof_check`). The control (`tuned_control`, already tuned: the
 expert's version is the script itself) meets its goal by keeping nothing. A workload that fails is
 recorded with its error; the others go on.
 
@@ -45,6 +50,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from patched_copy import make_patched_copy, proof_check  # beside this file
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS_DIR = ROOT / "benchmarks" / "fix_workloads"
 TIMER = WORKLOADS_DIR / "plain_timer.py"
@@ -72,6 +79,29 @@ WORKLOADS: dict[str, tuple[list[str], str, float | None]] = {
     "torchvision_augment": ([], "8 workers, pinned memory, channels_last, bf16 autocast", 6.9),  # 5m
     "item_logging": ([], "loss read every 100 steps, bf16 autocast, fused AdamW", 5.8),  # 5m
     "tuned_control": ([], "nothing (already tuned)", 2.1),  # 10m: nothing offered
+    # several top-level modules per step (issue 44); not yet measured on a GPU
+    "gan_dcgan": (
+        [],
+        "channels_last, bf16 autocast per forward, both networks compiled, fused Adam, cudnn.benchmark, "
+        "statistics read every 50 iterations, 4 workers + pinned",
+        None,
+    ),
+    "encoder_head": ([], "bf16 autocast, TF32, the step function compiled, fused AdamW, pinned memory", None),
+    "diffusion_unet": (
+        [],
+        "bf16 autocast, TF32, channels_last, UNet compiled, SDPA, fused AdamW, 4 workers + pinned",
+        None,
+    ),
+    "actor_critic": (
+        [],
+        "rollout step, advantages and losses compiled, no distribution validation, TF32, fused Adam",
+        None,
+    ),
+    "lm_three_modules": (
+        [],
+        "bf16 autocast, TF32, the forward function compiled, fused AdamW, loss read every 100 steps",
+        None,
+    ),
 }
 
 
@@ -103,13 +133,26 @@ def run_fix(name: str, out: Path, a: argparse.Namespace) -> dict[str, Any]:
 
 
 def time_config(
-    name: str, label: str, fixes: list[str], expert: bool, out: Path, a: argparse.Namespace, k: int
+    name: str,
+    label: str,
+    fixes: list[str],
+    expert: bool,
+    out: Path,
+    a: argparse.Namespace,
+    k: int,
+    *,
+    script: Path | None = None,
+    count_modules: bool = False,
 ) -> dict[str, Any]:
+    """One timing process of one configuration: the workload (or `script`, its patched copy) under the
+    plain timer, `fixes` applied at runtime, `--expert` where asked, its top-level modules counted over
+    the warm-up where asked; the timer's result, or the round's error with its log."""
     target = out / "timing" / f"{name}-{label}-{k}.json"
     target.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(TIMER), "--out", str(target), "--fixes", ",".join(fixes),
-           "--warmup", str(a.timer_warmup), "--window-s", str(a.window_s), "--windows", str(a.windows), "--",
-           str(WORKLOADS_DIR / f"{name}.py"), *WORKLOADS[name][0], *(["--expert"] if expert else []),
+           "--warmup", str(a.timer_warmup), "--window-s", str(a.window_s), "--windows", str(a.windows),
+           *(["--count-modules"] if count_modules else []), "--",
+           str(script or WORKLOADS_DIR / f"{name}.py"), *WORKLOADS[name][0], *(["--expert"] if expert else []),
            *(["--small"] if a.smoke else [])]  # fmt: skip
     limit = getattr(a, "timer_timeout_s", None)
     proc = run_timer(cmd, limit)
@@ -154,16 +197,25 @@ def measure(
     out: Path,
     a: argparse.Namespace,
     on_round: Callable[[dict[str, Any]], None] | None = None,
+    *,
+    patched: Path | None = None,
+    proof: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The script as written, the expert's, and gpudoctor's kept fixes, each in fresh processes,
-    alternating round by round; the mean step of each process over its windows. After
+    """The script as written (its top-level modules counted over the warm-up), the expert's,
+    gpudoctor's kept fixes at runtime and, where there is one, the `patched` copy of the script, each in
+    fresh processes, alternating round by round; the mean step of each process over its windows, and
+    the fix's `proof` beside the patched copy's timing. After
     `--timing-rounds` rounds, more (up to `--timing-max-rounds`) while the share's 95% interval still
     holds the goal on both sides: a host-bound loop whose 1 s windows are 20% apart (the HF Trainer's)
     gets an answer, not an interval from 54% to 128%. (Looking after each round makes the interval a
     little optimistic; with at most three looks it stays a fair guide, and every round is recorded.)
     `on_round` is given the result so far, marked `partial`, after each round more may follow: a run cut
     short (the machine gone) keeps the rounds it finished."""
-    configs = {"plain": ([], False), "expert": ([], True), "gpudoctor": (final, False)}
+    configs: dict[str, tuple[list[str], bool, Path | None]] = {
+        "plain": ([], False, None), "expert": ([], True, None), "gpudoctor": (final, False, None)
+    }  # fmt: skip
+    if patched is not None:
+        configs["patched"] = ([], False, patched)
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in configs}
     result: dict[str, Any] = {}
     done = 0
@@ -171,11 +223,12 @@ def measure(
     for k in range(max(a.timing_rounds, a.timing_max_rounds)):
         if k >= a.timing_rounds and time.perf_counter() - started > a.timing_max_s * k / (k + 1):
             break  # another round would end past --timing-max-s (at the rounds' pace so far)
-        for label, (fixes, expert) in configs.items():
+        for label, (fixes, expert, script) in configs.items():
             if label == "gpudoctor" and not fixes:
                 continue  # nothing kept: it is the plain script
-            runs[label].append(time_config(name, label, fixes, expert, out, a, k))
-        result, done = timing_result(name, final, runs), k + 1
+            extra = {"script": script} if script else {"count_modules": True} if label == "plain" else {}
+            runs[label].append(time_config(name, label, fixes, expert, out, a, k, **extra))
+        result, done = timing_result(name, final, runs, proof), k + 1
         if done >= a.timing_rounds and not undecided(name, final, result):
             break
         if on_round is not None:
@@ -196,8 +249,12 @@ def undecided(name: str, final: list[str], result: dict[str, Any]) -> bool:
     return ci is None or ci[0] < GOAL < ci[1]
 
 
-def timing_result(name: str, final: list[str], runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    """The rounds so far, judged: each configuration's median process, the speedups, the share."""
+def timing_result(
+    name: str, final: list[str], runs: dict[str, list[dict[str, Any]]], proof: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The rounds so far, judged: each configuration's median process, the speedups, the share; the
+    patched copy's speedup with, beside it, the proof's (`proof_check`); the top-level modules per step
+    of the plain script, as its timer counted them."""
     runs = dict(runs)
     if not final:
         runs["gpudoctor"] = runs["plain"]
@@ -214,6 +271,14 @@ def timing_result(name: str, final: list[str], runs: dict[str, list[dict[str, An
         share_interval, ratio_interval = intervals(result["runs"])
         result["share_of_expert_ci"] = share_interval if share is not None else None
         result["speedup_ratio_ci"] = ratio_interval
+    if step["plain"] and step.get("patched"):
+        result["patched_speedup"] = step["plain"] / step["patched"]
+        result["patched_speedup_ci"] = speedup_interval(result["runs"], "patched")
+    if "patched" in runs or proof is not None:
+        result["proof_check"] = proof_check(proof, result, NO_GAIN)
+    counts = [r["modules"] for r in runs["plain"] if (r.get("modules") or {}).get("modules_per_step")]
+    if counts:
+        result["modules"] = counts[0]
     return result
 
 
@@ -251,6 +316,34 @@ def intervals(
     return [float(share_lo), float(share_hi)], [float(ratio_lo), float(ratio_hi)]
 
 
+def speedup_interval(
+    runs: dict[str, list[list[list[float]] | None]], label: str, *, resamples: int = 2000
+) -> list[float] | None:
+    """The 95% interval of the plain script's mean step over `label`'s (processes resampled, then the
+    windows within them, as `intervals` does)."""
+    import numpy as np
+
+    steps = {c: [[s / n for s, n in w or []] for w in runs.get(c) or []] for c in ("plain", label)}
+    steps = {c: [w for w in ws if w] for c, ws in steps.items()}
+    if not all(steps.values()):
+        return None
+    rng = np.random.default_rng(0)
+    plain, other = (_draw(steps[c], rng, resamples) for c in ("plain", label))
+    low, high = np.quantile(plain / other, [0.025, 0.975])
+    return [float(low), float(high)]
+
+
+def _draw(ws: list[list[float]], rng: Any, resamples: int) -> Any:
+    """`resamples` bootstrap means: processes drawn with replacement, then each one's windows."""
+    import numpy as np
+
+    out = np.empty(resamples)
+    for i in range(resamples):
+        picked = [ws[j] for j in rng.integers(0, len(ws), len(ws))]
+        out[i] = np.mean([np.mean(rng.choice(w, len(w))) for w in picked])
+    return out
+
+
 def _resampled(
     runs: dict[str, list[list[list[float]] | None]], resamples: int
 ) -> tuple[Any, Any, Any] | None:
@@ -265,15 +358,8 @@ def _resampled(
     if not all(steps.values()):
         return None
     rng = np.random.default_rng(0)
-
-    def draw(ws: list[list[float]]) -> np.ndarray:
-        out = np.empty(resamples)
-        for i in range(resamples):
-            picked = [ws[j] for j in rng.integers(0, len(ws), len(ws))]
-            out[i] = np.mean([np.mean(rng.choice(w, len(w))) for w in picked])
-        return out
-
-    return draw(steps["plain"]), draw(steps["expert"]), draw(steps["gpudoctor"])
+    plain, expert, ours = (_draw(steps[c], rng, resamples) for c in ("plain", "expert", "gpudoctor"))
+    return plain, expert, ours
 
 
 OPTIONS = ("budget", "shared_baseline", "rounds", "warmup", "steps", "timing_rounds", "timing_max_rounds",
@@ -347,7 +433,8 @@ def pooled(name: str, records: list[dict[str, Any]]) -> dict[str, Any]:
             f"({'; '.join('+'.join(f) or 'nothing' for f in sorted(finals))}): merge them apart"
         )
     final = list(records[0]["fix"]["final"])
-    runs: dict[str, list[dict[str, Any]]] = {"plain": [], "expert": [], "gpudoctor": []}
+    labels = ("plain", "expert", "gpudoctor", "patched")
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in labels}
     errors: dict[str, list[str]] = {c: [] for c in runs}
     sources = []
     for r in records:
@@ -361,9 +448,16 @@ def pooled(name: str, records: list[dict[str, Any]]) -> dict[str, Any]:
                         "cuda_visible_devices": (r.get("environment") or {}).get("cuda_visible_devices"),
                         "step_ms": t.get("step_ms"), "share_of_expert": t.get("share_of_expert"),
                         "share_of_expert_ci": t.get("share_of_expert_ci")})  # fmt: skip
-    timing = timing_result(name, final, runs)
+    if not runs["patched"] and not errors["patched"]:
+        del runs["patched"], errors["patched"]
+    timing = timing_result(name, final, runs, records[0]["fix"].get("proof"))
     for c, errs in errors.items():
         timing["errors"][c] = errs
+    modules = next(
+        (r["timing"].get("modules") for r in records if (r.get("timing") or {}).get("modules")), None
+    )
+    if modules is not None:
+        timing["modules"] = modules
     rounds = sum(s["rounds"] or 0 for s in sources)
     least = min((r.get("options") or {}).get("timing_rounds") or 3 for r in records)
     timing.update(rounds=rounds, pooled_from=sources)
@@ -374,7 +468,7 @@ def pooled(name: str, records: list[dict[str, Any]]) -> dict[str, Any]:
     environment = dict(first.get("environment") or {})
     if devices:
         environment["cuda_visible_devices"] = ",".join(dict.fromkeys(devices))
-    return first | {"timing": timing, "environment": environment}
+    return with_timing(first, timing) | {"environment": environment}
 
 
 def _merge_into(into: Path, workloads: list[dict[str, Any]]) -> None:
@@ -400,7 +494,9 @@ def _merge_into(into: Path, workloads: list[dict[str, Any]]) -> None:
         goal_share_of_expert=GOAL,
         status=f"{len(current)} of the {len(WORKLOADS)} workloads measured with this harness; {len(met)} "
         f"reach {100 * GOAL:.0f}% of the expert's speedup; {len(verdicts)} got a verdict on each of their "
-        "first four candidates" + (f"; not yet measured with it: {', '.join(missing)}" if missing else ""),
+        "first four candidates"
+        + _proof_status(current)
+        + (f"; not yet measured with it: {', '.join(missing)}" if missing else ""),
         commands={n: commands[n] for n in [*WORKLOADS, *commands] if n in commands},
         workloads=ordered,
     )
@@ -409,6 +505,21 @@ def _merge_into(into: Path, workloads: list[dict[str, Any]]) -> None:
     for w in ordered:
         print(_line(w))
     print(doc["status"])
+
+
+def _proof_status(current: list[dict[str, Any]]) -> str:
+    """How many proofs agree with the benchmark's timing of the patched copy, and how many reach the
+    goal by the proof's figure (only where some workload was timed with its patched copy)."""
+    checks = [(w.get("timing") or {}).get("proof_check") for w in current]
+    checks = [c for c in checks if c]
+    if not checks:
+        return ""
+    proven = [c for c in checks if c.get("proof_vs_patched") is not None]
+    agree = sum(1 for c in proven if c["proof_agrees"])
+    reach = sum(1 for c in checks if (c.get("share_of_expert_by_proof") or 0) >= GOAL)
+    return (f"; {len(checks)} timed with their patched copy, {agree} of the {len(proven)} with a proof "
+            f"within ±{100 * checks[0]['agreement_goal']:.0f}% of it, {reach} reach {100 * GOAL:.0f}% of the "
+            "expert's gain by the proof's figure")  # fmt: skip
 
 
 def rescore(path: Path) -> None:
@@ -490,6 +601,8 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
         "notes": report["notes"],
         "elapsed_s": report["elapsed_s"],
         "complete": report["complete"],
+        "proof": report.get("proof"),  # the patched copy against the script, plain processes (issue 44)
+        "headline": report.get("headline"),
     }
 
 
@@ -601,12 +714,24 @@ def one_workload(name: str, a: argparse.Namespace) -> dict[str, Any]:
     if a.phase == "time" and earlier.exists():
         fix_run = json.loads(earlier.read_text()).get("fix_run")
     record = {"workload": name, "expert": WORKLOADS[name][1], "fix_run": fix_run, "fix": summary}
+    if a.phase not in ("all", "time"):
+        return record | {"timing": None}
+    copy = make_patched_copy(WORKLOADS_DIR / f"{name}.py", source / "fix" / name / "fix.diff",
+                             a.out / "patched" / name, ROOT)  # fmt: skip
+    record["patched"] = copy.to_json()
 
     def so_far(timing: dict[str, Any]) -> None:  # the record as it would be, were the run cut here
-        write_record(record | {"timing": timing}, a)
+        write_record(with_timing(record, timing), a)
 
-    timing = measure(name, summary["final"], a.out, a, so_far) if a.phase in ("all", "time") else None
-    return record | {"timing": timing}
+    patched = Path(copy.script) if copy.script else None
+    timing = measure(name, summary["final"], a.out, a, so_far, patched=patched, proof=summary.get("proof"))
+    return with_timing(record, timing)
+
+
+def with_timing(record: dict[str, Any], timing: dict[str, Any]) -> dict[str, Any]:
+    """The record with its timing, and the plain script's top-level modules per step lifted beside it."""
+    modules = timing.get("modules") or {}
+    return record | {"timing": timing, "modules_per_step": modules.get("modules_per_step")}
 
 
 def write_record(result: dict[str, Any], a: argparse.Namespace, wall_s: float | None = None) -> None:
@@ -647,9 +772,30 @@ def _line(r: dict[str, Any]) -> str:
         else ""
     )
     return (f"{r['workload']}: kept {'+'.join(fix['final']) or 'nothing'}; {speed} ({share}); "
-            f"kept all faster {fix['kept_all_faster']}, none slower {fix.get('kept_none_slower')}, "
+            f"{_proof_words(r)}kept all faster {fix['kept_all_faster']}, none slower {fix.get('kept_none_slower')}, "
             f"numerics ok {fix['kept_all_numerics_ok']}; "
-            f"verdicts on the first 4: {fix.get('verdicts_on_first_4')}; {r.get('wall_s', 0):.0f} s")  # fmt: skip
+            f"verdicts on the first 4: {fix.get('verdicts_on_first_4')}; "
+            f"modules per step {r.get('modules_per_step')}; {r.get('wall_s', 0):.0f} s")  # fmt: skip
+
+
+def _proof_words(r: dict[str, Any]) -> str:
+    """The patched copy's speedup and the proof's beside it, for the one-line summary."""
+    patched = r.get("patched") or {}
+    check = (r.get("timing") or {}).get("proof_check") or {}
+    words = []
+    if patched and not patched.get("applied"):
+        words.append(f"no patched copy ({str(patched.get('why'))[:120]})")
+    if check.get("patched_speedup"):
+        words.append(f"patched copy {check['patched_speedup']:.2f}×")
+    proof = check.get("proof") or {}
+    if proof.get("speedup"):
+        words.append(f"proof {proof['speedup']:.2f}×")
+    if check.get("proof_vs_patched") is not None:
+        agrees = "agrees" if check["proof_agrees"] else "disagrees"
+        words.append(f"{agrees} ({100 * check['proof_vs_patched']:+.1f}%)")
+    if check.get("share_of_expert_by_proof") is not None:
+        words.append(f"{100 * check['share_of_expert_by_proof']:.0f}% of the expert's gain by the proof")
+    return ", ".join(words) + "; " if words else ""
 
 
 if __name__ == "__main__":

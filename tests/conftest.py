@@ -77,10 +77,8 @@ def write_trace(tmp_path: Path) -> WriteTrace:
 SERIAL_FILES = frozenset(
     {
         "test_adversarial.py",
-        "test_aa_noise_script.py",
         "test_bench_cli.py",
         "test_bench_plugin.py",
-        "test_config_gap.py",
         "test_fix_cli.py",
         "test_fix_forkserver.py",
         "test_fix_loader.py",
@@ -89,10 +87,8 @@ SERIAL_FILES = frozenset(
         "test_plain_timer.py",
         "test_procgroup.py",
         "test_run_steps.py",
-        "test_runner_child.py",
         "test_timing_cpu.py",
         "test_timing_runner.py",
-        "test_userfiles.py",
     }
 )
 

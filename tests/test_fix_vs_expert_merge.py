@@ -50,7 +50,7 @@ def test_merge_routes_by_budget_and_records_where_it_was_measured(tmp_path: Path
     assert [w["workload"] for w in five["workloads"]] == ["item_logging"]
     assert all(w["measured_at"] == "abc1234" and w["host"] == "alone" for w in five["workloads"])
     # the earlier harness's entry is kept but not counted; the CPU run is left out
-    assert ten["status"].startswith("2 of the 13 workloads measured with this harness; 1 reach 80%")
+    assert ten["status"].startswith("2 of the 18 workloads measured with this harness; 1 reach 80%")
     assert "2 got a verdict on each of their first four candidates" in ten["status"]
     assert "convnet_nchw" in ten["status"] and "a smoke or CPU run, left out" in done.stdout
 
@@ -81,12 +81,8 @@ def test_a_timing_process_that_leaves_an_empty_result_is_that_rounds_error_with_
     # GIVEN a timer process that opened its result and wrote nothing (torchvision_augment's plain round
     # on the H200: the whole workload failed on a JSONDecodeError)
     import argparse
-    import importlib.util
 
-    spec = importlib.util.spec_from_file_location("fve", REPO / "benchmarks" / "fix_vs_expert.py")
-    assert spec is not None and spec.loader is not None
-    fve = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(fve)
+    fve = _fve()
 
     def empty_result(cmd: list[str], limit: float | None) -> subprocess.CompletedProcess[str]:
         Path(cmd[cmd.index("--out") + 1]).write_text("")
@@ -103,6 +99,8 @@ def test_a_timing_process_that_leaves_an_empty_result_is_that_rounds_error_with_
 def _fve() -> Any:
     import importlib.util
 
+    if str(REPO / "benchmarks") not in sys.path:  # its helpers beside it, as when run as a script
+        sys.path.insert(0, str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location("fve", REPO / "benchmarks" / "fix_vs_expert.py")
     assert spec is not None and spec.loader is not None
     fve = importlib.util.module_from_spec(spec)
@@ -127,7 +125,9 @@ def test_timing_rounds_go_on_while_the_shares_interval_holds_the_goal(
     rng = np.random.default_rng(1)
     means = {"plain": 0.040, "expert": 0.030, "gpudoctor": 0.032}
 
-    def fake(name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int) -> dict:
+    def fake(
+        name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int, **kw: Any
+    ) -> dict:
         windows = [[1.0, int(1.0 / (means[label] * (1 + noise * rng.standard_normal())))] for _ in range(5)]
         return {"step_s": sum(w[0] for w in windows) / sum(w[1] for w in windows), "windows": windows}
 
@@ -155,7 +155,9 @@ def test_a_fix_far_faster_than_a_weak_expert_is_decided_by_the_speedup_ratio(tmp
     rng = np.random.default_rng(2)
     means = {"plain": 0.0131, "expert": 0.0123, "gpudoctor": 0.0053}
 
-    def fake(name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int) -> dict:
+    def fake(
+        name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int, **kw: Any
+    ) -> dict:
         windows = [[1.0, int(1.0 / (means[label] * (1 + 0.10 * rng.standard_normal())))] for _ in range(5)]
         return {"step_s": sum(w[0] for w in windows) / sum(w[1] for w in windows), "windows": windows}
 
@@ -190,9 +192,11 @@ def test_a_timing_cut_short_keeps_the_rounds_it_finished_and_merges_them_marked(
     import argparse
 
     fve = _fve()
-    means = {"plain": 0.132, "expert": 0.0335, "gpudoctor": 0.036}
+    means = {"plain": 0.132, "expert": 0.0335, "gpudoctor": 0.036, "patched": 0.035}
 
-    def fake(name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int) -> dict:
+    def fake(
+        name: str, label: str, fixes: list[str], expert: bool, out: Path, a: Any, k: int, **kw: Any
+    ) -> dict:
         if k == 2:
             raise KeyboardInterrupt  # the machine is gone: nothing after this runs
         windows = [[1.0, int(1.0 / means[label])] for _ in range(5)]
@@ -213,6 +217,12 @@ def test_a_timing_cut_short_keeps_the_rounds_it_finished_and_merges_them_marked(
     t = record["timing"]
     assert t["partial"] and t["rounds"] == 2 and len(t["runs"]["plain"]) == 2
     assert record["fix"]["final"] == ["workers:8", "autocast", "pin_memory", "compile"]
+    # AND the fix's diff, applied by patch to a copy, was timed as a fourth configuration
+    assert record["patched"]["applied"] and len(t["runs"]["patched"]) == 2
+    assert t["proof_check"]["patched_speedup"] == pytest.approx(
+        int(1 / 0.035) / int(1 / 0.132)
+    )  # whole steps
+    assert t["proof_check"]["proof"] is None  # this fix run made no proof
     assert t["share_of_expert"] == pytest.approx((0.132 / 0.036 - 1) / (0.132 / 0.0335 - 1), rel=0.01)
     assert record["fix_run"] is not None and "cut after 2 round(s)" in fve._line(record)
     # AND the merge takes it, saying so

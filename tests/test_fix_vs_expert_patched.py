@@ -1,0 +1,232 @@
+"""benchmarks/fix_vs_expert.py's proof side: the fix's `fix.diff` applied by `patch` to a copy of the
+workload (benchmarks/patched_copy.py), the patched copy timed plainly as a fourth configuration beside
+the script, the expert's and gpudoctor's, and the fix's own proof (fix.json's `proof`) set against that
+timing — their agreement and the share of the expert's gain by each — through to the merged results."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))  # fix_vs_expert's helpers beside it, as when run as a script
+
+import patched_copy  # noqa: E402
+
+
+def _load(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+fve = _load("fve_patched", REPO / "benchmarks" / "fix_vs_expert.py")
+plain_timer = _load("plain_timer_patched", REPO / "benchmarks" / "fix_workloads" / "plain_timer.py")
+
+# Two modules called from one function; the loop sleeps in place of its GPU work.
+TINY = """\
+import argparse
+import time
+
+import torch
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--expert", action="store_true")
+parser.add_argument("--small", action="store_true")
+args = parser.parse_args()
+
+encoder = torch.nn.Linear(4, 4)
+head = torch.nn.Sequential(torch.nn.Linear(4, 1))
+optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.01)
+
+
+def forward_step(x):
+    return head(encoder(x))
+
+
+for step in range(100_000):
+    time.sleep(0.003 if args.expert else 0.012)
+    loss = forward_step(torch.randn(8, 4)).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+# What a fix would recommend, written by hand: the loop's slow line made faster.
+DIFF = """\
+--- a/bench/tiny.py
++++ b/bench/tiny.py
+@@ -20,3 +20,3 @@
+ for step in range(100_000):
+-    time.sleep(0.003 if args.expert else 0.012)
++    time.sleep(0.003 if args.expert else 0.004)
+     loss = forward_step(torch.randn(8, 4)).sum()
+"""
+
+PROOF = {"verdict": "faster", "recommended": True, "speedup": 2.4, "speedup_low": 2.3, "speedup_high": 2.5,
+         "script_us": 12_500.0, "patched_us": 5_200.0, "pairs": [{}, {}, {}]}  # fmt: skip
+
+
+def fix_dir(previous: Path, name: str, diff: str, proof: dict[str, Any] | None) -> Path:
+    """A fix directory as `gpudoctor fix` leaves it: fix.json (what fix_vs_expert reads) and fix.diff."""
+    folder = previous / "fix" / name
+    folder.mkdir(parents=True)
+    report = {"verdicts": [], "final": [], "final_saving_pct": None, "baseline_us": 12_500.0, "manual": [],
+              "diff": diff, "notes": [], "elapsed_s": 60.0, "complete": True}  # fmt: skip
+    if proof is not None:
+        report["proof"] = proof
+    (folder / "fix.json").write_text(json.dumps(report))
+    (folder / "fix.diff").write_text(diff)
+    return folder
+
+
+def tiny_workload(tmp_path: Path) -> tuple[Path, Path]:
+    root = tmp_path / "root"
+    (root / "bench").mkdir(parents=True)
+    (root / "bench" / "tiny.py").write_text(TINY)
+    return root, root / "bench" / "tiny.py"
+
+
+def in_process(cmd: list[str], limit: float | None) -> subprocess.CompletedProcess[str]:
+    """The timer's command line run by the timer in this process (no fresh interpreter)."""
+    assert cmd[1] == str(fve.TIMER)
+    argv = sys.argv
+    sys.argv = ["plain_timer.py", *cmd[2:]]
+    try:
+        code = plain_timer.main()
+    finally:
+        sys.argv = argv
+    return subprocess.CompletedProcess(cmd, code, "", "")
+
+
+def test_the_fixs_diff_is_applied_to_a_copy_and_the_patched_copy_is_timed_plainly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a workload whose step calls two modules from one function, and a fix run that left a diff
+    # and a proof
+    root, script = tiny_workload(tmp_path)
+    fix_dir(tmp_path / "previous", "tiny", DIFF, PROOF)
+    monkeypatch.setattr(fve, "ROOT", root)
+    monkeypatch.setattr(fve, "WORKLOADS_DIR", root / "bench")
+    monkeypatch.setattr(fve, "WORKLOADS", {"tiny": ([], "sleep less", None)})
+    monkeypatch.setattr(fve, "run_timer", in_process)
+    a = argparse.Namespace(out=tmp_path / "out", phase="time", previous=tmp_path / "previous", timing_rounds=1,
+                           timing_max_rounds=1, timing_max_s=600.0, timer_warmup=3, window_s=0.15, windows=2,
+                           smoke=False, timer_timeout_s=None)  # fmt: skip
+    for k in fve.OPTIONS:
+        a.__dict__.setdefault(k, None)
+    (tmp_path / "out").mkdir()
+    # WHEN the benchmark times it
+    record = fve.one_workload("tiny", a)
+    # THEN the diff was applied by patch to a copy — the script itself untouched — and the copy timed
+    assert record["patched"]["applied"] and record["patched"]["files"] == ["bench/tiny.py"]
+    copy = Path(record["patched"]["script"])
+    assert copy == tmp_path / "out" / "patched" / "tiny" / "bench" / "tiny.py"
+    assert "else 0.004)" in copy.read_text() and "else 0.012)" in script.read_text()
+    t = record["timing"]
+    assert len(t["runs"]["patched"]) == 1 and not t["errors"]["patched"]
+    # the copy sleeps 4 ms a step where the script sleeps 12: faster, as plain processes tell
+    assert t["patched_speedup"] > 1.5 and t["patched_speedup_ci"][0] > 1.0
+    # AND the proof's figure stands beside that timing: their disagreement, the share by each
+    check = t["proof_check"]
+    assert check["proof"]["speedup"] == 2.4 and check["proof"]["pairs"] == 3
+    assert check["proof_vs_patched"] == pytest.approx(2.4 / t["patched_speedup"] - 1)
+    assert check["proof_agrees"] == (abs(check["proof_vs_patched"]) <= 0.10)
+    expert = t["expert_speedup"]
+    assert check["share_of_expert_by_proof"] == pytest.approx((2.4 - 1) / (expert - 1))
+    assert check["share_of_expert_by_patched"] == pytest.approx((t["patched_speedup"] - 1) / (expert - 1))
+    # AND the plain script's step was seen to call two top-level modules
+    assert record["modules_per_step"] == 2 and sorted(t["modules"]["names"]) == ["Linear", "Sequential"]
+    assert "patched copy" in fve._line(record | {"wall_s": 1.0}) and "modules per step 2" in fve._line(record)
+
+
+@pytest.mark.parametrize(
+    ("diff", "why"),
+    [
+        (None, "no fix.diff in the fix directory"),
+        ("", "fix.diff is empty: nothing to apply"),
+        (
+            DIFF.replace("-    time.sleep(0.003 if args.expert else 0.012)", "-    time.sleep(0.5)"),
+            "patch -p1 exited 1",
+        ),
+        (DIFF.replace("b/bench/tiny.py", "b/../outside.py"), "the diff names paths outside its folder"),
+        (DIFF.replace("bench/tiny.py", "bench/gone.py"), "the diff names bench/gone.py, found neither"),
+    ],
+)
+def test_a_diff_that_cannot_be_applied_leaves_no_patched_copy_and_says_why(
+    tmp_path: Path, diff: str | None, why: str
+) -> None:
+    root, script = tiny_workload(tmp_path)
+    folder = fix_dir(tmp_path / "previous", "tiny", diff or "", None)
+    if diff is None:
+        (folder / "fix.diff").unlink()
+    copy = patched_copy.make_patched_copy(script, folder / "fix.diff", tmp_path / "copy", root)
+    assert copy.script is None and not copy.applied and copy.why is not None and copy.why.startswith(why)
+    assert "else 0.012)" in script.read_text()
+
+
+def test_the_proofs_figure_against_the_patched_copys_plain_timing() -> None:
+    timing = {"patched_speedup": 2.0, "expert_speedup": 2.5}
+    # a proof 5% above the plain timing agrees; 25% above does not; the share by each figure
+    near = patched_copy.proof_check(PROOF | {"speedup": 2.1}, timing, 0.02)
+    assert near["proof_vs_patched"] == pytest.approx(0.05) and near["proof_agrees"] is True
+    assert near["share_of_expert_by_proof"] == pytest.approx(1.1 / 1.5)
+    assert near["share_of_expert_by_patched"] == pytest.approx(1.0 / 1.5)
+    assert patched_copy.proof_check(PROOF | {"speedup": 2.5}, timing, 0.02)["proof_agrees"] is False
+    # a proof with its two sides' means and no speedup: the ratio of the means
+    means = {"script_us": 10_000.0, "patched_us": 5_000.0, "verdict": "faster"}
+    assert patched_copy.proof_check(means, timing, 0.02)["proof"]["speedup"] == pytest.approx(2.0)
+    # no proof in fix.json (a fix run before it had one, or --no-proof): nothing to agree or not
+    none = patched_copy.proof_check(None, timing, 0.02)
+    assert none["proof"] is None and none["proof_agrees"] is None and none["share_of_expert_by_proof"] is None
+    # an expert that gains nothing: no share to take
+    assert (
+        patched_copy.proof_check(PROOF, {"patched_speedup": 2.0, "expert_speedup": 1.01}, 0.02)[
+            "share_of_expert_by_proof"
+        ]
+        is None
+    )
+
+
+def test_merged_timings_keep_the_patched_copy_and_the_proof_and_the_status_counts_them(
+    tmp_path: Path,
+) -> None:
+    # GIVEN one workload timed on two GPUs with its patched copy, its fix run's proof 3% off that timing
+    rounds = {"plain": 0.100, "expert": 0.040, "gpudoctor": 0.045, "patched": 0.044}
+    for gpu in ("0", "1"):
+        source = tmp_path / "runs" / f"fve_gpu{gpu}"
+        source.mkdir(parents=True)
+        runs = {c: [[[1.0, round(1.0 / s)] for _ in range(5)] for _ in range(3)] for c, s in rounds.items()}
+        record = {"workload": "gan_dcgan", "expert": "x", "fix_run": {"exit_code": 0}, "modules_per_step": 2,
+                  "fix": {"verdicts_on_first_4": 4, "candidates": 6, "final": ["autocast", "compile"],
+                          "findings": {}, "kept_all_faster": True, "kept_all_numerics_ok": True,
+                          "proof": PROOF | {"speedup": 2.35}},
+                  "patched": {"applied": True, "script": "x", "why": None, "files": [], "patch_output": ""},
+                  "timing": {"runs": runs, "rounds": 3, "errors": {}, "step_ms": {},
+                             "modules": {"modules_per_step": 2, "names": ["Discriminator", "Generator"]}},
+                  "environment": {"device": "NVIDIA H100 80GB HBM3", "cuda_visible_devices": gpu},
+                  "options": {"budget": "10m", "smoke": False, "timing_rounds": 3}}  # fmt: skip
+        (source / "fix_vs_expert_gan_dcgan.json").write_text(json.dumps(record))
+    into = tmp_path / "fix_vs_expert.json"
+    # WHEN they are merged
+    fve.merge(tmp_path / "runs", into, "abc1234")
+    # THEN one record, its patched processes pooled and judged against the proof
+    (w,) = json.loads(into.read_text())["workloads"]
+    t = w["timing"]
+    patched = round(1 / 0.044) / round(1 / 0.100)  # as whole steps in 1 s windows
+    assert len(t["runs"]["patched"]) == 6 and t["patched_speedup"] == pytest.approx(patched)
+    assert t["proof_check"]["proof_vs_patched"] == pytest.approx(2.35 / patched - 1)
+    assert t["proof_check"]["proof_agrees"] is True
+    assert w["modules_per_step"] == 2 and t["modules"]["names"] == ["Discriminator", "Generator"]
+    status = json.loads(into.read_text())["status"]
+    assert "1 timed with their patched copy, 1 of the 1 with a proof within ±10% of it" in status
+    assert "1 reach 80% of the expert's gain by the proof's figure" in status
