@@ -517,7 +517,9 @@ def _proof_status(current: list[dict[str, Any]]) -> str:
     proven = [c for c in checks if c.get("proof_vs_patched") is not None]
     agree = sum(1 for c in proven if c["proof_agrees"])
     reach = sum(1 for c in checks if (c.get("share_of_expert_by_proof") or 0) >= GOAL)
-    return (f"; {len(checks)} timed with their patched copy, {agree} of the {len(proven)} with a proof "
+    patched = sum(1 for c in checks if c.get("patched_speedup") is not None)
+    return (f"; {len(checks)} with a proof, {patched} timed with their patched copy (none where the proof "
+            f"recommends nothing: no fix.diff), {agree} of the {len(proven)} with both "
             f"within ±{100 * checks[0]['agreement_goal']:.0f}% of it, {reach} reach {100 * GOAL:.0f}% of the "
             "expert's gain by the proof's figure")  # fmt: skip
 

@@ -73,6 +73,7 @@ def main() -> int:
     from gpudoctor.runner.capture import StopRun
     from gpudoctor.runner.compile_time import CompileTime
     from gpudoctor.runner.compile_workers import stop_compile_workers
+    from gpudoctor.runner.forked import leave_forked_children
     from gpudoctor.runner.hooks import RootFinder, eager_only, patched, seed_everything
     from gpudoctor.runner.launch import run_script
     from gpudoctor.runner.steps import StepDetector
@@ -133,6 +134,9 @@ def main() -> int:
         if len(windows) >= args.windows:
             raise StopRun
 
+    # a DataLoader's workers, forked at the loop's first batch, leave the step detector's hooks behind:
+    # they would run them at every transform (and a worker's copy once took one for the step and ended)
+    leave_forked_children()
     seed_everything(args.seed)
     # every top-level module the step calls found over its first steps, as a fix round finds them
     finder = RootFinder(until=lambda: state["steps"] >= 3)
