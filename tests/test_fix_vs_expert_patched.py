@@ -228,5 +228,8 @@ def test_merged_timings_keep_the_patched_copy_and_the_proof_and_the_status_count
     assert t["proof_check"]["proof_agrees"] is True
     assert w["modules_per_step"] == 2 and t["modules"]["names"] == ["Discriminator", "Generator"]
     status = json.loads(into.read_text())["status"]
-    assert "1 with a proof, 1 timed with their patched copy" in status and "1 of the 1 with both within ±10%" in status
+    assert (
+        "1 with a proof, 1 timed with their patched copy" in status
+        and "1 of the 1 with both within ±10%" in status
+    )
     assert "1 reach 80% of the expert's gain by the proof's figure" in status

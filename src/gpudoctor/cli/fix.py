@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -29,8 +30,8 @@ if TYPE_CHECKING:
 
     from gpudoctor.fixes.api import FixTarget
     from gpudoctor.fixes.diagnose import RunInputs
+    from gpudoctor.fixes.options import FixOptions
     from gpudoctor.fixes.result import FixReport
-    from gpudoctor.fixes.session import FixOptions
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # fixes.patches.compile's, not imported
 
@@ -117,26 +118,12 @@ def fix_command(
     warning = own_options_after_script(ctx, command or [])
     if warning:
         typer.echo(f"gpudoctor fix: {warning}", err=True)
-    from gpudoctor.fixes.api import FixTarget, load_from_run
-    from gpudoctor.fixes.session import FixOptions
-    from gpudoctor.report.fix_view import render_fix_terminal
-    from gpudoctor.runner.rundir import ROUNDS_DIR, round_files
-
     if compile_mode is not None and compile_mode not in MODES:
         raise UsageError(f"--compile-mode must be one of {', '.join(MODES)}")
-    if RankEnv.from_environ() is not None:
-        raise UsageError(SEVERAL_RANKS)
-    inputs = None
-    if from_run is not None:
-        script, inputs = load_from_run(from_run)
-        if command:
-            script = FixTarget(command[0], tuple(command[1:]), module)
-    elif command:
-        script = FixTarget(command[0], tuple(command[1:]), module)
-    else:
-        raise UsageError("give a script (gpudoctor fix train.py ...) or a run directory (--from RUN_DIR)")
-    if not script.module:
-        check_runnable(script.target)
+    if blocks == 1:
+        raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
+    from gpudoctor.fixes.options import FixOptions
+
     options = FixOptions(
         rounds=rounds, warmup=warmup, warmup_s=warmup_s, steps=steps, steps_s=steps_s, record=record, seed=seed,
         budget_s=parse_duration(budget) if budget else None, child_timeout_s=float(child_timeout),
@@ -145,28 +132,69 @@ def fix_command(
         shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s, extend_blocks=extend_blocks,
         proof=proof, proof_half_width=proof_half_width / 100,
     )  # fmt: skip
-    if blocks == 1:
-        raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
-    out = out or FIXES_DIR / f"{_name(script.target)}-{datetime.now(timezone.utc).strftime('%Y%m%d-%H%M%S')}"
+    request = FixRequest(tuple(command or ()), module, from_run, out, options, diagnose, aa)
+    code = run_fix_request(request)
+    if code:
+        raise typer.Exit(code)
+
+
+@dataclass(frozen=True)
+class FixRequest:
+    """What `gpudoctor fix` was asked: the script and its arguments (or a run directory to take them and
+    the findings from), where to write, how to try the fixes (`FixOptions`), whether to diagnose first,
+    and whether to measure the noise floor (the A/A) instead."""
+
+    command: tuple[str, ...]  # script.py args… (or, with module, a module and its args)
+    module: bool
+    from_run: Path | None
+    out: Path | None
+    options: FixOptions
+    diagnose: bool = True
+    aa: bool = False
+
+
+def run_fix_request(request: FixRequest) -> int:
+    """Run it, write the fix directory, print the report; the exit status (130, or 128 + the signal,
+    when interrupted; 1 when the script as written did not run)."""
+    from gpudoctor.fixes.api import FixTarget, load_from_run
+    from gpudoctor.report.fix_view import render_fix_terminal
+    from gpudoctor.runner.rundir import ROUNDS_DIR, round_files
+
+    if RankEnv.from_environ() is not None:
+        raise UsageError(SEVERAL_RANKS)
+    command, inputs = request.command, None
+    if request.from_run is not None:
+        script, inputs = load_from_run(request.from_run)
+        if command:
+            script = FixTarget(command[0], tuple(command[1:]), request.module)
+    elif command:
+        script = FixTarget(command[0], tuple(command[1:]), request.module)
+    else:
+        raise UsageError("give a script (gpudoctor fix train.py ...) or a run directory (--from RUN_DIR)")
+    if not script.module:
+        check_runnable(script.target)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    out = request.out or FIXES_DIR / f"{_name(script.target)}-{stamp}"
     prepare_fix_dir(out)
     console = stdout_console()
-    if aa:
-        _run_aa(script, out, options, console)
-        return
+    if request.aa:
+        _run_aa(script, out, request.options, console)
+        return 0
     # a scheduler's SIGTERM (or a closed terminal's SIGHUP) stops it as Ctrl-C does: the rounds ended,
     # the results so far written
     with signals_interrupt() as received:
-        report = _run(script, out, options, inputs, diagnose, console)
+        report = _run(script, out, request.options, inputs, request.diagnose, console)
     _write_all(out, report)
     render_fix_terminal(report, console)
     console.print(f"\nfix directory: {out}")
     if report.interrupted:
-        raise typer.Exit(128 + received[0] if received else 130)
+        return 128 + received[0] if received else 130
     if not report.baseline_rounds:  # the script as written did not run: nothing to compare fixes with
         why = next((n for n in report.notes if n.startswith("the baseline did not run")), "no baseline")
         log = round_files(out / ROUNDS_DIR, "baseline-0")[1]
         print(f"gpudoctor fix: {why}" + (f"; its output: {log}" if log.exists() else ""), file=sys.stderr)
-        raise typer.Exit(1)
+        return 1
+    return 0
 
 
 def _run(
