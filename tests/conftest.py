@@ -76,11 +76,8 @@ def write_trace(tmp_path: Path) -> WriteTrace:
 # (`make test`), so that a neighbour's load on a two-core machine cannot move what they measure.
 SERIAL_FILES = frozenset(
     {
-        "test_adversarial.py",
         "test_bench_cli.py",
         "test_bench_plugin.py",
-        "test_fix_cli.py",
-        "test_fix_forkserver.py",
         "test_fix_loader.py",
         "test_fix_proof_cli.py",
         "test_monitor.py",
@@ -93,7 +90,32 @@ SERIAL_FILES = frozenset(
 )
 
 
+# ... and single tests of files whose others measure nothing by the clock
+SERIAL_TESTS = {
+    "test_fix_cli.py": {
+        "test_fix_keeps_the_worker_fix_with_its_diff_and_reverts_the_rest",
+        "test_from_a_run_directory_the_script_and_findings_are_reused",
+        "test_aa_times_the_script_against_itself_beside_plain_processes",
+        "test_ctrl_c_or_sigterm_writes_the_results_so_far_and_exits_130_or_143",
+    },
+    "test_fix_forkserver.py": {
+        "test_a_round_past_its_time_limit_is_ended_with_what_it_started",
+        "test_a_round_whose_way_out_hangs_is_ended_soon_after_its_result",
+    },
+    "test_adversarial.py": {
+        "test_bench_stops_a_statement_that_never_returns_at_the_timeout",
+        "test_bench_reports_what_it_had_when_the_timeout_cuts_a_slow_call_short",
+        "test_the_watchdog_stops_a_measurement_in_another_thread_too",
+        "test_sigterm_mid_run_leaves_the_run_directory_with_what_was_measured",
+    },
+    "test_run_frameworks.py": {
+        "test_traces_recorded_by_lightning_or_a_callback_analyze_into_steps",
+    },
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if item.path.name in SERIAL_FILES:
+        name = getattr(item, "originalname", None) or item.name
+        if item.path.name in SERIAL_FILES or name in SERIAL_TESTS.get(item.path.name, ()):
             item.add_marker(pytest.mark.serial)
