@@ -14,8 +14,9 @@ The names below are imported on first use, so that reading a trace never loads t
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpudoctor.util.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
@@ -43,11 +44,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module the first time it is asked for."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each public name imported when first asked for

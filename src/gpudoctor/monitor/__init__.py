@@ -8,8 +8,9 @@ For a session: `with MonitorSession(open_backend()) as session: ...; summary = s
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpudoctor.util.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from gpudoctor.device.clock_reasons import decode_clock_events
@@ -85,11 +86,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported from its module the first time it is asked for."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_exports(__name__, _EXPORTS, globals())  # each public name imported when first asked for
