@@ -13,8 +13,8 @@ import torch
 from torch.nn.modules import module as nn_module
 
 from gpudoctor.fixes.attempt import no_effect
-from gpudoctor.fixes.catalog import build_patch
-from gpudoctor.fixes.evidence import CompileCounts, WorkTally, not_in_effect, op_flops
+from gpudoctor.fixes.catalog import SPECS, build_patch
+from gpudoctor.fixes.evidence import CompileCounts, RoundWork, WorkTally, op_flops
 from gpudoctor.fixes.observe import Observer
 from gpudoctor.fixes.patches.base import PatchContext
 from gpudoctor.fixes.round import RoundResult
@@ -94,7 +94,7 @@ def test_bfloat16_reaches_the_matmuls_of_every_module_and_says_so() -> None:
     assert dtypes == [torch.bfloat16] * 5
     work = obs.work
     assert work is not None and work.total > 0 and work.half_flops() / work.total > 0.99
-    assert not_in_effect("autocast", work, obs.compiled, len(obs.step_roots)) is None
+    assert SPECS["autocast"].not_in_effect(RoundWork(work, obs.compiled, len(obs.step_roots))) is None
     # AND the permanent change wraps each module's call (all three on the one line of `step`)
     assert {e.op for e in outcomes[0].edits} == {"wrap_statement"}
     assert [c.split(".")[0] for c in outcomes[0].changes] == ["Embedding", "TransformerEncoder", "Linear"]
@@ -104,7 +104,7 @@ def test_autocast_on_the_first_module_alone_did_not_take_effect() -> None:
     # GIVEN the work of the language model with bfloat16 around the embedding alone: the
     # encoder's and the head's matmuls in float32
     tally = WorkTally({"float32": 3.0e6}, ops=40)
-    reason = not_in_effect("autocast", tally, None, 3)
+    reason = SPECS["autocast"].not_in_effect(RoundWork(tally, None, 3))
     # THEN it is said as such, never as "no significant difference"
     assert reason is not None and reason.startswith("did not take effect: 0% of the forward's matmul")
     assert "of the 3 modules the step calls" in reason
@@ -178,8 +178,8 @@ def test_compile_waits_for_the_finder_and_compiles_each_module_once() -> None:
     # THEN nothing compiled while the finder's hooks were in (steps 1-3), then each module once
     assert compiled_while_watching[:3] == [0, 0, 0]
     assert obs.compiled is not None and obs.compiled.graphs >= 3
-    assert not_in_effect("compile", None, obs.compiled, 3) is None
-    assert not_in_effect("compile", None, CompileCounts(), 3) is not None
+    assert SPECS["compile"].not_in_effect(RoundWork(None, obs.compiled, 3)) is None
+    assert SPECS["compile"].not_in_effect(RoundWork(None, CompileCounts(), 3)) is not None
 
 
 def test_flops_are_counted_from_shapes() -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from gpudoctor.fixes.candidates import Candidate
 from gpudoctor.fixes.catalog import spec_of, title_of
-from gpudoctor.fixes.evidence import in_words
+from gpudoctor.fixes.kinds.base import round_work
 from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
@@ -239,26 +239,29 @@ def no_effect(r: RoundResult, fixes: tuple[str, ...]) -> str | None:
     obs = r.observations
     if obs is None:
         return None
-    reasons = [f"{title_of(f)} {why}" for f in fixes if (why := spec_of(f).not_in_effect(obs)) is not None]
+    seen = round_work(obs)
+    reasons = [f"{title_of(f)} {why}" for f in fixes if (why := spec_of(f).not_in_effect(seen)) is not None]
     return "; ".join(reasons) or None
 
 
 def evidence_of(at: Attempt, moving: tuple[str, ...]) -> tuple[str, ...]:
-    """What the attempt's last round shows of each moving fix's effect, the script's own figure beside it."""
+    """What the attempt's last round shows of each moving fix's effect, with the script's own share
+    beside it where the baseline's round measured another (bfloat16: 97% of the work, the script's 0%)."""
     if not at.runs or at.runs[-1].observations is None:
         return ()
-    obs = at.runs[-1].observations
+    seen = round_work(at.runs[-1].observations)
     base = at.base[-1].observations if at.base else None
+    before = round_work(base) if base is not None else None
     out = []
     for f in moving:
-        kind = f.split(":")[0]
-        words = in_words(kind, obs.work, obs.compiled, len(obs.step_roots))
+        fix = spec_of(f)
+        words = fix.evidence(seen)
         if words is None:
             continue
-        if base is not None and kind != "compile":
-            before = in_words(kind, base.work, base.compiled, len(base.step_roots))
-            if before is not None and before != words:
-                words += f" (the script's: {before.split(' of ')[0]})"
+        was = fix.evidence(before) if before is not None else None
+        share, _, _ = (was or "").partition(" of ")
+        if was is not None and was != words and share.endswith("%"):
+            words += f" (the script's: {share})"
         out.append(f"{title_of(f)}: {words}")
     return tuple(out)
 

@@ -1,8 +1,8 @@
-"""Whether a fix took effect in its rounds, from what the forward of the step's modules ran. `WorkProbe`
-counts, during each top-level module's first call (eager, whatever wraps it later), the forward's matmul,
-convolution and attention work by dtype and layout; `CompileCounts` reads what torch.compile compiled in
-the round. `not_in_effect` turns them into "did not take effect: …" for a fix whose change did not reach
-the work it is for (bfloat16 around an `Embedding` alone: no matmul ran in bfloat16)."""
+"""What a round shows of the work its fixes are for. `WorkProbe` counts, during each top-level module's
+first call (eager, whatever wraps it later), the forward's matmul, convolution and attention work by dtype
+and layout; `CompileCounts` reads what torch.compile compiled in the round; `RoundWork` holds both for a
+fix to read whether it took effect (`kinds.base.Fix.not_in_effect`): bfloat16 around an `Embedding` alone
+ran no matmul in bfloat16."""
 
 from __future__ import annotations
 
@@ -156,58 +156,23 @@ def since(now: CompileCounts, start: CompileCounts) -> CompileCounts:
     )
 
 
-def _pct(x: float) -> str:
+@dataclass(frozen=True)
+class RoundWork:
+    """What a round shows that a fix's evidence is read from: the forward work of the step's modules'
+    first calls (None where none was probed), what torch.compile did, and how many modules the step calls."""
+
+    work: WorkTally | None
+    compiled: CompileCounts | None
+    modules: int = 1
+
+    @property
+    def of_modules(self) -> str:
+        return f" of the {self.modules} modules the step calls" if self.modules > 1 else ""
+
+    @property
+    def over_modules(self) -> str:
+        return f" over {self.modules} modules" if self.modules > 1 else ""
+
+
+def pct(x: float) -> str:
     return f"{100 * x:.0f}%"
-
-
-def not_in_effect(
-    kind: str, work: WorkTally | None, compiled: CompileCounts | None, modules: int
-) -> str | None:
-    """Why fix `kind` did not take effect in a round ("did not take effect: …"), or None where it did or
-    the round could not tell (its modules were not probed)."""
-    if kind == "compile":
-        if compiled is not None and compiled.graphs == 0:
-            return "did not take effect: torch.compile compiled no graph (the forward never ran compiled)"
-        return None
-    if work is None:
-        return None
-    many = f" of the {modules} modules the step calls" if modules > 1 else ""
-    if kind == "autocast":
-        if work.total == 0:
-            return f"did not take effect: no matmul or convolution ran in the forward{many}"
-        share = work.half_flops() / work.total
-        if share < IN_EFFECT:
-            return (
-                f"did not take effect: {_pct(share)} of the forward's matmul and convolution work{many} "
-                "ran in reduced precision"
-            )
-    elif kind == "channels_last":
-        if work.conv_flops == 0:
-            return f"did not take effect: no convolution ran in the forward{many}"
-        share = work.conv_nhwc_flops / work.conv_flops
-        if share < IN_EFFECT:
-            return f"did not take effect: {_pct(share)} of the convolution work{many} was fed channels_last"
-    elif kind == "tf32" and work.total and work.flops.get("float32", 0.0) == 0:
-        return "did not take effect: no float32 matmul or convolution ran in the forward"
-    elif kind == "sdpa" and work.attention_calls == 0:
-        return "did not take effect: no fused scaled_dot_product_attention ran in the forward"
-    return None
-
-
-def in_words(kind: str, work: WorkTally | None, compiled: CompileCounts | None, modules: int) -> str | None:
-    """What a round shows of fix `kind`'s effect, in a few words (None where nothing was measured)."""
-    many = f" over {modules} modules" if modules > 1 else ""
-    if kind == "compile" and compiled is not None:
-        breaks = f", {compiled.graph_breaks} graph breaks" if compiled.graph_breaks else ""
-        return f"{compiled.graphs} graphs compiled from {compiled.frames} frames ({compiled.ops} ops){breaks}"
-    if work is None or not work.total:
-        return None
-    if kind == "autocast":
-        return f"{_pct(work.half_flops() / work.total)} of the forward's matmul/convolution work in reduced precision{many}"
-    if kind == "channels_last" and work.conv_flops:
-        return (
-            f"{_pct(work.conv_nhwc_flops / work.conv_flops)} of the convolution work fed channels_last{many}"
-        )
-    if kind == "sdpa":
-        return f"{work.attention_calls} fused attention calls in the forward{many}"
-    return None

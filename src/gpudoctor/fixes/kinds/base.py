@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.evidence import not_in_effect
+from gpudoctor.fixes.evidence import RoundWork
 from gpudoctor.fixes.frameworks import Framework
 from gpudoctor.fixes.observe import Observations
 from gpudoctor.fixes.patches.base import FixPatch, PatchContext
@@ -77,13 +77,22 @@ class Fix:
         """Why it has nothing to change in this script, or None when it may."""
         return None
 
-    def not_in_effect(self, obs: Observations) -> str | None:
-        """Why it did not take effect in a round it ran in (None: it did, or the round cannot tell)."""
-        return not_in_effect(self.kind, obs.work, obs.compiled, len(obs.step_roots))
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        """Why it did not take effect in a round it ran in ("did not take effect: …"); None where it did,
+        or where the round cannot tell (its modules not probed, or nothing to read for this fix)."""
+        return None
+
+    def evidence(self, seen: RoundWork) -> str | None:
+        """What the round shows of its effect, in a few words (None where nothing is measured for it)."""
+        return None
 
     def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
         """Its change as the framework's own switch, where the framework has one (None: its edits)."""
         return None
+
+
+def round_work(obs: Observations) -> RoundWork:
+    return RoundWork(obs.work, obs.compiled, len(obs.step_roots))
 
 
 def roots_named(obs: Observations) -> str:

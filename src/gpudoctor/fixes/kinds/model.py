@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.evidence import IN_EFFECT, RoundWork, pct
 from gpudoctor.fixes.frameworks import Framework
 from gpudoctor.fixes.kinds.base import (
     HALF_TOLERANCE,
@@ -24,6 +25,7 @@ from gpudoctor.fixes.patches.compile import MODES, Compile
 from gpudoctor.fixes.patches.layout import ChannelsLast
 
 NO_MODULE = "no nn.Module with parameters was called"
+NOT = "did not take effect: "
 
 
 def _fp32(obs: Observations) -> bool:
@@ -71,6 +73,18 @@ class CompileFix(Fix):
         if all(r.compiled for r in roots):
             return f"the script compiles {'the model' if len(roots) == 1 else roots_named(obs)} itself (torch.compile)"
         return None
+
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        if seen.compiled is not None and seen.compiled.graphs == 0:
+            return NOT + "torch.compile compiled no graph (the forward never ran compiled)"
+        return None
+
+    def evidence(self, seen: RoundWork) -> str | None:
+        c = seen.compiled
+        if c is None:
+            return None
+        breaks = f", {c.graph_breaks} graph breaks" if c.graph_breaks else ""
+        return f"{c.graphs} graphs compiled from {c.frames} frames ({c.ops} ops){breaks}"
 
     def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
         if fw.name == "transformers":
@@ -121,6 +135,27 @@ class AutocastFix(Fix):
             return f"the parameters of {roots_named(obs)} are {dtypes}, not float32"
         return None
 
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is None:
+            return None
+        if not w.total:
+            return NOT + f"no matmul or convolution ran in the forward{seen.of_modules}"
+        share = w.half_flops() / w.total
+        if share < IN_EFFECT:
+            return NOT + (
+                f"{pct(share)} of the forward's matmul and convolution work{seen.of_modules} ran in "
+                "reduced precision"
+            )
+        return None
+
+    def evidence(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is None or not w.total:
+            return None
+        share = pct(w.half_flops() / w.total)
+        return f"{share} of the forward's matmul/convolution work in reduced precision{seen.over_modules}"
+
     def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
         fp16 = arg == "float16" or any("float16" in e.wrap.replace("bfloat16", "") for e in edits)
         if fw.name == "transformers":
@@ -155,6 +190,12 @@ class TF32Fix(Fix):
             return f"float32 matmul precision is already {obs.float32_matmul_precision!r}"
         return None
 
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is not None and w.total and not w.flops.get("float32", 0.0):
+            return NOT + "no float32 matmul or convolution ran in the forward"
+        return None
+
     def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
         return [fw.option(tf32="True")] if fw.name == "transformers" else None
 
@@ -179,6 +220,23 @@ class ChannelsLastFix(Fix):
             return f"{roots_named(obs)} {'has' if len(roots) == 1 else 'have'} no Conv2d"
         return None
 
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is None:
+            return None
+        if not w.conv_flops:
+            return NOT + f"no convolution ran in the forward{seen.of_modules}"
+        share = w.conv_nhwc_flops / w.conv_flops
+        if share < IN_EFFECT:
+            return NOT + f"{pct(share)} of the convolution work{seen.of_modules} was fed channels_last"
+        return None
+
+    def evidence(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is None or not w.conv_flops:
+            return None
+        return f"{pct(w.conv_nhwc_flops / w.conv_flops)} of the convolution work fed channels_last{seen.over_modules}"
+
 
 class CudnnBenchmarkFix(ChannelsLastFix):
     kind = "cudnn_benchmark"
@@ -189,6 +247,12 @@ class CudnnBenchmarkFix(ChannelsLastFix):
         if super().propose(p) and not p.obs.cudnn_benchmark:
             return [(self.kind, "convolutions without cuDNN's autotuner")]
         return []
+
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        return None  # the autotuner's choice shows in no layout or dtype
+
+    def evidence(self, seen: RoundWork) -> str | None:
+        return None
 
     def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
         why = super().why_not(obs, arg, steps)
@@ -219,3 +283,15 @@ class SdpaFix(Fix):
             verb = "is" if len(roots) == 1 else "are"
             return f"{roots_named(obs)} {verb} not a Hugging Face model with eager attention"
         return None
+
+    def not_in_effect(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is not None and not w.attention_calls:
+            return NOT + "no fused scaled_dot_product_attention ran in the forward"
+        return None
+
+    def evidence(self, seen: RoundWork) -> str | None:
+        w = seen.work
+        if w is None or not w.total:
+            return None
+        return f"{w.attention_calls} fused attention calls in the forward{seen.over_modules}"
