@@ -108,6 +108,9 @@ SERIAL_TESTS = {
         "test_the_watchdog_stops_a_measurement_in_another_thread_too",
         "test_sigterm_mid_run_leaves_the_run_directory_with_what_was_measured",
     },
+    "test_fix_ranks.py": {
+        "test_a_loader_starved_ddp_loop_keeps_the_workers_fix_proved_by_plain_torchrun_groups",
+    },
     "test_run_frameworks.py": {
         "test_traces_recorded_by_lightning_or_a_callback_analyze_into_steps",
     },

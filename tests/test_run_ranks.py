@@ -354,24 +354,22 @@ def test_a_script_too_short_for_the_phases_under_torchrun_says_what_to_pass(tmp_
     assert not (tmp_path / "run" / "analysis.json").exists()
 
 
-def test_fix_under_torchrun_says_why_it_is_not_offered(tmp_path: Path) -> None:
+def test_fix_under_torchrun_leaves_the_session_to_rank_0_and_refuses_several_nodes(tmp_path: Path) -> None:
     # GIVEN `gpudoctor fix` started as one rank of several (torchrun's environment)
     from typer.testing import CliRunner
 
     from gpudoctor.cli.main import app
 
-    env = {
-        "RANK": "0",
-        "WORLD_SIZE": "2",
-        "LOCAL_RANK": "0",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": "29599",
-    }
-    result = CliRunner().invoke(app, ["fix", str(SCRIPT)], env=env)
-    # THEN one line says it does not run there yet and what to do instead, exit 2, no traceback
+    env = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29599"}  # fmt: skip
+    # WHEN it is rank 1: rank 0 runs the session, each round a group of its own; this one ends at once
+    result = CliRunner().invoke(app, ["fix", "--out", str(tmp_path / "f"), str(SCRIPT)], env=env)
+    assert result.exit_code == 0, result.output
+    assert "rank 0 runs the session" in result.output and not (tmp_path / "f").exists()
+    # WHEN the ranks span nodes (2 ranks here of 4): one line says why not, exit 2, no traceback
+    result = CliRunner().invoke(app, ["fix", str(SCRIPT)], env={**env, "WORLD_SIZE": "4"})
     assert result.exit_code == 2
-    assert "gpudoctor fix does not run under torchrun yet" in result.output
-    assert "docs/fix.md" in result.output and "Traceback" not in result.output
+    assert "on this node alone" in result.output and "Traceback" not in result.output
 
 
 def test_the_ranks_notes_are_printed_once_each_with_the_ranks_that_say_them(tmp_path: Path) -> None:

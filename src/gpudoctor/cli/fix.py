@@ -9,9 +9,10 @@ does not compile is a usage error (exit 2); one that does not run as written exi
 
 from __future__ import annotations
 
+import os
 import re
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -70,11 +71,9 @@ def _skipped(text: str | None) -> tuple[str, ...]:
     return items
 
 
-SEVERAL_RANKS = (
-    "gpudoctor fix does not run under torchrun yet: a fix must be applied and timed on every rank at once "
-    "(each round a torchrun of its own, the ranks' steps timed together), which it does not do; diagnose "
-    "the ranks with `torchrun ... -m gpudoctor run`, or fix one rank's loop on one GPU first "
-    "(docs/fix.md, 'Several GPUs')"
+ONE_NODE = (
+    "gpudoctor fix runs its groups of ranks on this node alone (each round a torchrun of its own, "
+    "--standalone): give the GPUs of one node (--nproc N, or torchrun --nnodes 1)"
 )
 
 
@@ -106,6 +105,7 @@ def fix_command(
     fork: Annotated[bool, typer.Option("--fork/--no-fork", help="Fork each round from a server that imported torch and the script's libraries once (faster), or start a fresh interpreter each.")] = True,
     proof: Annotated[bool, typer.Option("--proof/--no-proof", help="Apply the recommended diff to a copy of your files and time it against the script as plain processes (python script.py), the report's headline; --no-proof: the harness's figure alone.")] = True,
     proof_half_width: Annotated[float, typer.Option("--proof-half-width", min=0.1, max=50.0, help="The proof times pairs of plain processes until the speedup's 95% interval is within ± this % of it (3 pairs at least, 10 at most, fewer where --budget ends first).")] = 5.0,
+    nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks on this node: each round, and each process of the proof, a torchrun group of this many, every rank with the same fixes (as torchrun --nproc-per-node).")] = 1,
     aa: Annotated[bool, typer.Option("--aa", help="A/A: time the script against itself and a patch that changes nothing (in processes and in blocks), beside plain processes: the noise floor, and the test's false-positive rate here.")] = False,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
@@ -130,7 +130,7 @@ def fix_command(
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=_skipped(skip), fork=fork,
         shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s, extend_blocks=extend_blocks,
-        proof=proof, proof_half_width=proof_half_width / 100,
+        proof=proof, proof_half_width=proof_half_width / 100, nproc=nproc,
     )  # fmt: skip
     request = FixRequest(tuple(command or ()), module, from_run, out, options, diagnose, aa)
     code = run_fix_request(request)
@@ -160,8 +160,9 @@ def run_fix_request(request: FixRequest) -> int:
     from gpudoctor.report.fix_view import render_fix_terminal
     from gpudoctor.runner.rundir import ROUNDS_DIR, round_files
 
-    if RankEnv.from_environ() is not None:
-        raise UsageError(SEVERAL_RANKS)
+    request = _as_group(request)
+    if request is None:  # a rank of torchrun's but the first: rank 0 runs the session's groups
+        return 0
     command, inputs = request.command, None
     if request.from_run is not None:
         script, inputs = load_from_run(request.from_run)
@@ -195,6 +196,27 @@ def run_fix_request(request: FixRequest) -> int:
         print(f"gpudoctor fix: {why}" + (f"; its output: {log}" if log.exists() else ""), file=sys.stderr)
         return 1
     return 0
+
+
+def _as_group(request: FixRequest) -> FixRequest | None:
+    """Under torchrun (`torchrun --nproc-per-node N -m gpudoctor fix script.py`): rank 0 runs the
+    session, each round a group of N ranks of its own; the other ranks end here (None)."""
+    env = RankEnv.from_environ()
+    if env is None:
+        if request.options.nproc > 1 and request.aa:
+            raise UsageError("--aa times one process against itself: run it without --nproc")
+        return request
+    if int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) != env.world_size:
+        raise UsageError(ONE_NODE)
+    if request.options.nproc not in (1, env.world_size):
+        raise UsageError(f"--nproc {request.options.nproc} under torchrun's {env.world_size} ranks: give one")
+    if request.aa:
+        raise UsageError("--aa times one process against itself: run it without torchrun")
+    if env.rank != 0:
+        print(f"gpudoctor fix: rank {env.rank}: rank 0 runs the session (each round {env.world_size} ranks "
+              "of its own)", file=sys.stderr)  # fmt: skip
+        return None
+    return replace(request, options=replace(request.options, nproc=env.world_size))
 
 
 def _run(

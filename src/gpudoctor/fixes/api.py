@@ -13,9 +13,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpudoctor.fixes.aa import BLOCK_PAIRS_FACTOR, AAReport, run_aa
-from gpudoctor.fixes.diagnose import RunInputs, diagnose_script, load_run
+from gpudoctor.fixes.diagnose import RunInputs, diagnose_ranks, diagnose_script, load_run
 from gpudoctor.fixes.forkserver import ForkLauncher, start_launcher
-from gpudoctor.fixes.launch import SubprocessLauncher
+from gpudoctor.fixes.launch import SubprocessLauncher, TorchrunLauncher
+from gpudoctor.fixes.options import Launcher
 from gpudoctor.fixes.prove import PlainProver, Target
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
@@ -94,12 +95,12 @@ def _run_fix(
 ) -> FixReport:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     notes: list[str] = []
+    if options.nproc > 1:  # every A/B of fresh groups: the ranks switch nothing in their processes
+        options = replace(options, blocks=0, fork=False)
     if inputs is None and diagnose:
         if on_stage:
             on_stage("diagnosing: the script under the doctor, with stacks")
-        w, light, traced = DIAGNOSE_STEPS
-        inputs = diagnose_script(script.target, list(script.args), module=script.module, out=out / rundir.DIAGNOSIS_RUN,
-                                 warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
+        inputs = _diagnose(script, out / rundir.DIAGNOSIS_RUN, options)
     if inputs is not None and inputs.script_error is not None and inputs.diagnosis is None:
         # the script fails by itself: every round would fail alike, each running it once more
         return _failed_under_doctor(script, options, inputs, started, notes)
@@ -108,8 +109,13 @@ def _run_fix(
     if on_stage:
         on_stage("starting the rounds' processes")
     t0 = time.monotonic()
-    launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=options,
-                                   rounds_dir=out / rundir.ROUNDS_DIR, extra=child_extra, fork=options.fork)  # fmt: skip
+    launcher: Launcher
+    if options.nproc > 1:
+        launcher = TorchrunLauncher(script.target, list(script.args), module=script.module, options=options,
+                                    rounds_dir=out / rundir.ROUNDS_DIR, extra=child_extra, nproc=options.nproc)  # fmt: skip
+    else:
+        launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=options,
+                                       rounds_dir=out / rundir.ROUNDS_DIR, extra=child_extra, fork=options.fork)  # fmt: skip
     if options.fork and not isinstance(launcher, ForkLauncher):
         notes.append(f"rounds: {how}")  # slower than asked (the options say fork)
     # a plain process imports what the server imported once before its rounds: the budget counts it
@@ -127,6 +133,16 @@ def _run_fix(
     finally:
         if isinstance(launcher, ForkLauncher):
             launcher.close()
+
+
+def _diagnose(script: FixTarget, out: Path, options: FixOptions) -> RunInputs:
+    """The doctor's run on the script: one process, or a group of `options.nproc` ranks."""
+    w, light, traced = DIAGNOSE_STEPS
+    if options.nproc > 1:
+        return diagnose_ranks(script.target, list(script.args), nproc=options.nproc, module=script.module, out=out,
+                              warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
+    return diagnose_script(script.target, list(script.args), module=script.module, out=out, warmup=w,
+                           light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
 
 
 def _failed_under_doctor(

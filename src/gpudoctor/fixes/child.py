@@ -35,6 +35,7 @@ from gpudoctor.fixes.observe import Observer
 from gpudoctor.fixes.patches.base import FixPatch, PatchContext
 from gpudoctor.fixes.patches.forward import ForwardVariants, ForwardWrapper
 from gpudoctor.fixes.patches.loader import PREFETCH, Workers
+from gpudoctor.fixes.ranks import rank_path, this_rank
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.runner.capture import LiveCapture, LiveOptions
 from gpudoctor.runner.child import end_within
@@ -42,6 +43,7 @@ from gpudoctor.runner.compile_time import CompileTime
 from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
 from gpudoctor.runner.launch import ScriptEnd, run_script
 from gpudoctor.runner.outputs import OutputRecorder
+from gpudoctor.runner.ranks import RankRun, end_process_group
 from gpudoctor.runner.record import StepFound
 from gpudoctor.runner.rundir import write_child_result
 from gpudoctor.timing.blocks import BlockPlan
@@ -79,6 +81,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.command:
         parser.error("give the script (or module) and its arguments after --")
     fixes = [f for f in args.fixes.split(",") if f]
+    if args.switch and this_rank() is not None:
+        parser.error("--switch: the ranks of a group switch no fix in their processes (each side a group)")
     stray = [f for f in args.switch.split(",") if f and f not in fixes and not wraps_forward(f)]
     if stray:
         parser.error(f"--switch names fixes not in --fixes that do not wrap the forward: {', '.join(stray)}")
@@ -208,13 +212,22 @@ def run_round(args: argparse.Namespace) -> RoundResult:
     # Installed in every round (a script that compiles its own model recompiles too: the light phase
     # starts again), reported where a fix compiles.
     clock = CompileClock(lambda: capture.timing)
+    # one rank of several (a torchrun group): the ranks enter each phase at the same step, agreed through
+    # the launcher's store, so that every rank stops at the step the others stop at
+    ranks = _rank_run(args, target, script_args)
     capture = LiveCapture(
-        Path(args.out).parent, options, on_switch=switcher, disturbed=clock.seconds, switch_lag=switcher.lag
+        Path(args.out).parent,
+        options,
+        on_phase=ranks.on_phase if ranks else None,
+        on_switch=switcher,
+        disturbed=None if ranks else clock.seconds,
+        switch_lag=switcher.lag,
     )
     watching.append(capture)
     end: ScriptEnd | None = None
     failed: str | None = None
     kind, values, observations = "none", [], None
+    ended_at = 0.0
     finder.install()
     try:
         # the variants after the wrappers: their forwards are built once the wrappers saw the root
@@ -223,6 +236,9 @@ def run_round(args: argparse.Namespace) -> RoundResult:
             try:
                 end = run_script(target, script_args, module=args.module)
             finally:
+                ended_at = time.time()
+                if ranks is not None:  # torchrun's SIGTERM from here on must not cut the result short
+                    ranks.script_ended = True
                 capture.uninstall()
             kind, values = recorder.values()
             observations = observer.observations()
@@ -231,6 +247,8 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         traceback.print_exc()
     finally:
         finder.uninstall()
+        if ranks is not None:
+            _end_rank(ranks, end)
     result = _result(fixes, end, failed, capture, clock if compiling else None)
     return replace(
         result,
@@ -246,7 +264,25 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         observations=observations,
         exact_random=args.exact_random,
         wall_s=time.perf_counter() - started,
+        ended_at=ended_at,
     )
+
+
+def _rank_run(args: argparse.Namespace, target: str, script_args: list[str]) -> RankRun | None:
+    """This round's side of a group of ranks (its meeting files beside the round's result), or None."""
+    if this_rank() is None:
+        return None
+    out = Path(args.out)
+    return RankRun.start(out.with_name(f"{out.stem}.ranks"), [target, *script_args], "", {})
+
+
+def _end_rank(ranks: RankRun, end: ScriptEnd | None) -> None:
+    """The script's process group ended as its own end would have (every rank stopped at one step)."""
+    if end is not None and end.outcome == "stopped":
+        note = end_process_group()
+        if note:
+            print(f"gpudoctor fix: {note}", file=sys.stderr)
+    ranks.close()
 
 
 def _result(
@@ -305,7 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     result = run_round(args)
     if result.error and result.outcome == "exception":
         print(f"gpudoctor fix: the script raised {result.error}", file=sys.stderr)
-    write_child_result(args.out, result.to_json())  # the one writer: whole or not at all
+    rank = this_rank()
+    out = args.out if rank is None else str(rank_path(Path(args.out), rank))
+    write_child_result(out, result.to_json())  # the one writer: whole or not at all
     end_within()  # the round is measured: its way out may not cost the session
     return 0
 

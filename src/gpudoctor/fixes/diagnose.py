@@ -11,10 +11,13 @@ from pathlib import Path
 
 from gpudoctor.doctor.diagnosis_process import EXITED, ChildDiagnosis, child_argv
 from gpudoctor.doctor.report import RunReport
+from gpudoctor.fixes.ranks import group_env, root_cause, torchrun
 from gpudoctor.fixes.round import said
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.runner import rundir
-from gpudoctor.runner.child import run_child
+from gpudoctor.runner.child import child_env, log_tail, run_child, run_plain
+from gpudoctor.runner.phases import LiveOptions
+from gpudoctor.runner.torchrun import torchrun_argv
 from gpudoctor.util.errors import UsageError
 
 
@@ -72,3 +75,56 @@ def load_run(run_dir: Path) -> RunInputs:
     if report.diagnosis is None:
         return RunInputs(None, argv, f"{run_dir} has no analysis.json (the run traced no steps)")
     return RunInputs(report.diagnosis, argv)
+
+
+def diagnose_ranks(
+    target: str,
+    args: list[str],
+    *,
+    nproc: int,
+    module: bool,
+    out: Path,
+    warmup: int,
+    light_steps: int,
+    steps: int,
+    timeout_s: float,
+) -> RunInputs:
+    """The doctor run on the script as `nproc` ranks (`torchrun … -m gpudoctor run`, stacks on, no NVML)
+    into `out`; the diagnosis of the rank that paces the others, with what is found of the ranks
+    together (a straggler, uneven work, exposed communication)."""
+    command = [target, *args]
+    options = LiveOptions(warmup=warmup, warmup_seconds=0.5, light_steps=light_steps, light_seconds=1.0,
+                          steps=steps, with_stack=True, nvml=False)  # fmt: skip
+    log = out.with_name(out.name + ".log")
+    argv = [*torchrun(nproc), *torchrun_argv(nproc, out, options, module, command)[6:]]
+    run = run_plain(argv, env=group_env(child_env()), cwd=str(Path.cwd()), result=out / "analysis.json",
+                    log=log, timeout_s=timeout_s)  # fmt: skip
+    if run.timed_out:
+        return RunInputs(None, tuple(command), f"the diagnosis run ran past {timeout_s:.0f} s", log=log)
+    if run.exit_code:
+        failed = f"the script failed under the doctor: {_rank_failure(out, nproc, log)}"
+        return RunInputs(None, tuple(command), failed, failed, log)
+    if not (out / "analysis.json").exists():
+        return RunInputs(None, tuple(command), f"the ranks' diagnosis run wrote no analysis{said(run.log_tail)}",
+                         log=log)  # fmt: skip
+    report = RunReport.load(out)
+    if report.ranks is None:
+        return RunInputs(report.diagnosis, tuple(command), log=log)
+    slowest = report.ranks.across.overview.slowest
+    own = report.ranks.reports.get(slowest.rank) if slowest else None
+    paced = own[1] if own is not None else report.diagnosis
+    together = report.ranks.diagnosis.findings
+    if paced is None:
+        return RunInputs(report.ranks.diagnosis, tuple(command), log=log)
+    return RunInputs(replace(paced, findings=(*paced.findings, *together)), tuple(command), log=log)
+
+
+def _rank_failure(out: Path, nproc: int, log: Path) -> str:
+    """Which rank failed first and how (torchrun's summary), with its script's exception where it
+    raised one, in one line."""
+    cause = root_cause(log_tail(log, 16_000))
+    for r in range(nproc):
+        record = rundir.read_record(rundir.rank_dir(out, r))
+        if record is not None and record.error and (cause is None or cause.rank == r):
+            return f"{cause or f'rank {r}'}: {record.error}"
+    return str(cause) if cause else f"a rank failed{said(log_tail(log))}"

@@ -6,14 +6,25 @@ time limit, dies, or writes nothing is a `RoundResult` saying so, never an excep
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
+from gpudoctor.fixes.ranks import (
+    FAILED,
+    failure_line,
+    group_env,
+    merge_rounds,
+    rank_path,
+    root_cause,
+    torchrun,
+)
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions
-from gpudoctor.runner.child import log_tail, run_child
-from gpudoctor.runner.rundir import round_files
+from gpudoctor.runner.child import child_env, log_tail, run_child, run_plain
+from gpudoctor.runner.rundir import round_files, write_child_result
 from gpudoctor.util.errors import GpudoctorError
 
 
@@ -87,3 +98,50 @@ def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_ra
 
 def _with_tail(result: RoundResult, tail: str) -> RoundResult:
     return replace(result, log_tail=tail)
+
+
+class TorchrunLauncher(SubprocessLauncher):
+    """Each round as a torchrun group of `nproc` ranks on this node, every rank with the same fixes
+    (`fixes.ranks`); the group's result written where a single round's would be. The ranks switch no
+    fix in their processes: every A/B is of fresh groups."""
+
+    def __init__(self, target: str, args: list[str], *, nproc: int, **kw: Any) -> None:
+        super().__init__(target, args, **kw)
+        self.nproc = nproc
+
+    def __call__(
+        self,
+        label: str,
+        fixes: tuple[str, ...],
+        exact_random: bool,
+        switch: tuple[str, ...] = (),
+        extend: int = 0,
+    ) -> RoundResult:
+        if switch:
+            raise ValueError("the ranks of a group switch no fix in their processes")
+        out, log = round_files(self.rounds_dir, label)
+        for r in range(self.nproc):
+            rank_path(out, r).unlink(missing_ok=True)
+        child = self.command(out, fixes, exact_random)[1:]  # `-m gpudoctor.fixes.child …`
+        run = run_plain([*torchrun(self.nproc), *child], env=group_env(child_env()), cwd=os.getcwd(),
+                        result=rank_path(out, 0), log=log, timeout_s=self.options.child_timeout_s)  # fmt: skip
+        if run.timed_out:
+            return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
+                               log_tail=run.log_tail, exact_random=exact_random)  # fmt: skip
+        ranks = [
+            read_round(rank_path(out, r), log, run.exit_code or 0, fixes, exact_random)
+            if rank_path(out, r).exists()
+            else None
+            for r in range(self.nproc)
+        ]
+        result = merge_rounds(ranks, fixes)
+        result = replace(result, leftover_processes=result.leftover_processes + run.leftover)
+        cause = root_cause(log_tail(log, 16_000)) if run.exit_code else None
+        if cause is not None:  # a rank failed: torchrun ended the group
+            outcome = result.outcome if result.outcome in FAILED else "crashed"
+            error = failure_line(cause, ranks)
+            result = replace(
+                result, outcome=outcome, exit_code=run.exit_code or 1, error=error, step_times_us=()
+            )
+        write_child_result(out, result.to_json())
+        return result

@@ -42,6 +42,9 @@ class FixOptions:
     # (fixes.prove), in pairs until the speedup's 95% interval is within ±proof_half_width of it
     proof: bool = True
     proof_half_width: float = TARGET_HALF_WIDTH
+    # ranks of a torchrun group on this node: every round, and each of the proof's processes, a group of
+    # this many (fixes.ranks); more than 1 times fresh groups only (no blocks, no fork server)
+    nproc: int = 1
 
 
 @dataclass(frozen=True)

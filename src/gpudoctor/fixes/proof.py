@@ -84,6 +84,7 @@ class ProofRequest:
     snippets: tuple[str, ...]
     step: StepFound | None
     seconds_left: float | None  # of the time budget; None: no budget
+    step_us: float | None = None  # the harness's baseline mean step (ranks time a number of steps from it)
 
 
 class Prover(Protocol):

@@ -10,6 +10,7 @@ least; at most 10, or what the time budget leaves). Every process runs through t
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import sys
@@ -35,8 +36,9 @@ from gpudoctor.fixes.proof import (
     half_width,
     timed_reason,
 )
+from gpudoctor.fixes.ranks import group_env, rank_path, root_cause, torchrun
 from gpudoctor.fixes.shadow import ShadowError, build_shadow
-from gpudoctor.runner.child import ChildRun, run_plain
+from gpudoctor.runner.child import ChildRun, log_tail, read_result, run_plain
 from gpudoctor.runner.record import StepFound
 from gpudoctor.runner.rundir import proof_files, proof_folders, write_stopwatch
 from gpudoctor.timing.paired import PairedComparison
@@ -82,7 +84,7 @@ class PlainProver:
     def __call__(self, request: ProofRequest) -> Proof:
         t0 = self.clock()
         script = Path(self.target.script)
-        a_cmd = (sys.executable, self.target.script, *self.target.args)
+        a_cmd = (*self._python(), self.target.script, *self.target.args)
         stated = Stated(a_cmd, str(self.cwd), t0, self.clock, request.step)
         why = self._cannot(request)
         if why is not None:
@@ -97,8 +99,12 @@ class PlainProver:
         except (ShadowError, OSError) as err:
             return stated.proof("not made", None, f"the patched copy could not be made: {err}")
         boot = write_stopwatch(self.out, Path(stopwatch.__file__).read_text(encoding="utf-8")).resolve()
-        b_cmd = (sys.executable, str(copy.script), *self.target.args)
+        b_cmd = (*self._python(), str(copy.script), *self.target.args)
         return self._pairs(request, stated, a_cmd, b_cmd, boot, str(copy.root))
+
+    def _python(self) -> tuple[str, ...]:
+        """How the user starts the script: python, or torchrun for a group of ranks."""
+        return tuple(torchrun(self.options.nproc)) if self.options.nproc > 1 else (sys.executable,)
 
     def _cannot(self, request: ProofRequest) -> str | None:
         """Why no proof can be made of this recommendation, or None."""
@@ -126,6 +132,8 @@ class PlainProver:
         o = self.options
         settings = {"source": step.source, "module": step.module, "warmup": o.warmup, "warmup_s": o.warmup_s,
                     "steps": o.steps, "steps_s": o.steps_s, "window_s": max(o.steps_s / WINDOWS, 0.05)}  # fmt: skip
+        if o.nproc > 1:
+            settings.update(lockstep_steps(o, request.step_us))
         path = os.pathsep.join(p for p in (str(boot), self.env.get("PYTHONPATH", "")) if p)
         added = {"PYTHONPATH": path, stopwatch.ENV: json.dumps(settings)}
         stated = replace(known, patched_command=b_cmd, env=tuple(added.items()), copy=copy)
@@ -182,7 +190,14 @@ class PlainProver:
         own = [p.wall_s for p in before if p.side == side]
         if own:
             limit = min(limit, max(MIN_TIMEOUT_S, TIMEOUT_FACTOR * max(own)))
-        run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
+        if self.options.nproc > 1:
+            env = group_env(env)
+            run = run_plain(
+                cmd, env=env, cwd=str(self.cwd), result=rank_path(result, 0), log=log, timeout_s=limit
+            )
+            run = slowest_rank(run, result, self.options.nproc, log)
+        else:
+            run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
         return plain_process(side, run, str(log), self.options)
 
     def _failed(
@@ -193,6 +208,35 @@ class PlainProver:
             return stated.proof("does not run", False, why, processes, pairs)
         why = f"the script as written did not run as a plain process: {p.failure} (its output: {p.log})"
         return stated.proof("not made", None, why, processes, pairs)
+
+
+def lockstep_steps(o: FixOptions, step_us: float | None) -> dict[str, object]:
+    """The stopwatch's settings for ranks: a number of steps, the same on every rank, for the warm-up
+    and the timed span the options ask in seconds (at the harness's baseline pace)."""
+    per_s = 1e6 / step_us if step_us else 0.0
+    return {
+        "ranks": True,
+        "warmup": o.warmup + math.ceil(o.warmup_s * per_s),
+        "steps": max(o.steps, math.ceil(o.steps_s * per_s)),
+    }
+
+
+def slowest_rank(run: ChildRun, result: Path, nproc: int, log: Path) -> ChildRun:
+    """A group's plain process as its slowest rank's (the step every rank pays); where a rank failed
+    or wrote nothing, the group's failure in one line."""
+    docs = [read_result(rank_path(result, r))[0] for r in range(nproc)]
+    if run.exit_code and not run.timed_out:
+        cause = root_cause(log_tail(log, 16_000))
+        return replace(
+            run, result=None, error=str(cause) if cause else f"torchrun exit status {run.exit_code}"
+        )
+    if any(d is None for d in docs):
+        missing = next(r for r, d in enumerate(docs) if d is None)
+        return replace(run, result=None, error=run.error or f"rank {missing} wrote no result")
+    timed = [d for d in docs if d and isinstance(d.get("mean_step_us"), (int, float))]
+    if len(timed) < nproc:
+        return replace(run, result=next(d for d in docs if d not in timed))
+    return replace(run, result=max(timed, key=lambda d: float(d["mean_step_us"])))
 
 
 def plain_process(side: str, run: ChildRun, log: str, o: FixOptions) -> PlainProcess:

@@ -51,6 +51,7 @@ class RoundResult(Serialized):
     restarted_s: tuple[float, ...] = ()  # without blocks: each restart of the light phase, seconds compiled
     leftover_processes: int = 0  # left running in its process group when it ended (then killed)
     step: StepFound | None = None  # what a step was (the proof's plain processes count the same)
+    ended_at: float = 0.0  # when the script ended (time.time()): of a group's failed ranks, the first
     schema: str = SCHEMA
 
     @property

@@ -181,7 +181,12 @@ class FixSession:
             return
         report = self.report()
         request = ProofRequest(
-            self.final, report.diff, report.snippets, self.reference.step, self.budget.left_s()
+            self.final,
+            report.diff,
+            report.snippets,
+            self.reference.step,
+            self.budget.left_s(),
+            self.reference.mean_step_us,
         )
         self.proof = self.prover(request)
 

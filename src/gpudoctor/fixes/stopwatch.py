@@ -47,6 +47,9 @@ class Stopwatch:
         self.steps = int(config.get("steps", 20))
         self.steps_s = float(config.get("steps_s", 2.0))
         self.window_s = float(config.get("window_s", 0.5))
+        # one rank of a group: every rank warms up and times the same number of steps and ends at the
+        # same step (a rank that stopped early would leave the others waiting in a collective)
+        self.lockstep = bool(config.get("ranks"))
         self.clock = clock
         self.sync = lambda: None  # CUDA synchronization, once torch is there
         self.compiled_s = lambda: 0.0  # seconds torch.compile has spent compiling so far
@@ -66,7 +69,9 @@ class Stopwatch:
         if self.window is None:
             if self.first_step is None:
                 self.first_step = now
-            warm = self.steps_seen >= self.warmup + self.in_flight and now - self.first_step >= self.warmup_s
+            warm = self.steps_seen >= self.warmup + self.in_flight and (
+                self.lockstep or now - self.first_step >= self.warmup_s
+            )
             if warm:
                 self.warmup_steps = self.steps_seen
                 self.sync()
@@ -74,7 +79,8 @@ class Stopwatch:
             return
         start, n, compiled = self.window
         n += 1
-        if now - start < self.window_s:
+        last = self.lockstep and self.steps_seen >= self.warmup_steps + max(self.steps, 2 * self.in_flight, 1)
+        if now - start < self.window_s and not last:
             self.window = (start, n, compiled)
             return
         self.sync()
@@ -87,7 +93,9 @@ class Stopwatch:
         self.window = (end, 0, self.compiled_s())
         timed_s = sum(w[0] for w in self.windows)
         timed = sum(w[1] for w in self.windows)
-        if timed_s >= self.steps_s and timed >= max(self.steps, 2 * self.in_flight, 1):
+        if last or (
+            not self.lockstep and timed_s >= self.steps_s and timed >= max(self.steps, 2 * self.in_flight, 1)
+        ):
             self.finish("timed")
 
     def result(self, outcome: str) -> dict[str, Any]:
@@ -351,13 +359,28 @@ def _chain_load() -> None:
         sys.modules["sitecustomize"] = me
 
 
+def rank_out(out: str, rank: int) -> str:
+    """Where rank `rank` writes the result `out` names for its group (`a/b.json` → `a/b.rank1.json`)."""
+    stem, dot, suffix = out.rpartition(".")
+    return f"{stem}.rank{rank}.{suffix}" if dot and "/" not in suffix else f"{out}.rank{rank}"
+
+
 def boot() -> None:
-    raw = os.environ.pop(ENV, None)
+    raw = os.environ.get(ENV)
+    if raw and json.loads(raw).get("ranks") and "RANK" not in os.environ:
+        # the launcher of a group (torchrun's agent): its workers start with this folder and settings
+        if __name__ == "sitecustomize":
+            _chain_load()
+        return
+    os.environ.pop(ENV, None)
     if __name__ == "sitecustomize":
         _hide(os.path.realpath(os.path.dirname(os.path.abspath(__file__))))
         _chain_load()
     if raw:
-        install(json.loads(raw))
+        config = json.loads(raw)
+        if config.get("ranks"):
+            config["out"] = rank_out(str(config["out"]), int(os.environ["RANK"]))
+        install(config)
 
 
 if __name__ == "sitecustomize":

@@ -53,9 +53,9 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def log_tail(log: Path) -> str:
+def log_tail(log: Path, size: int = LOG_TAIL) -> str:
     try:
-        return log.read_text(errors="replace")[-LOG_TAIL:]
+        return log.read_text(errors="replace")[-size:]
     except OSError:
         return ""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from gpudoctor.runner.child import run_attached
 from gpudoctor.runner.phases import LiveOptions
 
-NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0"}
+NVLS_OFF_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
 
 def torchrun_argv(nproc: int, out: Path, options: LiveOptions, module: bool, command: list[str]) -> list[str]:
