@@ -11,14 +11,18 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from gpudoctor.fixes import stopwatch
-from gpudoctor.fixes.observe import LoaderInfo, Observations
+from gpudoctor.fixes.kinds.dist import DdpFix
+from gpudoctor.fixes.launch import TorchrunLauncher
+from gpudoctor.fixes.observe import DdpInfo, LoaderInfo, Observations
 from gpudoctor.fixes.options import FixOptions
+from gpudoctor.fixes.patches.ddp import knobs_to_set
 from gpudoctor.fixes.prove import lockstep_steps, slowest_rank
 from gpudoctor.fixes.ranks import group_env, merge_rounds, rank_path, root_cause
 from gpudoctor.fixes.round import RoundResult
@@ -216,3 +220,41 @@ def test_a_rank_that_crashes_in_a_round_ends_its_group_in_one_line_with_nothing_
     assert len(said) == 1 and "rank 1" in said[0] and "RuntimeError: rank 1 failed at step 5" in said[0], said
     assert "Traceback" not in result.stdout
     assert not left_running(SCRIPT)
+
+
+def test_ddp_knobs_are_what_the_script_left_at_their_defaults() -> None:
+    assert knobs_to_set({}) == {"static_graph": True, "gradient_as_bucket_view": True}
+    assert knobs_to_set({"find_unused_parameters": True, "static_graph": True}) == {
+        "gradient_as_bucket_view": True,
+        "find_unused_parameters": False,
+    }
+    assert knobs_to_set({"static_graph": True, "gradient_as_bucket_view": True}) == {}
+    fix, obs = DdpFix(), observations(None)
+    assert fix.why_not(obs, "", 10) == "no DistributedDataParallel was built"
+    built = replace(obs, ddp=(DdpInfo(None, own_call=False, to_set=("static_graph",)),))
+    assert fix.why_not(built, "", 10) is not None and "built by a library" in fix.why_not(built, "", 10)  # type: ignore[operator]
+
+
+def test_a_round_of_two_ranks_builds_ddp_with_its_knobs_and_writes_them_on_the_users_line(
+    tmp_path: Path,
+) -> None:
+    # GIVEN the gloo loop building DDP(net, find_unused_parameters=True), one round of 2 ranks with the fix
+    launcher = TorchrunLauncher(str(SCRIPT), [], module=False, nproc=2, rounds_dir=tmp_path,
+                                options=FixOptions(warmup=2, warmup_s=0.0, steps=4, steps_s=0.0, record=2))  # fmt: skip
+    env = {"OMP_NUM_THREADS": "1", "FIND_UNUSED": "1", "EPOCHS": "2"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        result = launcher("r", ("ddp",), False)
+    # THEN both ranks timed their steps, and the script's DDP was seen with what the fix changes
+    assert result.failure is None, result.log_tail
+    assert result.device.endswith("×2") and result.observations is not None
+    assert result.observations.ddp[0].own_call and "static_graph" in result.observations.ddp[0].to_set
+    # AND the fix's edit is on the script's own DDP(...) line
+    edit = result.patches["ddp"].edits[0]
+    assert edit.call == "DDP" and Path(edit.file) == SCRIPT
+    assert edit.kwargs == {
+        "static_graph": "True",
+        "gradient_as_bucket_view": "True",
+        "find_unused_parameters": "False",
+    }

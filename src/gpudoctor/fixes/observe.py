@@ -93,6 +93,15 @@ class OptimizerInfo:
 
 
 @dataclass(frozen=True)
+class DdpInfo:
+    """A DistributedDataParallel the script built: where, and the knobs it set that the `ddp` fix changes."""
+
+    site: CallSite | None
+    own_call: bool  # built on a line of the user's files (not inside a library: accelerate, Lightning)
+    to_set: tuple[str, ...] = ()  # the knobs the fix would change (static_graph, …)
+
+
+@dataclass(frozen=True)
 class SiteCount:
     site: CallSite | None
     count: int
@@ -115,6 +124,7 @@ class Observations(Serialized):
     # every top-level module the step calls (`root` is the first of them), and what torch.compile did
     roots: tuple[RootInfo, ...] = ()
     compiled: CompileCounts | None = None
+    ddp: tuple[DdpInfo, ...] = ()  # the DistributedDataParallel wrappers it built
 
     @property
     def step_roots(self) -> tuple[RootInfo, ...]:
@@ -182,6 +192,7 @@ class Observer:
         self._loader_infos: tuple[LoaderInfo, ...] | None = None  # once undone (the loaders let go)
         self._iterated: list[int] = []
         self._optimizers: list[OptimizerInfo] = []
+        self._ddp: list[DdpInfo] = []
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
@@ -258,10 +269,29 @@ class Observer:
             )
 
         r.replace(torch.optim.Optimizer, "__init__", opt_init)
+        self._watch_ddp()
         self._count_calls(torch)
         self._compile_start = compile_counts()
         self.finder.on_root(self._on_root)
         self.finder.around_first_call(self._probe)
+
+    def _watch_ddp(self) -> None:
+        import torch.distributed
+
+        if not torch.distributed.is_available():
+            return
+        from torch.nn.parallel import DistributedDataParallel
+
+        from gpudoctor.fixes.patches.ddp import knobs_to_set, own_call
+
+        init, observer = DistributedDataParallel.__init__, self
+
+        def ddp_init(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            site = call_site()
+            init(ddp, module, *args, **kwargs)
+            observer._ddp.append(DdpInfo(site, own_call(site) is not None, tuple(knobs_to_set(kwargs))))
+
+        self._restorer.replace(DistributedDataParallel, "__init__", ddp_init)
 
     def _time_batches(self) -> None:
         from torch.utils.data import dataloader
@@ -365,6 +395,7 @@ class Observer:
             cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
             roots=roots,
             compiled=since(compile_counts(), self._compile_start) if self._compile_start else None,
+            ddp=tuple(self._ddp),
         )
 
 

@@ -1,0 +1,67 @@
+"""DistributedDataParallel's knobs, for a step whose gradient all-reduce is exposed: `static_graph=True`
+(the autograd graph is recorded once: no search for unused parameters at every step, the buckets rebuilt
+in the order gradients come), `gradient_as_bucket_view=True` (gradients live in the all-reduce buckets:
+no copy into them and back) and, where the script asked for it, `find_unused_parameters=False` (static
+graph finds them once) — given to every DistributedDataParallel the script builds on a line of its own
+files, by wrapping the class's constructor. Not switchable: the reducer is built by the constructor. A
+model whose graph changes from step to step fails under `static_graph` in its first steps, so the A/B
+reports it and nothing is kept."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.patches.base import FixPatch, site_here
+from gpudoctor.runner.hooks import CallSite
+
+KNOBS = ("static_graph", "gradient_as_bucket_view")
+NAMES = ("DistributedDataParallel", "DDP")  # the class, and the alias its users import it as
+
+
+def knobs_to_set(kwargs: dict[str, Any]) -> dict[str, bool]:
+    """What the fix changes in a DistributedDataParallel(...) call's keywords (empty: nothing)."""
+    new = {k: True for k in KNOBS if not kwargs.get(k)}
+    if kwargs.get("find_unused_parameters"):
+        new["find_unused_parameters"] = False
+    return new
+
+
+def own_call(site: CallSite | None) -> str | None:
+    """The name DistributedDataParallel is called by on the user's line, where the line calls it."""
+    from gpudoctor.fixes.diff import call_on_line
+
+    if site is None:
+        return None
+    return next((n for n in NAMES if call_on_line(site.file, site.line, n) is not None), None)
+
+
+class DdpKnobs(FixPatch):
+    fix_id = "ddp"
+    order = 20
+
+    def _apply(self) -> None:
+        from torch.nn.parallel import DistributedDataParallel
+
+        init, patch = DistributedDataParallel.__init__, self
+
+        def __init__(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
+            site = site_here()
+            call = own_call(site)
+            new = knobs_to_set(kwargs) if call is not None else {}
+            init(ddp, module, *args, **{**kwargs, **new})
+            if call is None:
+                patch.not_applicable = (
+                    "DistributedDataParallel is built by a library, not on a line of your files"
+                )
+            elif not new:
+                patch.not_applicable = "DistributedDataParallel already has a static graph and bucket views"
+            elif site is not None and patch.first_time_at(site):
+                shown = {k: str(v) for k, v in new.items()}
+                patch.snippet = "model = DistributedDataParallel(model, ..., static_graph=True, gradient_as_bucket_view=True)"
+                what = ", ".join(f"{k}={v}" for k, v in shown.items())
+                patch.changed(f"DistributedDataParallel({what})", Edit("set_kwargs", site.file, site.line, call=call,
+                                                                        kwargs=shown))  # fmt: skip
+
+        self.restorer.replace(DistributedDataParallel, "__init__", __init__)
+        self.not_applicable = "no DistributedDataParallel was built"
