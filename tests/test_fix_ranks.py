@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from gpudoctor.fixes import stopwatch
+from gpudoctor.fixes.diagnose import diagnose_ranks, load_run
 from gpudoctor.fixes.kinds.dist import DdpFix
 from gpudoctor.fixes.launch import TorchrunLauncher
 from gpudoctor.fixes.observe import DdpInfo, LoaderInfo, Observations
@@ -258,3 +259,17 @@ def test_a_round_of_two_ranks_builds_ddp_with_its_knobs_and_writes_them_on_the_u
         "gradient_as_bucket_view": "True",
         "find_unused_parameters": "False",
     }
+
+
+def test_the_ranks_diagnosis_run_is_read_back_as_a_run_directory_for_fix_from(tmp_path: Path) -> None:
+    # GIVEN the doctor's run of the gloo loop as 2 ranks (what `gpudoctor fix --nproc 2` diagnoses first)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("EPOCHS", "4")
+        inputs = diagnose_ranks(str(SCRIPT), [], nproc=2, module=False, out=tmp_path / "run", warmup=2,
+                                light_steps=4, steps=2, timeout_s=120)  # fmt: skip
+    # THEN it diagnosed the ranks, and `--from` that directory gives the same script and diagnosis
+    assert inputs.script_error is None and inputs.diagnosis is not None, inputs.note
+    assert (tmp_path / "run" / "rank-1").is_dir()
+    again = load_run(tmp_path / "run")
+    assert again.argv == (str(SCRIPT),) and again.diagnosis == inputs.diagnosis

@@ -67,7 +67,19 @@ def diagnose_script(
 
 
 def load_run(run_dir: Path) -> RunInputs:
-    """The diagnosis and command line of a `gpudoctor run` directory."""
+    """The diagnosis and command line of a `gpudoctor run` directory (of one process, or of ranks:
+    `rank-K/` beside the ranks' combined analysis)."""
+    first_rank = rundir.rank_dir(run_dir, 0)
+    if (
+        run_dir.is_dir()
+        and rundir.read_record(run_dir) is None
+        and rundir.read_record(first_rank) is not None
+    ):
+        record = rundir.read_record(first_rank)
+        argv = tuple(record.argv) if record is not None else ()
+        if not (run_dir / "analysis.json").exists():
+            return RunInputs(None, argv, f"{run_dir} has no analysis.json (no rank traced its steps)")
+        return _ranks_inputs(RunReport.load(run_dir), argv, None)
     if not run_dir.is_dir() or rundir.read_record(run_dir) is None:
         raise UsageError(f"{run_dir} is not a gpudoctor run directory (no record.json)")
     report = RunReport.load(run_dir)
@@ -107,16 +119,20 @@ def diagnose_ranks(
     if not (out / "analysis.json").exists():
         return RunInputs(None, tuple(command), f"the ranks' diagnosis run wrote no analysis{said(run.log_tail)}",
                          log=log)  # fmt: skip
-    report = RunReport.load(out)
+    return _ranks_inputs(RunReport.load(out), tuple(command), log)
+
+
+def _ranks_inputs(report: RunReport, argv: tuple[str, ...], log: Path | None) -> RunInputs:
+    """The diagnosis of the rank that paces the others, with what is found of the ranks together."""
     if report.ranks is None:
-        return RunInputs(report.diagnosis, tuple(command), log=log)
+        return RunInputs(report.diagnosis, argv, log=log)
     slowest = report.ranks.across.overview.slowest
     own = report.ranks.reports.get(slowest.rank) if slowest else None
     paced = own[1] if own is not None else report.diagnosis
     together = report.ranks.diagnosis.findings
     if paced is None:
-        return RunInputs(report.ranks.diagnosis, tuple(command), log=log)
-    return RunInputs(replace(paced, findings=(*paced.findings, *together)), tuple(command), log=log)
+        return RunInputs(report.ranks.diagnosis, argv, log=log)
+    return RunInputs(replace(paced, findings=(*paced.findings, *together)), argv, log=log)
 
 
 def _rank_failure(out: Path, nproc: int, log: Path) -> str:
