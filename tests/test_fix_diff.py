@@ -100,6 +100,18 @@ def test_compile_goes_after_the_last_assignment_of_the_model_in_its_scope() -> N
     assert "    model = model.cuda()\n    model.compile()\n    loader" in new
 
 
+def test_a_line_that_names_torch_brings_its_import_where_the_file_has_none() -> None:
+    # GIVEN the forward's compile (a module of torch's own) in a file that imports only `from torch import nn`
+    text = "from torch import nn\n\nhead = nn.Linear(4, 2)\nout = head(x)\n"
+    form = ("{name}.forward = torch.compile({name}.forward)",)
+    new, unplaced = apply(edit("after_assignment", 4, name="head", code=form), text=text)
+    # THEN `import torch` comes with it; in a file that imports torch, the line alone
+    assert not unplaced
+    assert "head = nn.Linear(4, 2)\nimport torch\nhead.forward = torch.compile(head.forward)\nout" in new
+    new, _ = apply(edit("after_assignment", 5, name="head", code=form), text="import torch\n" + text)
+    assert new.count("import torch") == 1 and "head.forward = torch.compile(head.forward)\nout" in new
+
+
 def test_compile_skips_an_assignment_in_a_branch_the_call_lies_outside() -> None:
     text = (
         "import torch\n"

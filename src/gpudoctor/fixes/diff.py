@@ -205,10 +205,7 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
     """(first line, last line + 1, replacement lines) in 0-based line numbers, or why it cannot be placed."""
     if e.op == "insert_after_imports":
         body = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
-        imports_torch = any(
-            isinstance(s, ast.Import) and any(a.name == "torch" for a in s.names) for s in body
-        )
-        code = list(e.code) if imports_torch else ["import torch", *e.code]
+        code = list(e.code) if _imports_torch(tree) else ["import torch", *e.code]
         at = body[-1].end_lineno or 0 if body else _after_docstring(tree)
         return at, at, [c + "\n" for c in code]
     found = _simple_statement_at(tree, e.line)
@@ -239,8 +236,21 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
         t_first = target.lineno - 1
         t_indent = lines[t_first][: len(lines[t_first]) - len(lines[t_first].lstrip())]
         at = target.end_lineno or target.lineno
-        return at, at, [t_indent + c.replace("{name}", e.name) + "\n" for c in e.code]
+        code = [c.replace("{name}", e.name) for c in e.code]
+        if any("torch." in c for c in code) and not _imports_torch(tree):
+            code.insert(
+                0, "import torch"
+            )  # `X.forward = torch.compile(X.forward)` in a file of `from torch ...`
+        return at, at, [t_indent + c + "\n" for c in code]
     return f"unknown edit {e.op!r}"
+
+
+def _imports_torch(tree: ast.Module) -> bool:
+    """The file binds `torch` at its top level (`import torch`)."""
+    return any(
+        isinstance(s, ast.Import) and any(a.name == "torch" and a.asname is None for a in s.names)
+        for s in tree.body
+    )
 
 
 def _joined_wraps(tree: ast.Module, lines: list[str], edits: list[Edit]) -> list[Edit]:

@@ -90,10 +90,10 @@ class CompileFix(Fix):
         if fw.name == "transformers":
             mode = {"torch_compile_mode": f'"{arg}"'} if arg and arg != "default" else {}
             return [fw.option(torch_compile="True", **mode)]
-        if edits:  # `model.compile()` after the model is made: the way under Lightning and Accelerate too
+        if edits:  # the compile after the model is made (`patches.compile.written_form`): Lightning's, Accelerate's too
             return None
         if fw.name == "lightning" and (fit := fw.fit_model()) is not None:
-            line, name = fit
+            line, name = fit  # a LightningModule: a class Dynamo traces, which `.compile()` compiles
             code = f"{name}.compile()" if not arg or arg == "default" else f'{name}.compile(mode="{arg}")'
             return [Edit("before_statement", fw.file, line, code=(code,))]
         if fw.name == "accelerate" and (not arg or arg == "default"):

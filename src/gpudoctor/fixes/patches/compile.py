@@ -1,7 +1,18 @@
 """`torch.compile` of the forward of every top-level module the step calls (each instance's `forward`
-replaced by the compiled one, deleted on undo), in the default mode, `reduce-overhead` (CUDA graphs) or `max-autotune-no-cudagraphs`.
-`exact_random` makes Inductor draw random numbers as eager PyTorch does, so that a model with dropout
-gives the same losses compiled and eager (for the numerics guard); compile time is measured by the child."""
+replaced by the compiled one, deleted on undo), in the default mode, `reduce-overhead` (CUDA graphs) or
+`max-autotune-no-cudagraphs`. `exact_random` makes Inductor draw random numbers as eager PyTorch does, so
+that a model with dropout gives the same losses compiled and eager (for the numerics guard); compile time
+is measured by the child.
+
+The rounds compile what the written change compiles. `X.compile()` compiles `X._call_impl`, a frame Dynamo
+skips (torch.nn's files are in its skip rules), so the first frame it compiles is the one `_call_impl`
+calls: the class's forward — the frame `torch.compile(X.forward)` compiles, with the same graphs. Where
+the class is torch's own (`nn.Sequential`, `nn.TransformerEncoder`, `nn.Linear`) its forward is skipped
+too and `X.compile()` compiles nothing (pytorch/pytorch#150915); there the change is the runtime's own
+call, `X.forward = torch.compile(X.forward)` (in place: the state_dict keys stay; `X = torch.compile(X)`
+would add "_orig_mod."). The runtime compiles the forward, not `_call_impl`, so that `_call_impl` and the
+hooks it runs (the finder's, channels_last's input hook) stay eager, outside what Dynamo traces or
+guards on, and autocast composes beneath compile as a forward wrapper (`patches.forward`)."""
 
 from __future__ import annotations
 
@@ -13,6 +24,29 @@ from gpudoctor.fixes.edits import Edit
 from gpudoctor.fixes.patches.forward import ForwardWrapper
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+# said beside the written line where it is not `X.compile()`
+WHY_FORWARD = "  # .compile() skips torch's own modules (pytorch#150915)"
+
+
+def compiles_in_place(module: Any) -> bool:
+    """Whether `module.compile()` compiles the module's forward: Dynamo traces its class's forward as a
+    frame of its own (a class of the user's, of transformers, of Lightning; not one of torch's own)."""
+    forward = type(module).forward
+    try:
+        from torch._dynamo import trace_rules
+
+        return not trace_rules.check(forward)
+    except Exception:  # a torch without these rules: torch's own classes are the skipped ones
+        return not str(getattr(forward, "__module__", "")).startswith("torch.")
+
+
+def written_form(module: Any, mode: str | None = None) -> str:
+    """The line that compiles `module` as the rounds did ("{name}" stands for the name bound to it)."""
+    mode_kw = f'mode="{mode}"' if mode else ""
+    if compiles_in_place(module):
+        return f"{{name}}.compile({mode_kw})"
+    extra = f", {mode_kw}" if mode_kw else ""
+    return f"{{name}}.forward = torch.compile({{name}}.forward{extra}){WHY_FORWARD}"
 
 
 class Compile(ForwardWrapper):
@@ -40,15 +74,14 @@ class Compile(ForwardWrapper):
 
     def prepare(self, module: Any) -> bool:
         mode = None if self.mode == "default" else self.mode
-        # in place: the module keeps its state_dict keys (torch.compile(model) would add "_orig_mod.")
-        call = "{name}.compile()" if mode is None else f'{{name}}.compile(mode="{mode}")'
+        code = written_form(module, mode)
         seen = self.ctx.finder.seen_of(module)
         binding = seen.binding if seen else None
         edit = None
         if binding is not None:  # after `model = ...`, wherever the loop that calls it is
             site, name = binding
-            edit = Edit("after_assignment", site.file, site.line, name=name, code=(call,))
-        self.snippet = call.format(name="model")
+            edit = Edit("after_assignment", site.file, site.line, name=name, code=(code,))
+        self.snippet = code.replace("{name}", "model")
         what = f"{type(module).__name__}.forward compiled" + (f" (mode={mode})" if mode else "")
         self.changed(what, edit, module)
         return True
