@@ -236,17 +236,18 @@ def test_ddp_knobs_are_what_the_script_left_at_their_defaults() -> None:
     assert fix.why_not(built, "", 10) is not None and "built by a library" in fix.why_not(built, "", 10)  # type: ignore[operator]
 
 
-def test_a_round_of_two_ranks_builds_ddp_with_its_knobs_and_writes_them_on_the_users_line(
+def test_a_round_of_two_ranks_builds_ddp_with_its_knobs_and_compiles_the_module_it_wraps(
     tmp_path: Path,
 ) -> None:
     # GIVEN the gloo loop building DDP(net, find_unused_parameters=True), one round of 2 ranks with the fix
     launcher = TorchrunLauncher(str(SCRIPT), [], module=False, nproc=2, rounds_dir=tmp_path,
-                                options=FixOptions(warmup=2, warmup_s=0.0, steps=4, steps_s=0.0, record=2))  # fmt: skip
+                                options=FixOptions(warmup=2, warmup_s=0.0, steps=4, steps_s=0.0, record=2),
+                                extra=("--compile-backend", "eager"))  # fmt: skip
     env = {"OMP_NUM_THREADS": "1", "FIND_UNUSED": "1", "EPOCHS": "2"}
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)
-        result = launcher("r", ("ddp",), False)
+        result = launcher("r", ("ddp", "compile"), False)
     # THEN both ranks timed their steps, and the script's DDP was seen with what the fix changes
     assert result.failure is None, result.log_tail
     assert result.device.endswith("×2") and result.observations is not None
@@ -259,6 +260,12 @@ def test_a_round_of_two_ranks_builds_ddp_with_its_knobs_and_writes_them_on_the_u
         "gradient_as_bucket_view": "True",
         "find_unused_parameters": "False",
     }
+    # AND compile reached the module DDP wraps (DDP's own forward stays eager, as torch.compile(ddp) does)
+    compiled = result.patches["compile"]
+    assert compiled.changes == ("Sequential.forward compiled inside DistributedDataParallel",)
+    assert compiled.edits[0].name == "model" and compiled.edits[0].code[0].startswith(
+        "{name}.module.forward = torch.compile({name}.module.forward)"
+    )
 
 
 def test_the_ranks_diagnosis_run_is_read_back_as_a_run_directory_for_fix_from(tmp_path: Path) -> None:
