@@ -280,3 +280,25 @@ def test_the_ranks_diagnosis_run_is_read_back_as_a_run_directory_for_fix_from(tm
     assert (tmp_path / "run" / "rank-1").is_dir()
     again = load_run(tmp_path / "run")
     assert again.argv == (str(SCRIPT),) and again.diagnosis == inputs.diagnosis
+
+
+def test_an_ab_in_blocks_switches_every_rank_at_the_same_steps(tmp_path: Path) -> None:
+    # GIVEN an in-process A/B of a switchable fix in a group of 2 ranks: blocks of at least 0.05 s
+    options = FixOptions(warmup=2, warmup_s=0.0, steps=4, steps_s=0.0, record=2, blocks=2, block_s=0.05)
+    launcher = TorchrunLauncher(str(SCRIPT), [], module=False, nproc=2, rounds_dir=tmp_path, options=options)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        mp.setenv("EPOCHS", "4")
+        result = launcher("ab", ("fused_optimizer",), False, switch=("fused_optimizer",))
+    assert result.failure is None, result.log_tail
+    ranks = [
+        RoundResult.from_json(json.loads(rank_path(tmp_path / "ab.json", r).read_text())) for r in (0, 1)
+    ]
+    # THEN both ranks ran the same blocks, in the same order, of the steps rank 0 calibrated
+    layouts = [r.block_layout for r in ranks]
+    assert layouts[0] is not None and layouts[1] is not None
+    assert layouts[0].steps == layouts[1].steps and layouts[0].b_first == layouts[1].b_first
+    assert [(b.candidate, b.steps) for b in ranks[0].blocks] == [
+        (b.candidate, b.steps) for b in ranks[1].blocks
+    ]
+    assert len(result.blocks) == 4 and ranks[0].steps_seen == ranks[1].steps_seen

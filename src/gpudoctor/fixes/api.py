@@ -95,8 +95,8 @@ def _run_fix(
 ) -> FixReport:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     notes: list[str] = []
-    if options.nproc > 1:  # every A/B of fresh groups: the ranks switch nothing in their processes
-        options = replace(options, blocks=0, fork=False)
+    if options.nproc > 1:  # every round a torchrun group: no fork server
+        options = replace(options, fork=False)
     if inputs is None and diagnose:
         if on_stage:
             on_stage("diagnosing: the script under the doctor, with stacks")

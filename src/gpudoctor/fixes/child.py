@@ -81,8 +81,10 @@ def parse(argv: list[str]) -> argparse.Namespace:
     if not args.command:
         parser.error("give the script (or module) and its arguments after --")
     fixes = [f for f in args.fixes.split(",") if f]
-    if args.switch and this_rank() is not None:
-        parser.error("--switch: the ranks of a group switch no fix in their processes (each side a group)")
+    if args.switch and this_rank() is not None and args.order_seed is None:
+        parser.error(
+            "--switch in a group of ranks needs --order-seed: every rank runs its blocks in one order"
+        )
     stray = [f for f in args.switch.split(",") if f and f not in fixes and not wraps_forward(f)]
     if stray:
         parser.error(f"--switch names fixes not in --fixes that do not wrap the forward: {', '.join(stray)}")

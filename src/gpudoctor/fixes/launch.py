@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -102,8 +103,9 @@ def _with_tail(result: RoundResult, tail: str) -> RoundResult:
 
 class TorchrunLauncher(SubprocessLauncher):
     """Each round as a torchrun group of `nproc` ranks on this node, every rank with the same fixes
-    (`fixes.ranks`); the group's result written where a single round's would be. The ranks switch no
-    fix in their processes: every A/B is of fresh groups."""
+    (`fixes.ranks`); the group's result written where a single round's would be. An A/B in blocks runs
+    on every rank in one order (one seed for the group), the steps of a block as rank 0 calibrated them
+    (`timing.blocks`, agreed through torchrun's store): every rank switches at the same step."""
 
     def __init__(self, target: str, args: list[str], *, nproc: int, **kw: Any) -> None:
         super().__init__(target, args, **kw)
@@ -117,12 +119,13 @@ class TorchrunLauncher(SubprocessLauncher):
         switch: tuple[str, ...] = (),
         extend: int = 0,
     ) -> RoundResult:
-        if switch:
-            raise ValueError("the ranks of a group switch no fix in their processes")
         out, log = round_files(self.rounds_dir, label)
         for r in range(self.nproc):
             rank_path(out, r).unlink(missing_ok=True)
-        child = self.command(out, fixes, exact_random)[1:]  # `-m gpudoctor.fixes.child …`
+        child = self.command(out, fixes, exact_random, switch)[1:]  # `-m gpudoctor.fixes.child …`
+        if switch:  # the blocks' orders, one for every rank (no pairs added: ranks could not agree on it)
+            at = child.index("--")
+            child[at:at] = ["--order-seed", str(secrets.randbits(31))]
         run = run_plain([*torchrun(self.nproc), *child], env=group_env(child_env()), cwd=os.getcwd(),
                         result=rank_path(out, 0), log=log, timeout_s=self.options.child_timeout_s)  # fmt: skip
         if run.timed_out:

@@ -1,7 +1,7 @@
 """`gpudoctor fix` on several ranks: each round, and each of the proof's plain processes, is one torchrun
 group on this node (`--standalone`, every rank patched alike), each rank writing its own result beside
-the round's (`<label>.rank<K>.json`). The group's round is what every rank pays: the step times of its
-slowest rank (the ranks step together through their collectives: the one whose timed window took
+the round's (`<label>.rank<K>.json`). The group's round is what every rank pays: the step times (or the
+A/B blocks, which every rank switches at the same steps) of its slowest rank (the ranks step together through their collectives: the one whose timed window took
 longest is the one the others waited for), the losses of rank 0, what the script does as seen by the
 rank its loader starves most (the straggler's own cause), and a failure where any rank failed."""
 
@@ -77,6 +77,9 @@ def merge_rounds(results: Sequence[RoundResult | None], fixes: tuple[str, ...]) 
         base,
         clock=slowest.clock,
         step_times_us=slowest.step_times_us,
+        blocks=slowest.blocks,
+        block_layout=slowest.block_layout,
+        switch_error=next((res.switch_error for _, res in got if res.switch_error), None),
         steps_seen=min(res.steps_seen for _, res in got),
         compile_s=max(res.compile_s for _, res in got),
         compile_timed_s=max(res.compile_timed_s for _, res in got),

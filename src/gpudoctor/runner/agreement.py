@@ -22,6 +22,9 @@ class LightAgreement(Protocol):
     def all_settled(self, check: int) -> bool:
         """Whether every rank's had at `check` (True where some rank's post cannot be read: end)."""
 
+    def shared(self, key: str, value: int) -> int:
+        """Rank 0's `value` for `key`, on every rank (this rank's own where rank 0's cannot be read)."""
+
 
 class RankAgreement:
     """One rank's side of the agreement over the light phases of one capture. The check numbers go on

@@ -262,8 +262,13 @@ class LiveCapture:
                 sync=sync,
                 disturbed=self.disturbed,
                 lag=self.switch_lag,
+                agree=self._agreed_block_steps if self.lockstep else None,
             )
         )
+
+    def _agreed_block_steps(self, steps: int) -> int:
+        """The steps of a block as rank 0 calibrated them (this rank's own without a store)."""
+        return self.agree.shared("blocks/steps", steps) if self.agree is not None else steps
 
     def _end_light(self) -> None:
         assert self._light is not None

@@ -208,6 +208,23 @@ class RankRun:
             self.info.waited_s["light_checks"] = round(waited, 6)
         return all(posts)
 
+    def shared(self, key: str, value: int) -> int:
+        """Rank 0's `value` for `key` on every rank (`agreement.LightAgreement`): the steps of a block,
+        calibrated by each rank alike but posted by rank 0 alone. This rank's own where it cannot be read."""
+        if self.store is None:
+            return value
+        try:
+            if self.env.rank == 0:
+                self.store.set(f"shared/{key}", str(value))
+                return value
+            if _wait_key(self.store, f"shared/{key}", self.timeout_s):
+                return int(self.store.get(f"shared/{key}"))
+        except Exception as err:
+            self.info.notes.append(f"{key}: store unreachable ({type(err).__name__}: {err}); this rank's own")
+            return value
+        self.info.notes.append(f"{key}: rank 0 did not say within {self.timeout_s:g} s; this rank's own")
+        return value
+
     def meet(self, phase: str, step: int) -> None:
         """Wait until every rank has reached `phase` (or the timeout): the last to arrive lets all go."""
         if self.store is None:

@@ -146,8 +146,13 @@ class BlockSchedule:
         sync: Callable[[], None] | None = None,
         disturbed: Callable[[], float] | None = None,
         lag: Callable[[], int] | None = None,
+        agree: Callable[[int], int] | None = None,
     ) -> None:
         self.plan = plan
+        # with ranks (a group whose ranks step together): the steps of a block as rank 0 found them, so
+        # that every rank switches at the same step and ends at the same step; the calibration, the blocks
+        # and their number then go by step counts alone (no block timed again, no pairs added)
+        self.agree = agree
         self.lag = lag  # steps a switch takes to reach the loop (batches made ahead): settled out
         self._switch = switch
         self.cuda = cuda
@@ -199,7 +204,9 @@ class BlockSchedule:
         assert self._steps is not None
         self._steps.boundary()
         if self._phase == "calibrate":
-            long_enough = self.host.now_us() - self._t0 >= 1e6 * self.plan.min_seconds
+            long_enough = (
+                self.agree is not None or self.host.now_us() - self._t0 >= 1e6 * self.plan.min_seconds
+            )
             if self._count >= self.plan.calibrate_steps and long_enough:
                 self.sync()
                 self._calibrated(self._steps.spans().times_us)
@@ -212,7 +219,7 @@ class BlockSchedule:
         elapsed = self.host.now_us() - self._t0
         spans = self._steps.spans()
         moved = self.disturbed() - self._mark if self.disturbed is not None else 0.0
-        if moved > 0.0 and len(self.redone) < self.plan.redo:
+        if moved > 0.0 and len(self.redone) < self.plan.redo and self.agree is None:
             self.redone.append(Redone(self.on, self._count, elapsed, moved))
             self._begin(len(self.blocks))  # the same configuration, settled and timed again
             return False
@@ -228,7 +235,7 @@ class BlockSchedule:
         """At the planned pairs' end: where they lean to a saving undecided, `extend_pairs` more pairs
         (their orders drawn from the seed's second stream), once."""
         plan, layout = self.plan, self.layout
-        if not plan.extend_pairs or layout is None or layout.extended:
+        if not plan.extend_pairs or layout is None or layout.extended or self.agree is not None:
             return False
         if not leans_to_a_saving(block_pairs(self.blocks), plan.lean):
             return False
@@ -244,6 +251,8 @@ class BlockSchedule:
         period = loop_period(times_us, self.plan.max_period) if measured else self.plan.period
         assert period is not None
         steps = steps_per_block(self.plan, pace, period)
+        if self.agree is not None:
+            steps = self.agree(steps)
         self.layout = BlockLayout(times_us, period, measured, steps, tuple(self.b_first), self.seed)
 
     def _begin(self, index: int) -> None:

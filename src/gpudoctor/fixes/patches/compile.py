@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.patches.forward import ForwardSlot, ForwardWrapper
+from gpudoctor.fixes.patches.forward import ForwardWrapper, data_parallel_inner
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # said beside the written line where it is not `X.compile()`
@@ -49,13 +49,6 @@ def written_form(module: Any, mode: str | None = None) -> str:
     return f"{{name}}.forward = torch.compile({{name}}.forward{extra}){WHY_FORWARD}"
 
 
-def data_parallel_inner(module: Any) -> Any:
-    """The module a DistributedDataParallel wraps (None for any other module)."""
-    if type(module).__name__ != "DistributedDataParallel":
-        return None
-    return getattr(module, "module", None)
-
-
 class Compile(ForwardWrapper):
     fix_id = "compile"
     order = 60
@@ -78,22 +71,6 @@ class Compile(ForwardWrapper):
 
             self.restorer.set_flag(inductor_config, "fallback_random", True)
         super()._apply()
-
-    def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
-        inner = data_parallel_inner(module)
-        if inner is None or self.held:
-            super()._on_root(module, args)
-            return
-        # DistributedDataParallel: its forward stays eager (the reducer's hooks, `_inside_ddp_forward`, which
-        # Dynamo leaves alone) and the module it wraps is compiled, as torch.compile(ddp_model) does:
-        # Dynamo's DDPOptimizer splits the graph at the gradient buckets
-        if not self.prepare(module):
-            return
-        self.modules[id(module)] = module
-        slot = ForwardSlot(inner, self.wrap(inner.forward))
-        slot.set(self.on)
-        self._slots.append(slot)
-        self.restorer.on_restore(lambda: slot.set(False))
 
     def prepare(self, module: Any) -> bool:
         mode = None if self.mode == "default" else self.mode

@@ -20,6 +20,21 @@ from gpudoctor.runner.hooks import Restorer, RootFinder
 _MISSING = object()
 
 
+def data_parallel_inner(module: Any) -> Any:
+    """The module a DistributedDataParallel wraps (None for any other module): the wrappers act on its
+    forward, DDP's own forward (the reducer's bookkeeping, which Dynamo leaves eager) staying as it is, as
+    torch.compile(ddp_model) does — Dynamo's DDPOptimizer then splits the graph at the gradient buckets."""
+    if type(module).__name__ != "DistributedDataParallel":
+        return None
+    return getattr(module, "module", None)
+
+
+def forward_owner(module: Any) -> Any:
+    """The module whose forward the wrappers replace: the one a DDP wraps, else the module itself."""
+    inner = data_parallel_inner(module)
+    return module if inner is None else inner
+
+
 class ForwardSlot:
     """A module's `forward` (an instance attribute) switched between `on` and `off`; either None: what
     the instance held before (nothing: the class's forward)."""
@@ -78,8 +93,8 @@ class ForwardWrapper(FixPatch):
         self.modules[id(module)] = module
         if self.held:
             return
-        wrapped = self.wrap(module.forward)
-        slot = ForwardSlot(module, wrapped)
+        owner = forward_owner(module)
+        slot = ForwardSlot(owner, self.wrap(owner.forward))
         slot.set(self.on)
         self._slots.append(slot)
         self.restorer.on_restore(lambda: slot.set(False))
@@ -151,8 +166,9 @@ class ForwardVariants:
         b = [p for p in self.b if p.applies_to(module)]
         if not a and not b:
             return
-        own = module.forward
-        slot = ForwardSlot(module, _wrapped(own, b) if b else None, _wrapped(own, a) if a else None)
+        owner = forward_owner(module)
+        own = owner.forward
+        slot = ForwardSlot(owner, _wrapped(own, b) if b else None, _wrapped(own, a) if a else None)
         slot.set(self._on)
         self._slots.append(slot)
         self.restorer.on_restore(lambda: slot.restore())
