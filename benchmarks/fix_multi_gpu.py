@@ -376,7 +376,9 @@ def table(records: list[dict[str, Any]]) -> str:
     for r in records:
         t, check = r.get("timing") or {}, r.get("proof_check") or {}
         ms = t.get("step_ms") or {}
-        kept = "—" if r.get("kept") is None else "+".join(r["kept"]) or "nothing"
+        kept = "+".join(r["kept"]) or "nothing" if r.get("kept") is not None else "—"
+        if (r.get("fix_run") or {}).get("error") or r.get("error"):
+            kept = "failed"
         rows.append((r["workload"], kept[:40], x(ms.get("plain"), "{:.1f}"), x(ms.get("expert"), "{:.1f}"),
                      x(ms.get("patched"), "{:.1f}"), x(t.get("expert_speedup")), x(t.get("patched_speedup")),
                      x(r.get("proof_speedup")), x(check.get("share_of_expert_by_proof"), "{:.0%}"),
@@ -387,18 +389,33 @@ def table(records: list[dict[str, Any]]) -> str:
 
 
 def status(records: list[dict[str, Any]]) -> str:
-    """One line: how many scripts reach the goal by the proof's figure, and what the control kept."""
-    if all(r.get("kept") is None and not r.get("error") for r in records):
+    """One line: how many scripts reach the goal by the proof's figure, what the control kept, where
+    gpudoctor fix failed."""
+    ran = [r for r in records if r.get("fix_run")]
+    if not ran:
         return "no gpudoctor fix run: the scripts and their experts' versions timed only"
-    met = [r["workload"] for r in records if r.get("meets_goal") and not r.get("control")]
-    scripts = [r for r in records if not r.get("control")]
-    control = next((r for r in records if r.get("control")), None)
+    scripts = [r for r in ran if not r.get("control")]
+    met = [r for r in scripts if r.get("meets_goal")]
     words = (
         f"{len(met)} of {len(scripts)} scripts reach {GOAL:.0%} of the expert's gain by the proof's figure"
     )
-    if control is not None:
-        words += f"; the control kept {'+'.join(control['kept']) or 'nothing' if control.get('kept') is not None else '(no fix run)'}"  # fmt: skip
-    return words
+    control = next((r for r in ran if r.get("control")), None)
+    if control is not None and control.get("kept") is not None:
+        words += f"; the control kept {'+'.join(control['kept']) or 'nothing'}"
+    failed = [r["workload"] for r in ran if r["fix_run"].get("error")]
+    return words + (f"; gpudoctor fix failed on {', '.join(failed)}" if failed else "")
+
+
+def budget_s(text: str) -> float:
+    """Seconds in a --budget as gpudoctor fix reads it ("90", "90s", "3m", "1.5h"); a bad one is a usage
+    error there, so here it only sizes the timeout (10 minutes)."""
+    scale = {"s": 1, "m": 60, "min": 60, "h": 3600}
+    number = text.strip().rstrip("sminh")
+    unit = text.strip()[len(number) :] or "s"
+    try:
+        return float(number) * scale[unit]
+    except (KeyError, ValueError):
+        return 600.0
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -435,10 +452,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
     if a.fix_timeout_s is None and not a.skip_fix:
-        sys.path.insert(0, str(ROOT / "src"))
-        from gpudoctor.cli.fix import parse_duration
-
-        a.fix_timeout_s = 2 * parse_duration(a.budget) + 600
+        a.fix_timeout_s = 2 * budget_s(a.budget) + 600
     return a
 
 

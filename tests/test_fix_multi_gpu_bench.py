@@ -57,6 +57,9 @@ def test_the_fix_command_is_gpudoctor_fix_on_two_ranks(tmp_path: Path) -> None:
     cmd = fmg.fix_command(Path("w.py"), ["--small"], tmp_path / "fix", "3m", ["--seed", "1"])
     assert cmd[1:] == ["-m", "gpudoctor", "fix", "--nproc", "2", "--budget", "3m", "--out",
                        str(tmp_path / "fix"), "--seed", "1", "w.py", "--small"]  # fmt: skip
+    # a fix run that outlives twice its budget and ten minutes is stopped
+    assert fmg.parse(["--out", str(tmp_path), "--budget", "3m"]).fix_timeout_s == 2 * 180 + 600
+    assert [fmg.budget_s(b) for b in ("90", "90s", "1.5h", "10min")] == [90, 90, 5400, 600]
 
 
 def test_every_process_has_nvlink_multicast_off_and_pinning_where_asked() -> None:
@@ -141,11 +144,15 @@ def test_where_the_expert_gains_nothing_the_proof_must_be_no_slower() -> None:
 def test_the_control_meets_its_goal_by_keeping_nothing() -> None:
     assert fmg.judged(fmg.CONTROL, [], {"expert_speedup": 1.0}, None)["meets_goal"] is True
     assert fmg.judged(fmg.CONTROL, ["compile"], {"expert_speedup": 1.0}, PROOF)["meets_goal"] is False
-    records = [{"workload": "ddp_hf_lm", "meets_goal": True, "control": False},
-               {"workload": fmg.CONTROL, "kept": [], "control": True, "meets_goal": True}]  # fmt: skip
+    ran = {"exit_code": 0}
+    records = [{"workload": "ddp_hf_lm", "meets_goal": True, "control": False, "fix_run": ran},
+               {"workload": "accelerate_ddp", "control": False, "fix_run": {"error": "no fix.json"}},
+               {"workload": fmg.CONTROL, "kept": [], "control": True, "meets_goal": True, "fix_run": ran}]  # fmt: skip
     assert fmg.status(records) == (
-        "1 of 1 scripts reach 80% of the expert's gain by the proof's figure; the control kept nothing"
+        "1 of 2 scripts reach 80% of the expert's gain by the proof's figure; the control kept nothing; "
+        "gpudoctor fix failed on accelerate_ddp"
     )
+    assert fmg.status([{"workload": "ddp_hf_lm", "kept": None}]).startswith("no gpudoctor fix run")
 
 
 @pytest.mark.slow
@@ -163,3 +170,70 @@ def test_the_rank_timer_times_the_same_steps_on_both_ranks_and_ends_them(tmp_pat
     for r in ranks:
         assert r["steps"] == 4 and r["warmup_steps"] == 2 + r["in_flight"] and r["in_flight"] >= 4
         assert r["window_s"] > 0 and r["device"] == "cpu"
+
+
+def fake_groups(steps_s: dict[str, float], diff: str, proof: dict[str, Any]) -> Any:
+    """run_logged without processes: a fix run leaves fix.json and fix.diff (the single-GPU schema); a
+    timed group leaves both ranks' windows, rank 1 the slower, at the step time of its configuration."""
+
+    def run(cmd: list[str], env: dict[str, str], log: Path, timeout_s: float) -> tuple[int, float, int]:
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        if cmd[1:4] == ["-m", "gpudoctor", "fix"]:
+            report = {"verdicts": [], "final": ["ddp_knobs"], "final_saving_pct": 40.0, "baseline_us": 1e5,
+                      "manual": [], "diff": diff, "notes": [], "elapsed_s": 60.0, "complete": True,
+                      "proof": proof}  # fmt: skip
+            (out / "fix.json").write_text(json.dumps(report))
+            (out / "fix.diff").write_text(diff)
+            return 0, 1.0, 0
+        script, args = cmd[cmd.index("--") + 1], cmd[cmd.index("--") + 2 :]
+        label = "expert" if "--expert" in args else "patched" if "/patched/" in script else "plain"
+        steps, warmup = int(cmd[cmd.index("--steps") + 1]), int(cmd[cmd.index("--warmup-steps") + 1])
+        for r, slower in ((0, 1.0), (1, 1.02)):
+            rank = _rank(r, steps_s[label] * slower, steps=steps, warmup=warmup)
+            (out / f"rank{r}.json").write_text(json.dumps(rank))
+        log.write_text("")
+        return 0, 0.5, 0
+
+    return run
+
+
+def test_a_workload_is_fixed_patched_timed_in_alternating_rounds_and_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a fix run that keeps a DDP knob, writes it as a diff and proves it 1.85×, and groups whose
+    # script steps in 100 ms, the expert's version in 50 ms and the patched copy in 55 ms
+    import difflib
+
+    script = fmg.WORKLOADS_DIR / "ddp_hf_lm.py"
+    text = script.read_text()
+    patched = text.replace("find_unused_parameters=True)", "find_unused_parameters=False)")
+    assert patched != text
+    rel = script.relative_to(REPO).as_posix()
+    diff = "".join(
+        difflib.unified_diff(text.splitlines(True), patched.splitlines(True), f"a/{rel}", f"b/{rel}")
+    )
+    proof = {"speedup": 1.85, "speedup_low": 1.8, "speedup_high": 1.9, "script_us": 1e5, "patched_us": 5.4e4}
+    monkeypatch.setattr(
+        fmg, "run_logged", fake_groups({"plain": 0.1, "expert": 0.05, "patched": 0.055}, diff, proof)
+    )
+    a = fmg.parse(["--out", str(tmp_path), "--only", "ddp_hf_lm"])
+    # WHEN the benchmark runs the workload
+    record = fmg.one_workload("ddp_hf_lm", a, fmg.run_env(pin=False, smoke=False))
+    # THEN the diff was applied to a copy, the copy timed beside the script and the expert's version
+    assert (
+        record["patched"]["applied"]
+        and "find_unused_parameters=False)" in Path(record["patched"]["script"]).read_text()
+    )
+    assert script.read_text() == text
+    t = record["timing"]
+    assert t["steps"] == {"plain": 20, "expert": 40, "patched": 40}  # 2 s windows from each calibration
+    order = [g["label"] for g in t["group_records"]]
+    assert order == ["plain", "expert", "patched", "patched", "expert", "plain", "plain", "expert", "patched"]
+    # each group paced by its slower rank
+    assert t["step_ms"] == pytest.approx({"plain": 102.0, "expert": 51.0, "patched": 56.1})
+    assert t["expert_speedup"] == pytest.approx(2.0) and t["patched_speedup"] == pytest.approx(102 / 56.1)
+    # and judged by the proof's figure: (1.85 - 1) / (2 - 1) = 85% of the expert's gain
+    assert record["kept"] == ["ddp_knobs"] and record["proof_speedup"] == 1.85 and record["meets_goal"]
+    assert record["proof_check"]["share_of_expert_by_proof"] == pytest.approx(0.85)
+    assert record["fix_run"]["command"].split()[1:7] == ["-m", "gpudoctor", "fix", "--nproc", "2", "--budget"]
