@@ -74,11 +74,14 @@ DEFAULTS: dict[str, tuple[Any, Any]] = {
 }
 
 
-def timer_command(script: Path, script_args: list[str], out: Path, warmup: int, steps: int) -> list[str]:
-    """One timed torchrun group: every rank runs the script under _rank_timer.py."""
+def timer_command(script: Path, script_args: list[str], out: Path, warmup: int, steps: int,
+                  stacks_after_s: float | None = None) -> list[str]:  # fmt: skip
+    """One timed torchrun group: every rank runs the script under _rank_timer.py (which dumps its threads'
+    stacks after `stacks_after_s`, for a group that hangs)."""
+    stacks = ["--stacks-after-s", f"{stacks_after_s:.0f}"] if stacks_after_s else []
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(NPROC),
-            str(TIMER), "--out", str(out), "--warmup-steps", str(warmup), "--steps", str(steps), "--",
-            str(script), *script_args]  # fmt: skip
+            str(TIMER), "--out", str(out), "--warmup-steps", str(warmup), "--steps", str(steps), *stacks,
+            "--", str(script), *script_args]  # fmt: skip
 
 
 def fix_command(script: Path, script_args: list[str], out: Path, budget: str, extra: list[str]) -> list[str]:
@@ -186,7 +189,7 @@ def time_group(name: str, label: str, tag: str, config: tuple[Path, list[str]], 
     folder = a.out / "groups" / name / f"{label}-{tag}"
     for old in folder.glob("rank*.json"):
         old.unlink()
-    cmd = timer_command(config[0], config[1], folder, a.warmup_steps, steps)
+    cmd = timer_command(config[0], config[1], folder, a.warmup_steps, steps, a.group_timeout_s - 20)
     rc, wall_s, leftovers = run_logged(cmd, env, folder / "log.txt", a.group_timeout_s)
     ranks, error = read_ranks(folder)
     group: dict[str, Any] = {"label": label, "tag": tag, "steps": steps, "exit_code": rc, "wall_s": wall_s,
@@ -279,7 +282,18 @@ def judged(name: str, kept: list[str] | None, timing: dict[str, Any], proof: dic
         meets, goal = proven >= expert - NO_GAIN, "the expert gains nothing: the proof no slower than it"
     else:
         meets, goal = check["share_of_expert_by_proof"] >= GOAL, f"the proof's share of the expert's gain >= {GOAL:.0%}"  # fmt: skip
-    return {"proof_check": check, "proof_speedup": proven, "goal": goal, "meets_goal": meets}
+    return {"proof_check": check, "proof_speedup": proven, "goal": goal, "meets_goal": meets,
+            "share_of_expert_by_proof_range": share_range(check.get("proof"), timing.get("expert_speedup_ci"))}  # fmt: skip
+
+
+def share_range(proof: dict[str, Any] | None, expert_ci: list[float] | None) -> list[float] | None:
+    """The proof's share of the expert's gain at the two ends of both intervals — the proof's 95% (from
+    fix.json) and the expert's speedup's (groups resampled) — a conservative range; None where either is
+    missing or the expert's interval reaches down to no gain."""
+    low_high = (proof or {}).get("speedup_ci")
+    if not low_high or not expert_ci or expert_ci[0] <= 1 + NO_GAIN:
+        return None
+    return [(low_high[0] - 1) / (expert_ci[1] - 1), (low_high[1] - 1) / (expert_ci[0] - 1)]
 
 
 def run_fix(name: str, script: Path, script_args: list[str], a: argparse.Namespace,

@@ -51,6 +51,8 @@ def test_the_timer_group_is_torchrun_of_the_rank_timer_over_the_script(tmp_path:
     assert cmd[6] == str(fmg.TIMER)
     assert cmd[7:] == ["--out", str(tmp_path), "--warmup-steps", "10", "--steps", "40", "--", "w.py",
                        "--expert", "--small"]  # fmt: skip
+    hangs = fmg.timer_command(Path("w.py"), [], tmp_path, 10, 40, stacks_after_s=280.0)
+    assert hangs[hangs.index("--stacks-after-s") + 1] == "280" and hangs[-2:] == ["--", "w.py"]
 
 
 def test_the_fix_command_is_gpudoctor_fix_on_two_ranks(tmp_path: Path) -> None:
@@ -124,6 +126,8 @@ def test_the_share_is_the_proofs_gain_over_the_experts() -> None:
     assert j["proof_speedup"] == 1.9 and j["meets_goal"] is True
     assert j["proof_check"]["share_of_expert_by_proof"] == pytest.approx(0.9)
     assert j["proof_check"]["share_of_expert_by_patched"] == pytest.approx(0.8)
+    ranged = fmg.judged("ddp_hf_lm", ["autocast"], timing | {"expert_speedup_ci": [1.9, 2.1]}, PROOF)
+    assert ranged["share_of_expert_by_proof_range"] == pytest.approx([0.85 / 1.1, 0.95 / 0.9])
     missed = fmg.judged("ddp_hf_lm", ["autocast"], {"expert_speedup": 3.0}, PROOF)
     assert missed["meets_goal"] is False  # 0.9 / 2.0 = 45%
 

@@ -74,6 +74,19 @@ def collate(examples, multiple_of=None):
     return out
 
 
+def workers_per_rank():
+    """This rank's share of the cores it may use, less one for the training loop."""
+    mine = os.sched_getaffinity(0)
+    try:  # the launcher's (torchrun's): the cores the job may use on this node
+        launcher = os.sched_getaffinity(os.getppid())
+    except OSError:
+        launcher = mine
+    cores = len(mine)
+    if cores >= len(launcher):  # not pinned to a share of its own: the node's ranks share these cores
+        cores //= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return cores - 1
+
+
 def collate_to_8(examples):
     return collate(examples, multiple_of=8)
 
@@ -90,7 +103,7 @@ def main():
                                   fused=True if args.expert and torch.cuda.is_available() else None)  # fmt: skip
     data = TokenizedPairs()
     if args.expert:
-        workers = max(2, min(4, len(os.sched_getaffinity(0)) // accelerator.num_processes - 1))
+        workers = max(2, min(4, workers_per_rank()))
         loader = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_to_8, num_workers=workers,
                             pin_memory=True, persistent_workers=True, drop_last=True)  # fmt: skip
     else:

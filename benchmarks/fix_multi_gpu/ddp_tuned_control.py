@@ -56,8 +56,13 @@ def block(cin, cout):
 
 def workers_per_rank():
     """This rank's share of the cores it may use, less one for the training loop."""
-    cores = len(os.sched_getaffinity(0))
-    if cores >= (os.cpu_count() or cores):  # not pinned: the node's cores are shared by its ranks
+    mine = os.sched_getaffinity(0)
+    try:  # the launcher's (torchrun's): the cores the job may use on this node
+        launcher = os.sched_getaffinity(os.getppid())
+    except OSError:
+        launcher = mine
+    cores = len(mine)
+    if cores >= len(launcher):  # not pinned to a share of its own: the node's ranks share these cores
         cores //= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     return max(1, min(8, cores - 1))
 
