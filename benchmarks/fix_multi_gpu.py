@@ -351,12 +351,8 @@ def environment_of(a: argparse.Namespace) -> dict[str, Any]:
         info = json.loads(done.stdout)
     except ValueError:
         info = {"error": (done.stdout + done.stderr)[-600:]}
-    return info | {
-        "world_size": NPROC,
-        "pinned": a.pin,
-        "multicast_off": NO_MULTICAST,
-        "host": platform.node(),
-    }
+    return info | {"world_size": NPROC, "pinned": a.pin, "multicast_off": NO_MULTICAST,
+                   "host": platform.node()}  # fmt: skip
 
 
 def print_environment() -> None:
@@ -364,14 +360,11 @@ def print_environment() -> None:
     from importlib import metadata
 
     info = environment()
-    try:
-        import torch
+    import torch
 
-        if torch.cuda.is_available():
-            info["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except ImportError:
-        pass
+    if torch.cuda.is_available():
+        info["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
     for package in ("accelerate", "timm", "pillow"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             info[package] = metadata.version(package)
@@ -410,9 +403,7 @@ def status(records: list[dict[str, Any]]) -> str:
         return "no gpudoctor fix run: the scripts and their experts' versions timed only"
     scripts = [r for r in ran if not r.get("control")]
     met = [r for r in scripts if r.get("meets_goal")]
-    words = (
-        f"{len(met)} of {len(scripts)} scripts reach {GOAL:.0%} of the expert's gain by the proof's figure"
-    )
+    words = f"{len(met)} of {len(scripts)} scripts reach {GOAL:.0%} of the expert's gain by the proof's figure"  # fmt: skip
     control = next((r for r in ran if r.get("control")), None)
     if control is not None and control.get("kept") is not None:
         words += f"; the control kept {'+'.join(control['kept']) or 'nothing'}"
