@@ -36,6 +36,11 @@
 #                    capture without its NVML sampler) -> $BG_OUT/lt[_pin][_nonvml]/
 #   mg[:SCENARIOS[:pin]]  benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with
 #                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
+#   fmg[:NAMES[:BUDGET]]  benchmarks/fix_multi_gpu.py --only NAMES (comma-separated; empty: all four) --budget
+#                    BUDGET (default 3m) --pin on GPUs 0 and 1: gpudoctor fix --nproc 2 on each data-parallel
+#                    script, then the script, its expert's version and the fix's patched copy timed as torchrun
+#                    groups, each rank on its GPU's NUMA-local cores -> $BG_OUT/fmg/ (fix_multi_gpu.json, to
+#                    copy to benchmarks/results/); FMG_ARGS: more options for it (e.g. "--skip-fix")
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
 #                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
 #   spread:NAME[:N]  lab/process_spread.py: N processes of NAME left to the scheduler and N
@@ -198,6 +203,12 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         [ -n "$arg1" ] && only=(--only "$(IFS=,; echo "${names[*]}")")
         "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" "${only[@]}" \
             "${scripts[@]}" "${SMOKE[@]}"
+        ;;
+    fmg)
+        local only=()
+        [ -n "${arg1:-}" ] && only=(--only "$arg1")
+        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/fix_multi_gpu.py --out "$OUT_DIR/fmg" "${only[@]}" \
+            --budget "${arg2:-3m}" --pin ${FMG_ARGS:-} "${SMOKE[@]}"
         ;;
     zoo)
         mkdir -p "$OUT_DIR/zoo"
