@@ -29,6 +29,17 @@ NEVER = (
     "gpudoctor.timing",
     "gpudoctor.report.html",  # the terminal report needs no HTML
     "concurrent.futures.process",  # one trace is analyzed without a process pool
+    # a plain `analyze` command line takes the fast path (cli.fast): no typer, click or other command
+    "typer",
+    "click",
+    "gpudoctor.cli.app",
+    "gpudoctor.cli.common",
+    "gpudoctor.cli.analyze",
+    "gpudoctor.cli.bench",
+    "gpudoctor.cli.fix",
+    "gpudoctor.cli.run",
+    "gpudoctor.cli.report",
+    "gpudoctor.cli.monitor",
 )
 
 
