@@ -25,7 +25,7 @@ PIPE_WIDTH = 120  # rich's 80 columns cramp the tables when the output goes to a
 def engine_name(text: str) -> str:
     """--engine checked up front, whatever PATH turns out to be: a single file has no use for it, but a
     name that is none of the engines is still a mistake to point out, not to pass over."""
-    from gpudoctor.doctor.rank_pool import check_engine
+    from gpudoctor.doctor.engines import check_engine
 
     return check_engine(text)
 
