@@ -129,6 +129,15 @@ def test_a_failed_helper_is_read_in_one_pass(
     assert one_pass_calls == [str(path)]
 
 
+def test_columns_larger_than_the_shared_memory_are_read_in_one_pass(
+    tmp_path: Path, one_pass_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(split, "_region_bytes", lambda plan: 4096)
+    path = plain(tmp_path, "sync_every_step_stack")
+    assert_same(loaded_in_parts(path), load_trace(path))
+    assert one_pass_calls == [str(path)]
+
+
 def test_a_damaged_trace_raises_what_one_pass_raises(tmp_path: Path) -> None:
     path = plain(tmp_path, "transformer_train")
     data = bytearray(path.read_bytes())

@@ -11,11 +11,13 @@ for skipping events could differ from a single pass's."""
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import pickle
 import re
 import signal
 import stat
+import struct
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,10 +31,10 @@ from gpudoctor.util.gcpause import gc_paused
 
 SPLIT_MIN_BYTES = 16 << 20  # below this the fork and the join cost more than half the parse saves
 # The share of the events parsed here: less than half, as this process also imports while the helper parses.
-HEAD_SHARE = 0.42
+HEAD_SHARE = 0.33
 _WINDOW = 1 << 20  # how far before the target point a split between two events is looked for
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
-_PIPE_BYTES = 1 << 20  # the most an unprivileged process may ask for, by default
+_LENGTH = struct.Struct("<Q")  # what the helper sends through the pipe: its pickle's length
 
 
 @dataclass(frozen=True)
@@ -172,75 +174,79 @@ def _joinable(plan: _Plan, head: Parsed, tail: Parsed) -> bool:
 
 
 class _Helper:
-    """The forked process that parses the tail and sends back its `Parsed`, pickled, through a pipe."""
+    """The forked process that parses the tail and pickles its `Parsed` into memory shared with this
+    process (no copy through a pipe), then sends its length through a pipe and exits."""
 
-    def __init__(self, plan: _Plan, pid: int, fd: int) -> None:
+    def __init__(self, plan: _Plan, pid: int, fd: int, region: mmap.mmap) -> None:
         self.plan = plan
         self.pid: int | None = pid
         self.fd: int | None = fd
+        self.region: mmap.mmap | None = region
 
     @classmethod
     def fork(cls, plan: _Plan, max_bytes: int | None) -> _Helper | None:
         try:
+            region = mmap.mmap(-1, _region_bytes(plan))
             read_fd, write_fd = os.pipe()
-            _widen(write_fd)
             pid = os.fork()
-        except OSError:
+        except (OSError, ValueError):
             return None
         if pid == 0:  # the helper: never returns
             os.close(read_fd)
-            _serve(plan, max_bytes, write_fd)
+            _serve(plan, max_bytes, write_fd, region)
         os.close(write_fd)
-        return cls(plan, pid, read_fd)
+        return cls(plan, pid, read_fd, region)
 
     def receive(self) -> Parsed | None:
         """The tail's parse, once the helper is done; None if it failed."""
-        assert self.fd is not None and self.pid is not None
+        assert self.fd is not None and self.pid is not None and self.region is not None
         with os.fdopen(self.fd, "rb") as f:
             self.fd = None
-            data = f.read()
+            told = f.read()
         _, status = os.waitpid(self.pid, 0)
         self.pid = None
-        if status != 0 or not data:
+        if status != 0 or len(told) != _LENGTH.size:
             return None
-        parsed = pickle.loads(data)
+        (length,) = _LENGTH.unpack(told)
+        with memoryview(self.region) as whole, whole[:length] as data:
+            parsed = pickle.loads(data)
         return parsed if isinstance(parsed, Parsed) else None
 
     def stop(self) -> None:
-        """Kill the helper if it still runs, and reap it."""
-        if self.fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self.fd)
-            self.fd = None
+        """Kill the helper if it still runs, reap it, and let go of the pipe and the shared memory."""
         if self.pid is not None:
             with contextlib.suppress(OSError):
                 os.kill(self.pid, signal.SIGKILL)
             with contextlib.suppress(OSError):
                 os.waitpid(self.pid, 0)
             self.pid = None
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
+        if self.region is not None:
+            self.region.close()
+            self.region = None
 
 
-def _widen(fd: int) -> None:
-    """A pipe of `_PIPE_BYTES` where the system allows it (Linux): fewer, larger writes."""
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)  # type: ignore[attr-defined]
-    except (ImportError, AttributeError, OSError):
-        pass
+def _region_bytes(plan: _Plan) -> int:
+    """Room for the tail's pickled columns, a fraction of its JSON in any real trace (a crafted one that
+    needs more is read in one pass); only the pages written are ever backed by memory."""
+    return max(plan.path.stat().st_size, 1 << 20)
 
 
-def _serve(plan: _Plan, max_bytes: int | None, fd: int) -> None:
-    """In the helper: parse the tail, write it to `fd`, and exit at once (no atexit handler, no flush
-    of buffers copied from the parent); any failure is exit status 1 and nothing written."""
+def _serve(plan: _Plan, max_bytes: int | None, fd: int, region: mmap.mmap) -> None:
+    """In the helper: parse the tail, pickle it into `region`, write its length to `fd`, and exit at once
+    (no atexit handler, no flush of buffers copied from the parent); any failure is exit status 1 and
+    nothing written."""
     code = 1
     try:
         with gc_paused(), open(plan.path, "rb") as f:
             f.seek(plan.resume)
             parsed = parse_events(_Tail(plan.reopen, f, jsonstream.BLOCK_BYTES), max_bytes)
         parsed.builder.compact()
-        with os.fdopen(fd, "wb") as out:
-            out.write(pickle.dumps(parsed, protocol=pickle.HIGHEST_PROTOCOL))
+        pickle.dump(parsed, region, protocol=pickle.HIGHEST_PROTOCOL)  # past its end: ValueError
+        os.write(fd, _LENGTH.pack(region.tell()))
         code = 0
     except BaseException:  # Ctrl-C included: the parent decides, by the exit status
         pass
