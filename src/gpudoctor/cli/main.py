@@ -19,10 +19,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         from gpudoctor.cli.fast import fast_analyze
 
-        code = fast_analyze(args)
+        code = fast_analyze(args, own_process=argv is None)
         if code is not None:
-            if argv is None:  # this process's own command line: it ends here
-                _end_without_collecting()
             sys.exit(code)
         from gpudoctor.cli.app import app
 
@@ -32,15 +30,6 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:  # `gpudoctor analyze t.json | head`: the reader has all it wanted
         _quiet_stdout()
         sys.exit(1)
-
-
-def _end_without_collecting() -> None:
-    """Leave what is alive out of the garbage collections at the interpreter's exit (`gc.freeze`): they
-    would go over every object the analysis made, for memory the process hands back anyway. Only where
-    the command is the process's own, never when `main` is called in a process that goes on."""
-    import gc
-
-    gc.freeze()
 
 
 def _stdout_closed() -> bool:
