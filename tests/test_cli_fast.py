@@ -117,3 +117,42 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(analyze_run, "run_analyze", interrupted)
     assert fast_analyze(["analyze", TRACE]) == 130
+
+
+def test_in_its_own_process_no_collector_runs_and_the_rest_is_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    seen: list[bool] = []
+    monkeypatch.setattr(analyze_run, "run_analyze", lambda request: seen.append(gc.isenabled()))
+    try:
+        assert fast_analyze(["analyze", TRACE], own_process=True) == 0
+        assert seen == [False] and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.enable()
+    assert fast_analyze(["analyze", TRACE]) == 0  # called in a process that goes on: as it was
+    assert seen[-1] is True
+
+
+def test_the_process_ends_at_once_only_when_nothing_waits_for_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import atexit
+    import os
+    import sys
+
+    from gpudoctor.cli import main as entry
+
+    ended: list[int] = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    monkeypatch.setattr(atexit, "_ncallbacks", lambda: 0)
+    monkeypatch.setattr(sys, "gettrace", lambda: None)
+    monkeypatch.setattr(sys, "getprofile", lambda: None)
+    entry._end_now(3)
+    assert ended == [3]
+    monkeypatch.setattr(atexit, "_ncallbacks", lambda: 1)  # a handler to run at exit (coverage's, say)
+    entry._end_now(4)
+    monkeypatch.setattr(atexit, "_ncallbacks", lambda: 0)
+    monkeypatch.setattr(sys, "getprofile", lambda: print)  # `python -m cProfile -m gpudoctor ...`
+    entry._end_now(5)
+    assert ended == [3]

@@ -32,7 +32,7 @@ def diagnose_trace(
     """A Kineto trace analyzed and diagnosed. A directory of rank traces is loaded whole, every rank
     analyzed, `rank` (default the first) detailed; `timeline`: also the GPU timeline of a representative
     step (for the HTML report); `started`: the load of the trace file at `path`, already begun
-    (`trace.split.start_load`), in place of loading it here."""
+    (`trace.split.start_load`), in place of loading it here where it has started a helper."""
     report, _ = diagnose_loaded_traces(
         _existing(path), options or AnalyzeOptions(), rank=rank, timeline=timeline, started=started
     )
@@ -49,7 +49,10 @@ def diagnose_loaded_traces(
     started: StartedLoad | None = None,
 ) -> tuple[RunReport, Trace]:
     """`diagnose_trace`, with the detailed rank's trace; `only_detailed`: analyze that rank alone."""
-    traces = [started.result()] if started is not None else load_traces(path, options.max_bytes)
+    if started is not None and started.split:
+        traces = [started.result()]
+    else:
+        traces = load_traces(path, options.max_bytes)
     index = rank_index([t.meta.rank for t in traces], rank)
     if only_detailed:
         traces, index = [traces[index]], 0
