@@ -267,12 +267,22 @@ def op_parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return memo[key]
 
 
+def _preorder(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Positions of `rows` by thread, start, longest first (a parent before its children); memoized
+    per set of rows, as both `op_parents` and `op_subtrees` sort by it."""
+    key = ("preorder", len(rows), hash(rows.tobytes()))
+    memo = trace._memo
+    if key not in memo:
+        memo[key] = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    return memo[key]
+
+
 def _parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     n = len(rows)
     parent = np.full(n, -1, dtype=np.int64)
     if not n:
         return parent
-    order = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    order = _preorder(trace, rows)
     r = rows[order]
     # Put each thread on its own stretch of the time axis so no interval can enclose another thread's.
     thread = np.zeros(n, dtype=np.int64)
@@ -317,7 +327,7 @@ def op_subtrees(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def _subtrees(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(rows)
-    order = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    order = _preorder(trace, rows)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     parent = op_parents(trace, rows)[order]  # positions in rows -> preorder indices
