@@ -13,7 +13,7 @@ import numpy as np
 from gpudoctor.analysis import classify
 from gpudoctor.analysis.cpu import DATALOADER
 from gpudoctor.analysis.intervals import union
-from gpudoctor.trace.links import frame_name, is_user_frame, op_parents, user_frame
+from gpudoctor.trace.links import frame_name, is_user_frame, op_parents, start_then_longest, user_frame
 from gpudoctor.trace.model import LAUNCH_KINDS, Kind, Trace
 from gpudoctor.trace.steps import Step
 
@@ -86,19 +86,6 @@ def _step_thread(trace: Trace) -> tuple[int, int] | None:
     if not named:
         return None
     return int(trace.pid[named[0]]), int(trace.tid[named[0]])
-
-
-def start_then_longest(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """`np.lexsort((-dur, ts))`: by start, the longest first among equal starts. Rows come in time
-    order, so only the runs of equal starts need sorting (a few): the rest stays where it is."""
-    if len(ts) < 2 or not (ts[1:] >= ts[:-1]).all():
-        return np.lexsort((-dur, ts))
-    tied = np.flatnonzero(ts[1:] == ts[:-1])
-    order = np.arange(len(ts))
-    if len(tied):
-        runs = np.unique(np.concatenate((tied, tied + 1)))  # every member of a run of equal starts
-        order[runs] = runs[np.lexsort((-dur[runs], ts[runs]))]
-    return order
 
 
 def _frame_at(trace: Trace, python: np.ndarray, thread: tuple[int, int], t: float) -> str | None:
