@@ -18,16 +18,16 @@ def by_definition(a: Disjoint, b: Disjoint) -> Disjoint:
     return Disjoint.of(lo[keep], hi[keep])
 
 
+def random_intervals(rng: np.random.Generator, fractional: bool) -> Disjoint:
+    n = int(rng.integers(0, 12))
+    start = rng.integers(0, 30, n).astype(float) + (rng.random(n) if fractional else 0.0)
+    return Disjoint.of(start, start + rng.integers(0, 8, n))
+
+
 def test_difference_is_its_definition_on_random_intervals() -> None:
     rng = np.random.default_rng(46)
     for trial in range(3000):
-
-        def intervals() -> Disjoint:
-            n = int(rng.integers(0, 12))
-            start = rng.integers(0, 30, n).astype(float) + (rng.random(n) if trial % 2 else 0.0)
-            return Disjoint.of(start, start + rng.integers(0, 8, n))
-
-        a, b = intervals(), intervals()
+        a, b = random_intervals(rng, trial % 2 == 1), random_intervals(rng, trial % 2 == 1)
         got, want = difference(a, b), by_definition(a, b)
         assert np.array_equal(got.start, want.start) and np.array_equal(got.end, want.end)
         assert np.array_equal(got._before, want._before)
