@@ -205,13 +205,6 @@ class ColumnBuilder:
                 self._tallied[key] = len(blocks)
         return self._array_bytes + self.names.bytes + self.labels.bytes
 
-    def compact(self) -> None:
-        """Each column's blocks concatenated into one (a helper's builder pickles faster so)."""
-        for key, blocks in (*self.blocks.items(), *(("m" + k, v) for k, v in self.mem_blocks.items())):
-            if len(blocks) > 1:
-                blocks[:] = [np.concatenate(blocks)]
-            self._tallied[key] = len(blocks)
-
     def join(self, later: ColumnBuilder) -> None:
         """Append what `later` read from the events after this builder's (the next part of the same
         trace): its names, labels and argument lists interned after these, as a single pass would have

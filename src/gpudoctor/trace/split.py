@@ -23,7 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+import numpy as np
+
 from gpudoctor.trace import jsonstream
+from gpudoctor.trace.columns import ColumnBuilder
 from gpudoctor.trace.jsonstream import EventsAt, events_at
 from gpudoctor.trace.load import Parsed, build_trace, load_trace, parse_events
 from gpudoctor.trace.model import Trace
@@ -31,10 +34,10 @@ from gpudoctor.util.gcpause import gc_paused
 
 SPLIT_MIN_BYTES = 16 << 20  # below this the fork and the join cost more than half the parse saves
 # The share of the events parsed here: less than half, as this process also imports while the helper parses.
-HEAD_SHARE = 0.33
+HEAD_SHARE = 0.26
 _WINDOW = 1 << 20  # how far before the target point a split between two events is looked for
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
-_LENGTH = struct.Struct("<Q")  # what the helper sends through the pipe: its pickle's length
+_TOLD = struct.Struct("<QQ")  # what the helper sends through the pipe: where its pickle starts and ends
 
 
 @dataclass(frozen=True)
@@ -205,12 +208,15 @@ class _Helper:
             told = f.read()
         _, status = os.waitpid(self.pid, 0)
         self.pid = None
-        if status != 0 or len(told) != _LENGTH.size:
+        if status != 0 or len(told) != _TOLD.size:
             return None
-        (length,) = _LENGTH.unpack(told)
-        with memoryview(self.region) as whole, whole[:length] as data:
-            parsed = pickle.loads(data)
-        return parsed if isinstance(parsed, Parsed) else None
+        start, end = _TOLD.unpack(told)
+        with memoryview(self.region) as whole, whole[start:end] as data:
+            parsed, layout = pickle.loads(data)
+        if not isinstance(parsed, Parsed):
+            return None
+        _columns_in(parsed.builder, self.region, layout)
+        return parsed
 
     def stop(self) -> None:
         """Kill the helper if it still runs, reap it, and let go of the pipe and the shared memory."""
@@ -225,14 +231,45 @@ class _Helper:
                 os.close(self.fd)
             self.fd = None
         if self.region is not None:
-            self.region.close()
+            with contextlib.suppress(BufferError):  # columns still view it: unmapped when they go
+                self.region.close()
             self.region = None
 
 
 def _region_bytes(plan: _Plan) -> int:
-    """Room for the tail's pickled columns, a fraction of its JSON in any real trace (a crafted one that
-    needs more is read in one pass); only the pages written are ever backed by memory."""
+    """Room for the tail's columns, a fraction of its JSON in any real trace (a crafted one that needs
+    more is read in one pass); only the pages written are ever backed by memory."""
     return max(plan.path.stat().st_size, 1 << 20)
+
+
+# (group, column, dtype, shape, offset): where the helper put each column of its builder
+Layout = list[tuple[str, str, str, tuple[int, ...], int]]
+
+
+def _columns_out(builder: ColumnBuilder, region: mmap.mmap) -> tuple[Layout, int]:
+    """Each column's blocks written into `region` as one array, one column after the other, and taken
+    out of the builder (which is then pickled without them); where each went, and where they end."""
+    layout: Layout = []
+    offset = 0
+    for group, columns in (("blocks", builder.blocks), ("mem_blocks", builder.mem_blocks)):
+        for name, blocks in columns.items():
+            if not blocks:
+                continue
+            dtype = np.result_type(*blocks)
+            shape = (sum(len(b) for b in blocks), *blocks[0].shape[1:])
+            offset = -(-offset // 64) * 64
+            out = np.ndarray(shape, dtype, buffer=region, offset=offset)  # past its end: TypeError
+            np.concatenate(blocks, out=out)
+            layout.append((group, name, dtype.str, shape, offset))
+            offset += out.nbytes
+            blocks.clear()
+    return layout, offset
+
+
+def _columns_in(builder: ColumnBuilder, region: mmap.mmap, layout: Layout) -> None:
+    """The helper's columns back into its builder, as views of `region` (joining copies them)."""
+    for group, name, dtype, shape, offset in layout:
+        getattr(builder, group)[name][:] = [np.ndarray(shape, np.dtype(dtype), buffer=region, offset=offset)]
 
 
 def _serve(plan: _Plan, max_bytes: int | None, fd: int, region: mmap.mmap) -> None:
@@ -244,9 +281,10 @@ def _serve(plan: _Plan, max_bytes: int | None, fd: int, region: mmap.mmap) -> No
         with gc_paused(), open(plan.path, "rb") as f:
             f.seek(plan.resume)
             parsed = parse_events(_Tail(plan.reopen, f, jsonstream.BLOCK_BYTES), max_bytes)
-        parsed.builder.compact()
-        pickle.dump(parsed, region, protocol=pickle.HIGHEST_PROTOCOL)  # past its end: ValueError
-        os.write(fd, _LENGTH.pack(region.tell()))
+        layout, end = _columns_out(parsed.builder, region)
+        region.seek(end)
+        pickle.dump((parsed, layout), region, protocol=pickle.HIGHEST_PROTOCOL)  # past its end: ValueError
+        os.write(fd, _TOLD.pack(end, region.tell()))
         code = 0
     except BaseException:  # Ctrl-C included: the parent decides, by the exit status
         pass
