@@ -10,7 +10,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -111,6 +110,8 @@ def _run(values: dict[str, Any]) -> int:
         run_analyze(analyze_request(**values))
     except GpudoctorError as err:
         if debug:
+            import traceback
+
             traceback.print_exc(file=sys.stderr)
         else:
             from gpudoctor.cli.basics import error_line

@@ -473,3 +473,27 @@ def concat_blocks(blocks: list[np.ndarray], column: str) -> np.ndarray:
         "mts": np.float64, "ts": np.float64, "dur": np.float64, "flops": np.float64, "inputs": np.int32
     }.get(column, np.int64)  # fmt: skip
     return np.empty(0, dtype=dtype)
+
+
+def sorted_columns(
+    blocks: dict[str, list[np.ndarray]], order: np.ndarray, joined: dict[str, np.ndarray]
+) -> dict[str, np.ndarray]:
+    """Each column's blocks joined (or taken from `joined`) and its rows taken in `order`. Columns of
+    several blocks are joined into one scratch buffer, reused column after column: a fresh array per
+    column, twice over, would cost the page faults of all of them."""
+    out: dict[str, np.ndarray] = {}
+    scratch = np.empty(0, dtype=np.uint8)
+    for column, parts in blocks.items():
+        if column in joined or len(parts) < 2:
+            whole = joined[column] if column in joined else concat_blocks(parts, column)
+            out[column] = np.take(whole, order, axis=0)
+            continue
+        dtype = np.result_type(*parts)
+        shape = (sum(len(p) for p in parts), *parts[0].shape[1:])
+        size = int(np.prod(shape)) * dtype.itemsize
+        if scratch.nbytes < size:
+            scratch = np.empty(size, dtype=np.uint8)
+        whole = np.ndarray(shape, dtype, buffer=scratch)
+        np.concatenate(parts, out=whole)
+        out[column] = np.take(whole, order, axis=0)
+    return out

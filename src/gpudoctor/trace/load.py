@@ -22,7 +22,7 @@ import msgspec
 import numpy as np
 
 from gpudoctor.device import DeviceInfo
-from gpudoctor.trace.columns import ColumnBuilder, concat_blocks
+from gpudoctor.trace.columns import ColumnBuilder, concat_blocks, sorted_columns
 from gpudoctor.trace.jsonstream import decode_untyped, read_trace_json
 from gpudoctor.trace.model import (
     RUN_STEP_KEY,
@@ -281,12 +281,13 @@ def build_trace(b: ColumnBuilder, path: str, top: dict[str, Any]) -> Trace:
     """The trace of a builder that has read every event, its top-level keys `top`."""
     if b.n_events == 0 and not top:
         raise TraceFormatError("no events: the trace is empty")
-    cols = {c: concat_blocks(blocks, c) for c, blocks in b.blocks.items()}
+    ts, dur = concat_blocks(b.blocks["ts"], "ts"), concat_blocks(b.blocks["dur"], "dur")
+    kind = concat_blocks(b.blocks["kind"], "kind")
     mem = {c: concat_blocks(blocks, "m" + c) for c, blocks in b.mem_blocks.items()}
     # Events, but none of PyTorch's: durations of other names (or only begin/end pairs, counters,
     # instants, which no Kineto trace is made of) and no Kineto key at the top.
     events = b.n_events - b.n_metadata - len(mem["ts"])
-    if events and not cols["kind"].any() and not any(k in top for k in _KINETO_KEYS):
+    if events and not kind.any() and not any(k in top for k in _KINETO_KEYS):
         raise ForeignTraceError(
             f"this is {_foreign_kind(b)}, not a PyTorch profiler (Kineto) trace: none of its "
             f"{events:,} events is a PyTorch op, GPU kernel or CUDA runtime call. gpudoctor needs the "
@@ -294,21 +295,24 @@ def build_trace(b: ColumnBuilder, path: str, top: dict[str, Any]) -> Trace:
         )
     # NaN (no ts) fails these too. One event at ts=-1e308 would otherwise become the origin and
     # push every other row to ~1e308, where float64 has no resolution left.
-    valid = (np.abs(cols["ts"]) < _MAX_TIME_US) & (cols["dur"] < _MAX_TIME_US)
-    if not valid.all():
-        absurd = int((~valid & ~np.isnan(cols["ts"])).sum())
+    valid = (np.abs(ts) < _MAX_TIME_US) & (dur < _MAX_TIME_US)
+    kept = None if valid.all() else np.flatnonzero(valid)
+    if kept is not None:
+        absurd = int((~valid & ~np.isnan(ts)).sum())
         if absurd:
             b.skip(f"duration event with ts or dur beyond {_MAX_TIME_US:.0e} µs", absurd)
-        cols = {c: v[valid] for c, v in cols.items()}
+    kept_ts = ts if kept is None else ts[kept]
     mem_valid = np.abs(mem["ts"]) < _MAX_TIME_US
     if not mem_valid.all():
         mem = {c: v[mem_valid] for c, v in mem.items()}
-    starts = [cols["ts"].min()] if len(cols["ts"]) else []
+    starts = [kept_ts.min()] if len(kept_ts) else []
     if len(mem["ts"]):
         starts.append(mem["ts"].min())
     origin = float(np.floor(min(starts))) if starts else 0.0
-    order = np.argsort(cols["ts"], kind="stable")
-    cols = {c: v[order] for c, v in cols.items()}
+    order = np.argsort(kept_ts, kind="stable")
+    cols = sorted_columns(
+        b.blocks, order if kept is None else kept[order], {"ts": ts, "dur": dur, "kind": kind}
+    )
     cols["ts"] -= origin
     mem_order = np.argsort(mem["ts"], kind="stable")
     mem = {c: v[mem_order] for c, v in mem.items()}
