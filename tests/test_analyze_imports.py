@@ -19,9 +19,7 @@ NEVER = (
     "gpudoctor.runner.memory",
     "gpudoctor.runner.steps",
     "gpudoctor.runner.torchrun",
-    "gpudoctor.monitor.session",
-    "gpudoctor.monitor.sampler",
-    "gpudoctor.monitor.backend",
+    "gpudoctor.monitor",  # a run's NVML samples: no trace holds them
     "gpudoctor.doctor.run",
     "gpudoctor.doctor.notebook",
     "gpudoctor.doctor.combine",
