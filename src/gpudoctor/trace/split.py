@@ -1,5 +1,5 @@
 """A large trace file read by two processes at once. `start_load` forks a helper that parses the events
-after a point between two events near the middle of the file, and returns at once: the caller imports
+after a point between two events about a third into the file, and returns at once: the caller imports
 what it needs next while the helper works. `result()` then parses the events before that point here,
 and joins the two parts' columns into the trace one pass over the file would have built.
 
@@ -33,8 +33,9 @@ from gpudoctor.trace.model import Trace
 from gpudoctor.util.gcpause import gc_paused
 
 SPLIT_MIN_BYTES = 16 << 20  # below this the fork and the join cost more than half the parse saves
-# The share of the events parsed here: less than half, as this process also imports while the helper parses.
-HEAD_SHARE = 0.26
+# The share of the file parsed here: less than half, as this process also imports while the helper parses
+# (the fastest share on a 2-core machine, docs/results.md).
+HEAD_SHARE = 0.3
 _WINDOW = 1 << 20  # how far before the target point a split between two events is looked for
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
 _TOLD = struct.Struct("<QQ")  # what the helper sends through the pipe: where its pickle starts and ends
@@ -177,8 +178,8 @@ def _joinable(plan: _Plan, head: Parsed, tail: Parsed) -> bool:
 
 
 class _Helper:
-    """The forked process that parses the tail and pickles its `Parsed` into memory shared with this
-    process (no copy through a pipe), then sends its length through a pipe and exits."""
+    """The forked process that parses the tail, writes its columns into memory shared with this process
+    and pickles the rest of its `Parsed` after them, then says through a pipe where that is, and exits."""
 
     def __init__(self, plan: _Plan, pid: int, fd: int, region: mmap.mmap) -> None:
         self.plan = plan
@@ -273,9 +274,9 @@ def _columns_in(builder: ColumnBuilder, region: mmap.mmap, layout: Layout) -> No
 
 
 def _serve(plan: _Plan, max_bytes: int | None, fd: int, region: mmap.mmap) -> None:
-    """In the helper: parse the tail, pickle it into `region`, write its length to `fd`, and exit at once
-    (no atexit handler, no flush of buffers copied from the parent); any failure is exit status 1 and
-    nothing written."""
+    """In the helper: parse the tail, put it into `region`, write where to `fd`, and exit at once (no
+    atexit handler, no flush of buffers copied from the parent); any failure is exit status 1 and nothing
+    written."""
     code = 1
     try:
         with gc_paused(), open(plan.path, "rb") as f:
