@@ -34,7 +34,7 @@ from gpudoctor.util.gcpause import gc_paused
 
 SPLIT_MIN_BYTES = 16 << 20  # below this the fork and the join cost more than half the parse saves
 # The share of the file parsed here: less than half, as this process also imports while the helper parses
-# (the fastest share on a 2-core machine, docs/results.md).
+# (shares from 0.2 to 0.4 measured within noise of one another on a 2-core machine, docs/results.md).
 HEAD_SHARE = 0.3
 _WINDOW = 1 << 20  # how far before the target point a split between two events is looked for
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
