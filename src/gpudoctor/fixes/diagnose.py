@@ -77,7 +77,7 @@ def load_run(run_dir: Path) -> RunInputs:
     ):
         record = rundir.read_record(first_rank)
         argv = tuple(record.argv) if record is not None else ()
-        if not (run_dir / "analysis.json").exists():
+        if not (run_dir / rundir.ANALYSIS_FILE).exists():
             return RunInputs(None, argv, f"{run_dir} has no analysis.json (no rank traced its steps)")
         return _ranks_inputs(RunReport.load(run_dir), argv, None)
     if not run_dir.is_dir() or rundir.read_record(run_dir) is None:
@@ -109,14 +109,14 @@ def diagnose_ranks(
                           steps=steps, with_stack=True, nvml=False)  # fmt: skip
     log = out.with_name(out.name + ".log")
     argv = [*torchrun(nproc), *torchrun_argv(nproc, out, options, module, command)[6:]]
-    run = run_plain(argv, env=group_env(child_env()), cwd=str(Path.cwd()), result=out / "analysis.json",
+    run = run_plain(argv, env=group_env(child_env()), cwd=str(Path.cwd()), result=out / rundir.ANALYSIS_FILE,
                     log=log, timeout_s=timeout_s)  # fmt: skip
     if run.timed_out:
         return RunInputs(None, tuple(command), f"the diagnosis run ran past {timeout_s:.0f} s", log=log)
     if run.exit_code:
         failed = f"the script failed under the doctor: {_rank_failure(out, nproc, log)}"
         return RunInputs(None, tuple(command), failed, failed, log)
-    if not (out / "analysis.json").exists():
+    if not (out / rundir.ANALYSIS_FILE).exists():
         return RunInputs(None, tuple(command), f"the ranks' diagnosis run wrote no analysis{said(run.log_tail)}",
                          log=log)  # fmt: skip
     return _ranks_inputs(RunReport.load(out), tuple(command), log)
