@@ -317,8 +317,7 @@ class ForkLauncher(SubprocessLauncher):
             except TimeoutError:
                 _kill_group(pid)
                 self._receive(30.0)
-                return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                                   log_tail=log_tail(log), exact_random=exact_random)  # fmt: skip
+                return self._timed_out(fixes, log_tail(log), exact_random)
         except KeyboardInterrupt:
             if pid is not None:
                 _kill_group(pid)

@@ -78,10 +78,13 @@ class SubprocessLauncher:
             "gpudoctor.fixes.child", argv, result=out, log=log, timeout_s=self.options.child_timeout_s
         )
         if run.timed_out:
-            return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                               log_tail=run.log_tail, exact_random=exact_random)  # fmt: skip
+            return self._timed_out(fixes, run.log_tail, exact_random)
         result = read_round(out, log, run.exit_code or 0, fixes, exact_random)
         return replace(result, leftover_processes=run.leftover) if run.leftover else result
+
+    def _timed_out(self, fixes: tuple[str, ...], tail: str, exact_random: bool) -> RoundResult:
+        return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
+                           log_tail=tail, exact_random=exact_random)  # fmt: skip
 
 
 def read_round(out: Path, log: Path, code: int, fixes: tuple[str, ...], exact_random: bool) -> RoundResult:
@@ -129,8 +132,7 @@ class TorchrunLauncher(SubprocessLauncher):
         run = run_plain([*torchrun(self.nproc), *child], env=group_env(child_env()), cwd=os.getcwd(),
                         result=rank_path(out, 0), log=log, timeout_s=self.options.child_timeout_s)  # fmt: skip
         if run.timed_out:
-            return RoundResult(fixes, "timeout", 124, error=f"ran past {self.options.child_timeout_s:.0f} s",
-                               log_tail=run.log_tail, exact_random=exact_random)  # fmt: skip
+            return self._timed_out(fixes, run.log_tail, exact_random)
         ranks = [
             read_round(rank_path(out, r), log, run.exit_code or 0, fixes, exact_random)
             if rank_path(out, r).exists()

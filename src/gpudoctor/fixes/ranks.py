@@ -7,7 +7,6 @@ rank its loader starves most (the straggler's own cause), and a failure where an
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,6 +15,7 @@ from pathlib import Path
 
 from gpudoctor.fixes.loaders import loader_wait_share
 from gpudoctor.fixes.round import RoundResult
+from gpudoctor.runner.ranks import RankEnv
 from gpudoctor.runner.torchrun import NVLS_OFF_ENV
 
 # what a launcher tells its workers: a group started from a process that is itself a rank must not inherit
@@ -46,11 +46,8 @@ def rank_path(path: Path, rank: int) -> Path:
 
 def this_rank() -> int | None:
     """This process's rank in a group of several ranks started by a launcher; None otherwise."""
-    try:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    except (KeyError, ValueError):
-        return None
-    return rank if world > 1 else None
+    env = RankEnv.from_environ()
+    return None if env is None else env.rank
 
 
 def merge_rounds(results: Sequence[RoundResult | None], fixes: tuple[str, ...]) -> RoundResult:
