@@ -18,7 +18,6 @@ from gpudoctor.util.text import printable
 
 if TYPE_CHECKING:
     from gpudoctor.analysis.timeline_view import StepTimeline
-    from gpudoctor.trace.split import StartedLoad
 
 
 def diagnose_trace(
@@ -27,14 +26,12 @@ def diagnose_trace(
     *,
     rank: int | None = None,
     timeline: bool = False,
-    started: StartedLoad | None = None,
 ) -> RunReport:
     """A Kineto trace analyzed and diagnosed. A directory of rank traces is loaded whole, every rank
     analyzed, `rank` (default the first) detailed; `timeline`: also the GPU timeline of a representative
-    step (for the HTML report); `started`: the load of the trace file at `path`, already begun
-    (`trace.split.start_load`), in place of loading it here where it has started a helper."""
+    step (for the HTML report)."""
     report, _ = diagnose_loaded_traces(
-        _existing(path), options or AnalyzeOptions(), rank=rank, timeline=timeline, started=started
+        _existing(path), options or AnalyzeOptions(), rank=rank, timeline=timeline
     )
     return report
 
@@ -46,13 +43,9 @@ def diagnose_loaded_traces(
     rank: int | None = None,
     timeline: bool = False,
     only_detailed: bool = False,
-    started: StartedLoad | None = None,
 ) -> tuple[RunReport, Trace]:
     """`diagnose_trace`, with the detailed rank's trace; `only_detailed`: analyze that rank alone."""
-    if started is not None and started.split:
-        traces = [started.result()]
-    else:
-        traces = load_traces(path, options.max_bytes)
+    traces = load_traces(path, options.max_bytes)
     index = rank_index([t.meta.rank for t in traces], rank)
     if only_detailed:
         traces, index = [traces[index]], 0
