@@ -113,9 +113,6 @@ SERIAL_TESTS = {
     },
     "test_run_frameworks.py": {
         "test_traces_recorded_by_lightning_or_a_callback_analyze_into_steps",
-        # its two traced steps are told apart from a warm-up step by their durations: a loaded core
-        # beside it made the first one read as warm-up (1 step of 2, once in three fresh-clone runs)
-        "test_lightning_manual_optimization",
     },
 }
 
