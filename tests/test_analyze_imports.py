@@ -19,9 +19,7 @@ NEVER = (
     "gpudoctor.runner.memory",
     "gpudoctor.runner.steps",
     "gpudoctor.runner.torchrun",
-    "gpudoctor.monitor.session",
-    "gpudoctor.monitor.sampler",
-    "gpudoctor.monitor.backend",
+    "gpudoctor.monitor",  # a run's NVML samples: no trace holds them
     "gpudoctor.doctor.run",
     "gpudoctor.doctor.notebook",
     "gpudoctor.doctor.combine",
@@ -29,6 +27,17 @@ NEVER = (
     "gpudoctor.timing",
     "gpudoctor.report.html",  # the terminal report needs no HTML
     "concurrent.futures.process",  # one trace is analyzed without a process pool
+    # a plain `analyze` command line takes the fast path (cli.fast): no typer, click or other command
+    "typer",
+    "click",
+    "gpudoctor.cli.app",
+    "gpudoctor.cli.common",
+    "gpudoctor.cli.analyze",
+    "gpudoctor.cli.bench",
+    "gpudoctor.cli.fix",
+    "gpudoctor.cli.run",
+    "gpudoctor.cli.report",
+    "gpudoctor.cli.monitor",
 )
 
 

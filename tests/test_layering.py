@@ -211,11 +211,14 @@ def test_the_way_from_analyze_to_its_output_never_climbs_back(tmp_path: Path) ->
 
 
 # Where a process may be started: the runner's one protocol (runner.child), the fork server inside it,
-# the profiler's stderr filter (not the user's script), and `gpudoctor monitor -- CMD`, which samples NVML
-# while the command it started runs beside it.
-STARTS_PROCESSES = {"runner/child.py", "runner/proflog.py", "fixes/forkserver.py", "cli/monitor_run.py"}
+# the profiler's stderr filter (not the user's script), `gpudoctor monitor -- CMD`, which samples NVML
+# while the command it started runs beside it, and the helper that parses part of a large trace file
+# (trace.split; no user code).
+STARTS_PROCESSES = {
+    "runner/child.py", "runner/proflog.py", "fixes/forkserver.py", "cli/monitor_run.py", "trace/split.py"
+}  # fmt: skip
 PROCESS_START = re.compile(
-    r"subprocess\.(?:Popen|run|call|check_call|check_output)\(|os\.(?:system|spawn\w*|exec\w*)\("
+    r"subprocess\.(?:Popen|run|call|check_call|check_output)\(|os\.(?:system|spawn\w*|exec\w*|fork)\("
 )
 
 

@@ -28,7 +28,7 @@ from gpudoctor.report.markdown import render_markdown
 from gpudoctor.report.svg import roofline as roofline_svg
 from gpudoctor.rules import diagnose
 from gpudoctor.trace import Kind, load_trace
-from gpudoctor.trace.load import _json_tuple
+from gpudoctor.trace.columns import _json_tuple
 from gpudoctor.trace.model import SHAPED_OPS, OpInputs
 
 ROOT = Path(__file__).parent.parent

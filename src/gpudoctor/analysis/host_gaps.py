@@ -5,6 +5,7 @@ code that was open on the step's thread in its middle (`trace.links.user_frame`)
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,7 +13,7 @@ import numpy as np
 from gpudoctor.analysis import classify
 from gpudoctor.analysis.cpu import DATALOADER
 from gpudoctor.analysis.intervals import union
-from gpudoctor.trace.links import frame_name, is_user_frame, op_parents, user_frame
+from gpudoctor.trace.links import frame_name, is_user_frame, op_parents, start_then_longest, user_frame
 from gpudoctor.trace.model import LAUNCH_KINDS, Kind, Trace
 from gpudoctor.trace.steps import Step
 
@@ -92,24 +93,25 @@ def _frame_at(trace: Trace, python: np.ndarray, thread: tuple[int, int], t: floa
     before t, or the first of its ancestors still open (Python events nest on a thread)."""
     key = ("python_on_thread", thread)
     memo = trace._memo.get(key)
-    if memo is None:
+    if memo is None:  # as Python lists: this runs for every gap, where numpy's per-call cost would tell
         on = python[(trace.pid[python] == thread[0]) & (trace.tid[python] == thread[1])]
-        on = on[np.lexsort((-trace.dur[on], trace.ts[on]))]
-        memo = trace._memo[key] = (on, trace.ts[on])
+        on = on[start_then_longest(trace.ts[on], trace.dur[on])]
+        memo = trace._memo[key] = (on.tolist(), trace.ts[on].tolist())
     rows, starts = memo
     by_id = trace._memo.get("python_by_id")
     if by_id is None:
         by_id = trace._memo["python_by_id"] = dict(
             zip(trace.python_id[python].tolist(), python.tolist(), strict=True)
         )
-    i = int(np.searchsorted(starts, t, side="right")) - 1
-    row: int | None = int(rows[i]) if i >= 0 else None
+    i = bisect.bisect_right(starts, t) - 1
+    row: int | None = rows[i] if i >= 0 else None
+    ts, dur, parent_id = trace.ts.item, trace.dur.item, trace.python_parent_id.item
     # Closed before t: up to the open one. Python's own stacks are at most ~1,000 deep; a crafted
     # trace's parent ids may run longer, or in a circle.
     for _ in range(MAX_PARENT_WALK):
-        if row is None or trace.ts[row] + trace.dur[row] >= t:
+        if row is None or ts(row) + dur(row) >= t:
             break
-        row = by_id.get(int(trace.python_parent_id[row]))
+        row = by_id.get(parent_id(row))
     else:
         return None
     if row is None:
@@ -123,7 +125,7 @@ def _frame_at(trace: Trace, python: np.ndarray, thread: tuple[int, int], t: floa
         frames.append(frame_name(trace, current))
         if is_user_frame(frames[-1]):
             break  # the innermost user frame: no need to name the rest
-        current = by_id.get(int(trace.python_parent_id[current]))
+        current = by_id.get(parent_id(current))
     if current is not None and current in cache and not (frames and is_user_frame(frames[-1])):
         found = cache[current] or user_frame(frames)  # an ancestor already answered
     else:

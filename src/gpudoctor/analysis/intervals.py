@@ -43,12 +43,19 @@ class Disjoint:
 
 
 def difference(a: Disjoint, b: Disjoint) -> Disjoint:
-    """What of `a` no interval of `b` covers."""
+    """What of `a` no interval of `b` covers: each interval of `a` cut by the gaps between those of
+    `b` (before its first, between each two, after its last), the pieces of some length kept."""
     if not len(a.start) or not len(b.start):
         return a
-    points = np.unique(np.concatenate((a.start, a.end, b.start, b.end)))
-    lo, hi = points[:-1], points[1:]
-    keep = (a.covered(lo, hi) > 0) & (b.covered(lo, hi) <= 0)  # a piece between two points is all in or out
+    gap_start = np.concatenate(([-np.inf], b.end))
+    gap_end = np.concatenate((b.start, [np.inf]))
+    first = np.searchsorted(gap_end, a.start, side="right")  # the first gap that ends after it starts
+    count = np.maximum(np.searchsorted(gap_start, a.end, side="left") - first, 0)  # gaps it meets
+    which = np.repeat(np.arange(len(a.start)), count)
+    gap = np.arange(int(count.sum())) + np.repeat(first - np.cumsum(count) + count, count)
+    lo = np.maximum(a.start[which], gap_start[gap])
+    hi = np.minimum(a.end[which], gap_end[gap])
+    keep = hi > lo
     return Disjoint.of(lo[keep], hi[keep])
 
 

@@ -1,32 +1,17 @@
 """`gpudoctor analyze PATH`: the doctor on a trace (`doctor.diagnose_trace`) or a directory of rank
 traces (`doctor.diagnose_ranks`), then the summary printed, or the JSON of the analysis with --json
-(nothing else on stdout)."""
+(nothing else on stdout). The typer command: its options, help and usage errors; what it does is
+`cli.analyze_run`'s, which `cli.fast` calls without typer for a plain command line."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
-from gpudoctor.cli.common import (
-    DebugOption,
-    EngineOption,
-    MaxTraceSizeOption,
-    WorkersOption,
-    engine_name,
-    input_path,
-    one_blas_thread,
-    parse_size,
-    set_debug,
-    stdout_console,
-    step_time_us,
-)
-
-if TYPE_CHECKING:
-    from gpudoctor.doctor.pipeline import AnalyzeOptions
-    from gpudoctor.doctor.report import RunReport
+from gpudoctor.cli.analyze_run import analyze_request, run_analyze
+from gpudoctor.cli.common import DebugOption, EngineOption, MaxTraceSizeOption, WorkersOption, set_debug
 
 
 def analyze_command(
@@ -100,81 +85,11 @@ def analyze_command(
     directory of rank traces.
     """
     set_debug(ctx, debug)
-    one_blas_thread()
-    from gpudoctor.doctor.pipeline import AnalyzeOptions
-
-    request = AnalyzeRequest(
-        engine=engine_name(engine),
-        path=input_path(path),
-        options=AnalyzeOptions(
-            step=step,
-            top=max(top, 15),
-            unprofiled_us=step_time_us(step_time_ms),
-            module_depth=module_depth,
-            max_bytes=parse_size(max_trace_size),
-        ),
-        rank=rank,
-        workers=workers,
-        as_json=as_json,
-        html=html,
-        top=top,
-    )
+    request = analyze_request(
+        path, as_json=as_json, step=step, rank=rank, top=top, step_time_ms=step_time_ms, html=html,
+        module_depth=module_depth, max_trace_size=max_trace_size, workers=workers, engine=engine,
+    )  # fmt: skip
     run_analyze(request)
-
-
-@dataclass(frozen=True)
-class AnalyzeRequest:
-    """What `gpudoctor analyze` was asked: the trace or directory of rank traces, how it is analyzed,
-    the rank to detail, where the ranks of a directory are analyzed, and the outputs: the summary (its
-    tables `top` rows long) or the JSON on stdout, and an HTML report."""
-
-    path: Path
-    options: AnalyzeOptions
-    engine: str = "auto"
-    rank: int | None = None
-    workers: int | None = None
-    as_json: bool = False
-    html: Path | None = None
-    top: int = 10
-
-
-def run_analyze(request: AnalyzeRequest) -> None:
-    """The doctor on the path (`doctor.diagnose_trace`, or `diagnose_ranks` for a directory of rank
-    traces), then its output."""
-    import json
-
-    from gpudoctor.doctor.diagnose import diagnose_ranks, diagnose_trace
-
-    r = request
-    if r.path.is_dir() and r.options.step is None:  # many rank files: each rank by a worker, summaries kept
-        report = diagnose_ranks(
-            r.path, r.options, rank=r.rank, engine=r.engine, workers=r.workers,
-            all_reports=r.as_json and r.rank is None, timeline=r.html is not None,
-        )  # fmt: skip
-    else:
-        report = diagnose_trace(r.path, r.options, rank=r.rank, timeline=r.html is not None)
-    if r.html is not None:
-        from gpudoctor.cli.report_files import write_html
-
-        inputs = (
-            r.path,
-            *((report.ranks.trace_paths.values()) if report.ranks else (report.trace_path or r.path,)),
-        )
-        write_html(r.html, report, inputs=inputs)
-    if r.as_json:
-        typer.echo(json.dumps(_json_doc(report, r.rank), indent=1, allow_nan=False))
-        return
-    from gpudoctor.report.run_view import render_report
-
-    render_report(report, stdout_console(), top=r.top)
-
-
-def _json_doc(report: RunReport, rank: int | None) -> dict[str, Any]:
-    """The findings with the analysis: of the rank asked for alone, else of every rank (gpudoctor.ranks/1)."""
-    several = report.ranks is not None and len(report.ranks.summaries) > 1
-    if rank is not None or not several:
-        return {**report.diagnosis.to_json(), "analysis": report.analysis.to_json()}  # type: ignore[union-attr]
-    return report.analysis_document() or {}
 
 
 def register(app: typer.Typer) -> None:

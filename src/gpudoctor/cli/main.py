@@ -1,71 +1,13 @@
-"""The `gpudoctor` command line: the typer app, its global options, and the mapping of errors to
-exit codes (a `GpudoctorError` is one line on stderr and exit 2, --debug shows its traceback; usage
-errors exit 2; Ctrl-C exits 130). Commands live one per module, listed in `COMMANDS`."""
+"""The `gpudoctor` console script (and `python -m gpudoctor`). A plain `gpudoctor analyze` command line
+runs on the fast path (`cli.fast`: no typer, click or the other commands imported); every other one
+goes to the typer app (`cli.app`), as do all that the fast path is not sure of, so that help, usage
+errors and their exit codes are typer's. `app` is importable from here, as it was."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
-import traceback
 from typing import Any
-
-import typer
-from typer.core import TyperGroup
-
-from gpudoctor.cli.common import DebugOption, error_line, is_debug, set_debug
-from gpudoctor.util.errors import GpudoctorError
-from gpudoctor.util.version import __version__
-
-# Each name is a module gpudoctor.cli.<name> with `register(app)`; adding a command is one entry.
-COMMANDS = ("analyze", "demo", "monitor", "bench", "explore", "run", "report", "fix", "batch")
-
-
-class _Group(TyperGroup):
-    """Turns a `GpudoctorError` raised anywhere below into one line on stderr and its exit code."""
-
-    def invoke(self, ctx: Any) -> Any:
-        try:
-            return super().invoke(ctx)
-        except GpudoctorError as err:
-            if is_debug(ctx):
-                traceback.print_exc(file=sys.stderr)
-            else:
-                print(error_line(err), file=sys.stderr)
-            raise typer.Exit(err.exit_code) from None
-
-
-app = typer.Typer(
-    cls=_Group,
-    name="gpudoctor",
-    help="Why is my PyTorch GPU code slow, what does each cause cost, and what do I change?",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-    context_settings={"help_option_names": ["-h", "--help"]},
-)
-
-
-def _version(value: bool) -> None:
-    if value:
-        typer.echo(f"gpudoctor {__version__}")
-        raise typer.Exit()
-
-
-@app.callback()
-def _options(
-    ctx: typer.Context,
-    debug: DebugOption = False,
-    version: bool = typer.Option(
-        False, "--version", callback=_version, is_eager=True, help="Show the version and exit."
-    ),
-) -> None:
-    set_debug(ctx, debug)
-
-
-for _name in COMMANDS:
-    importlib.import_module(f"gpudoctor.cli.{_name}").register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -73,13 +15,40 @@ def main(argv: list[str] | None = None) -> None:
     if _stdout_closed():
         print("gpudoctor: error: stdout is closed: redirect it (> /dev/null to discard)", file=sys.stderr)
         sys.exit(2)
+    args = sys.argv[1:] if argv is None else list(argv)
     try:
-        app(args=argv, prog_name="gpudoctor")
+        from gpudoctor.cli.fast import fast_analyze
+
+        code = fast_analyze(args, own_process=argv is None)
+        if code is not None:
+            if argv is None:
+                _end_now(code)
+            sys.exit(code)
+        from gpudoctor.cli.app import app
+
+        app(args=args, prog_name="gpudoctor")
     except KeyboardInterrupt:  # outside typer's own handling, e.g. while starting up
         sys.exit(130)
     except BrokenPipeError:  # `gpudoctor analyze t.json | head`: the reader has all it wanted
         _quiet_stdout()
         sys.exit(1)
+
+
+def _end_now(code: int) -> None:
+    """End this process at once, its output flushed, where Python's teardown would only free memory
+    object by object: nothing registered to run at exit, no other thread, no tracer or profiler
+    watching (a coverage or cProfile run still gets its report). Otherwise return, for `sys.exit`."""
+    import atexit
+    import threading
+
+    registered = getattr(atexit, "_ncallbacks", None)
+    if registered is None or registered() or threading.active_count() > 1:
+        return
+    if sys.gettrace() is not None or sys.getprofile() is not None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _stdout_closed() -> bool:
@@ -100,3 +69,12 @@ def _quiet_stdout() -> None:
         os.dup2(devnull, sys.stdout.fileno())
     except (OSError, ValueError, AttributeError):
         pass
+
+
+def __getattr__(name: str) -> Any:
+    """`from gpudoctor.cli.main import app`: the typer app, imported when asked for."""
+    if name == "app":
+        from gpudoctor.cli.app import app
+
+        return app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

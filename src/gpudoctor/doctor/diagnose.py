@@ -18,6 +18,7 @@ from gpudoctor.util.text import printable
 
 if TYPE_CHECKING:
     from gpudoctor.analysis.timeline_view import StepTimeline
+    from gpudoctor.trace.split import StartedLoad
 
 
 def diagnose_trace(
@@ -26,12 +27,14 @@ def diagnose_trace(
     *,
     rank: int | None = None,
     timeline: bool = False,
+    started: StartedLoad | None = None,
 ) -> RunReport:
     """A Kineto trace analyzed and diagnosed. A directory of rank traces is loaded whole, every rank
     analyzed, `rank` (default the first) detailed; `timeline`: also the GPU timeline of a representative
-    step (for the HTML report)."""
+    step (for the HTML report); `started`: the load of the trace file at `path`, already begun
+    (`trace.split.start_load`), in place of loading it here where it has started a helper."""
     report, _ = diagnose_loaded_traces(
-        _existing(path), options or AnalyzeOptions(), rank=rank, timeline=timeline
+        _existing(path), options or AnalyzeOptions(), rank=rank, timeline=timeline, started=started
     )
     return report
 
@@ -43,9 +46,13 @@ def diagnose_loaded_traces(
     rank: int | None = None,
     timeline: bool = False,
     only_detailed: bool = False,
+    started: StartedLoad | None = None,
 ) -> tuple[RunReport, Trace]:
     """`diagnose_trace`, with the detailed rank's trace; `only_detailed`: analyze that rank alone."""
-    traces = load_traces(path, options.max_bytes)
+    if started is not None and started.split:
+        traces = [started.result()]
+    else:
+        traces = load_traces(path, options.max_bytes)
     index = rank_index([t.meta.rank for t in traces], rank)
     if only_detailed:
         traces, index = [traces[index]], 0

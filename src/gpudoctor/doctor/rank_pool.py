@@ -18,11 +18,11 @@ from typing import Any
 from gpudoctor.analysis.rank_summary import Clocks, RankSummary, TopFinding, summarize_rank
 from gpudoctor.device.links import Link
 from gpudoctor.doctor.document import Report, reports_from_json
+from gpudoctor.doctor.engines import check_engine
 from gpudoctor.runner.rundir import RankFile, rank_info_beside, record_fields
 from gpudoctor.trace.load import DEFAULT_MAX_TRACE_BYTES
 from gpudoctor.util.errors import GpudoctorError, NotATraceError, UsageError
 
-ENGINES = ("auto", "serial", "processes", "ray", "dask")
 SERIAL_BELOW = 4  # fewer ranks than this: starting workers costs more than it saves
 
 
@@ -87,13 +87,6 @@ def run_jobs(jobs: Sequence[RankJob], workers: int | None = None, engine: str = 
         report = reports_from_json(raw["report"])[0] if raw.get("report") else None
         out.append(RankResult(RankSummary.from_json(raw["summary"]), report))
     return out
-
-
-def check_engine(engine: str) -> str:
-    """`engine` if it is one of ENGINES, else a `UsageError` that lists them."""
-    if engine not in ENGINES:
-        raise UsageError(f"unknown engine {engine!r} (one of {', '.join(ENGINES)})")
-    return engine
 
 
 def default_workers(n_jobs: int) -> int:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpudoctor.analysis.memory_run import MemoryAnalysis
 from gpudoctor.analysis.summary import Analysis
@@ -17,12 +17,14 @@ from gpudoctor.doctor.document import RANKS_SCHEMA, reports_from_json
 from gpudoctor.doctor.memory import memory_document, memory_from_document
 from gpudoctor.doctor.observer import ObserverEffect
 from gpudoctor.doctor.ranks import RanksRun, combined_doc, ranks_from_reports
-from gpudoctor.monitor.samples import GpuSample
 from gpudoctor.rules.finding import Diagnosis, Finding
 from gpudoctor.runner import rundir
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.util.errors import UsageError
 from gpudoctor.util.serial import check_schema, from_jsonable, to_jsonable
+
+if TYPE_CHECKING:
+    from gpudoctor.monitor.samples import GpuSample
 
 SCHEMA = "gpudoctor.report/1"
 
@@ -60,6 +62,8 @@ class RunReport:
         """The NVML samples of the most sampled GPU of the run; none without a record or NVML."""
         if self.record is None or not self.record.nvml_samples:
             return ()
+        from gpudoctor.monitor.samples import GpuSample  # a run's: reading a trace needs none
+
         samples = [GpuSample.from_json(s) for s in self.record.nvml_samples]
         indices = [s.index for s in samples]
         main = max(set(indices), key=indices.count)

@@ -9,13 +9,13 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable, Generator
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, NamedTuple
 
 import msgspec
 
 from gpudoctor.util.errors import NotATraceError, TraceFormatError
 
-BLOCK_BYTES = 4 << 20
+BLOCK_BYTES = 512 << 10  # small enough that a chunk's objects stay in cache and their memory is reused
 _HEADER_LIMIT = 256 << 20
 _EVENTS_KEY = re.compile(rb'"traceEvents"\s*:\s*\[')
 _SPLIT = re.compile(rb"\}\s*,\s*\{")
@@ -64,6 +64,31 @@ def read_trace_json(
     header.update(trailer)
     header.pop("traceEvents", None)  # after the update: the trailer's parse puts a null there too
     return header
+
+
+class EventsAt(NamedTuple):
+    """Where a trace's events begin: the top-level keys before them, the byte offset just after the
+    array's `[`, and whether the document is the bare array form."""
+
+    header: dict[str, Any]
+    start: int
+    bare: bool
+
+
+def events_at(stream: BinaryIO) -> EventsAt | None:
+    """Where `read_trace_json` would find the events of `stream`, read from its start; None where it
+    would not stream them (not JSON, or no `traceEvents` key it can find: it then reads the whole)."""
+    reader = _BlockReader(stream)
+    first = reader.first_byte()
+    if first == ord("["):
+        return EventsAt({}, reader.consumed + 1, bare=True)
+    if first != ord("{"):
+        return None
+    header, start = _read_header(reader)
+    if header is None:
+        return None
+    header.pop("traceEvents", None)
+    return EventsAt(header, reader.consumed + start, bare=False)
 
 
 def decode_untyped(data: bytes | bytearray | memoryview) -> Any:

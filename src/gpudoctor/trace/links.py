@@ -267,12 +267,51 @@ def op_parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     return memo[key]
 
 
+def _preorder(trace: Trace, rows: np.ndarray) -> np.ndarray:
+    """Positions of `rows` by thread, start, longest first (a parent before its children); memoized
+    per set of rows, as both `op_parents` and `op_subtrees` sort by it."""
+    key = ("preorder", len(rows), hash(rows.tobytes()))
+    memo = trace._memo
+    if key not in memo:
+        memo[key] = _by_thread(
+            trace.pid[rows], trace.tid[rows], start_then_longest(trace.ts[rows], trace.dur[rows])
+        )
+    return memo[key]
+
+
+def _by_thread(pid: np.ndarray, tid: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """`order` sorted, stably, by (pid, tid): `np.lexsort((..., tid, pid))` where `order` already sorts
+    the rest. The threads are few: numbered densely, they sort in one pass (a radix sort)."""
+    p, t = pid[order], tid[order]
+    if not len(order) or ((p == p[0]).all() and (t == t[0]).all()):
+        return order
+    _, p_rank = np.unique(p, return_inverse=True)
+    tids, t_rank = np.unique(t, return_inverse=True)
+    thread = p_rank.reshape(-1) * len(tids) + t_rank.reshape(-1)
+    if thread.max() < np.iinfo(np.int16).max:
+        thread = thread.astype(np.int16)
+    return order[np.argsort(thread, kind="stable")]
+
+
+def start_then_longest(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """`np.lexsort((-dur, ts))`: by start, the longest first among equal starts. Rows come in time
+    order, so only the runs of equal starts need sorting (a few): the rest stays where it is."""
+    if len(ts) < 2 or not (ts[1:] >= ts[:-1]).all():
+        return np.lexsort((-dur, ts))
+    tied = np.flatnonzero(ts[1:] == ts[:-1])
+    order = np.arange(len(ts))
+    if len(tied):
+        runs = np.unique(np.concatenate((tied, tied + 1)))  # every member of a run of equal starts
+        order[runs] = runs[np.lexsort((-dur[runs], ts[runs]))]
+    return order
+
+
 def _parents(trace: Trace, rows: np.ndarray) -> np.ndarray:
     n = len(rows)
     parent = np.full(n, -1, dtype=np.int64)
     if not n:
         return parent
-    order = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    order = _preorder(trace, rows)
     r = rows[order]
     # Put each thread on its own stretch of the time axis so no interval can enclose another thread's.
     thread = np.zeros(n, dtype=np.int64)
@@ -317,7 +356,7 @@ def op_subtrees(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 def _subtrees(trace: Trace, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = len(rows)
-    order = np.lexsort((-trace.dur[rows], trace.ts[rows], trace.tid[rows], trace.pid[rows]))
+    order = _preorder(trace, rows)
     rank = np.empty(n, dtype=np.int64)
     rank[order] = np.arange(n)
     parent = op_parents(trace, rows)[order]  # positions in rows -> preorder indices

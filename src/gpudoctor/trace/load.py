@@ -7,16 +7,14 @@ are dropped, so memory stays near the size of the columns. Malformed events are 
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import os
 import re
 import stat
 import zlib
-from collections import Counter
-from collections.abc import Callable, Sequence
-from itertools import compress, pairwise, repeat
-from operator import attrgetter, eq, is_, not_
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -24,21 +22,17 @@ import msgspec
 import numpy as np
 
 from gpudoctor.device import DeviceInfo
+from gpudoctor.trace.columns import ColumnBuilder, concat_blocks, sorted_columns
 from gpudoctor.trace.jsonstream import decode_untyped, read_trace_json
 from gpudoctor.trace.model import (
-    CATEGORY_KINDS,
     RUN_STEP_KEY,
-    SHAPED_OPS,
     CommCalls,
     DistributedInfo,
-    Kind,
     MemoryEvents,
-    OpInputs,
     Trace,
     TraceMeta,
-    is_torch_annotation,
 )
-from gpudoctor.trace.schema import NO_ARGS, Args, Event, Repairs, decoder
+from gpudoctor.trace.schema import Repairs, decoder
 from gpudoctor.util.errors import NotATraceError, TraceFormatError
 from gpudoctor.util.gcpause import gc_paused
 from gpudoctor.util.units import fmt_bytes
@@ -86,25 +80,46 @@ def load_trace(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX
         raise TraceFormatError(f"{p} is a directory: use load_traces() for a directory of rank files")
     try:
         with gc_paused(), _open(p, max_bytes) as stream:
-            builder = _Builder()
-            repairs = Repairs()
-            gen = read_trace_json(stream, decoder(repairs))
-            try:
-                while True:
-                    builder.add_chunk(next(gen))
-                    if max_bytes is not None and builder.column_bytes > max_bytes // 2:
-                        raise _too_large(max_bytes, "its events would take more than half of it in memory")
-            except StopIteration as stop:
-                top: dict[str, Any] = stop.value
-            for reason, count in repairs.counts.items():
-                builder.skip(reason, count)
-        return builder.build(str(p), top)
+            parsed = parse_events(stream, max_bytes)
+        for reason, count in parsed.repairs.items():
+            parsed.builder.skip(reason, count)
+        return build_trace(parsed.builder, str(p), parsed.top)
     except TraceFormatError as err:
         raise type(err)(f"{p}: {err}") from None
     except RecursionError:  # nesting beyond what even `jsonstream.shallow` was given to read
         raise TraceFormatError(f"{p}: JSON nested too deeply to be a trace") from None
     except OSError as err:
         raise TraceFormatError(f"{p}: cannot read: {err.strerror or err}") from None
+
+
+@dataclass
+class Parsed:
+    """One pass of the stream reader over a trace's JSON, or a part of it (`split`): the builder of its
+    columns, the top-level keys, what was repaired (by reason), and after each chunk how many reasons
+    for skipping events and how many labels the builder had met (`split` checks them before a join)."""
+
+    builder: ColumnBuilder
+    top: dict[str, Any]
+    repairs: dict[str, int]
+    marks: list[tuple[int, int]] = field(default_factory=list)
+
+
+def parse_events(stream: BinaryIO, max_bytes: int | None) -> Parsed:
+    """Read every event of `stream` into a new builder; `TraceTooLargeError` as soon as its columns
+    would take more than half of `max_bytes`."""
+    builder = ColumnBuilder()
+    repairs = Repairs()
+    parsed = Parsed(builder, {}, repairs.counts)
+    gen = read_trace_json(stream, decoder(repairs))
+    try:
+        while True:
+            builder.add_chunk(next(gen))
+            parsed.marks.append((len(builder.skipped), len(builder.labels.strings)))
+            if max_bytes is not None and builder.column_bytes > max_bytes // 2:
+                raise _too_large(max_bytes, "its events would take more than half of it in memory")
+    except StopIteration as stop:
+        parsed.top = stop.value
+    return parsed
 
 
 def load_traces(path: str | os.PathLike[str], max_bytes: int | None = DEFAULT_MAX_TRACE_BYTES) -> list[Trace]:
@@ -262,404 +277,75 @@ class _GzipReader:
         self._raw.close()
 
 
-class _Interner:
-    """Strings to dense ids, in first-seen order."""
-
-    def __init__(self) -> None:
-        self.ids: dict[str, int] = {}
-        self.strings: list[str] = []
-        self.bytes = 0  # the characters of the strings (memory, about)
-
-    def many(self, values: Sequence[Any]) -> np.ndarray:
-        get = self.ids.get
-        try:
-            out = list(map(get, values))
-            if None in out:  # new names: add each once, then look all up again
-                for v in dict.fromkeys(compress(values, map(is_, out, repeat(None)))):  # C loops
-                    self.one(v)
-                out = list(map(get, values))
-        except TypeError:  # an unhashable name (a list, say) in a damaged trace
-            out = [self.one(v) for v in values]
-        return np.array(out, dtype=np.int32)
-
-    def one(self, value: Any) -> int:
-        key = value if isinstance(value, str) else ("" if value is None else str(value)[:200])
-        got = self.ids.get(key)
-        if got is None:
-            got = self.ids[key] = len(self.strings)
-            self.strings.append(key)
-            self.bytes += len(key) + 50
-        if key is not value:  # None, a number: look it up directly next time
-            with contextlib.suppress(TypeError):
-                self.ids[value] = got
-        return got
-
-
-_RAW_INPUTS = tuple(map(attrgetter, ("input_dims", "input_types", "concrete_inputs")))
-_NO_INPUTS = (b"", b"", b"")
-
-
-class _RawInputs:
-    """The record_shapes args of cpu ops, interned as raw JSON: ops repeat a few hundred distinct
-    argument lists every step, so each distinct one is parsed once, at the end."""
-
-    def __init__(self) -> None:
-        self.ids: dict[tuple[bytes, bytes, bytes], int] = {_NO_INPUTS: -1}
-        self.keys: list[tuple[bytes, bytes, bytes]] = []
-
-    def many(self, args: Sequence[Args]) -> np.ndarray:
-        # bytes() copies each Raw out of the chunk's buffer, which can then be freed
-        keys = list(zip(*(map(bytes, map(get, args)) for get in _RAW_INPUTS), strict=True))
-        get = self.ids.get
-        out = list(map(get, keys))
-        if None in out:
-            for key in dict.fromkeys(compress(keys, map(is_, out, repeat(None)))):
-                self.ids[key] = len(self.keys)
-                self.keys.append(key)
-            out = list(map(get, keys))
-        return np.array(out, dtype=np.int32)
-
-    def parsed(self) -> tuple[OpInputs, ...]:
-        return tuple(
-            OpInputs(
-                _json_tuple(dims), tuple(map(str, _json_tuple(types))), tuple(map(str, _json_tuple(conc)))
-            )
-            for dims, types, conc in self.keys
+def build_trace(b: ColumnBuilder, path: str, top: dict[str, Any]) -> Trace:
+    """The trace of a builder that has read every event, its top-level keys `top`."""
+    if b.n_events == 0 and not top:
+        raise TraceFormatError("no events: the trace is empty")
+    ts, dur = concat_blocks(b.blocks["ts"], "ts"), concat_blocks(b.blocks["dur"], "dur")
+    kind = concat_blocks(b.blocks["kind"], "kind")
+    mem = {c: concat_blocks(blocks, "m" + c) for c, blocks in b.mem_blocks.items()}
+    # Events, but none of PyTorch's: durations of other names (or only begin/end pairs, counters,
+    # instants, which no Kineto trace is made of) and no Kineto key at the top.
+    events = b.n_events - b.n_metadata - len(mem["ts"])
+    if events and not kind.any() and not any(k in top for k in _KINETO_KEYS):
+        raise ForeignTraceError(
+            f"this is {_foreign_kind(b)}, not a PyTorch profiler (Kineto) trace: none of its "
+            f"{events:,} events is a PyTorch op, GPU kernel or CUDA runtime call. gpudoctor needs the "
+            f"trace torch.profiler writes: prof.export_chrome_trace(...) or tensorboard_trace_handler"
         )
+    # NaN (no ts) fails these too. One event at ts=-1e308 would otherwise become the origin and
+    # push every other row to ~1e308, where float64 has no resolution left.
+    valid = (np.abs(ts) < _MAX_TIME_US) & (dur < _MAX_TIME_US)
+    kept = None if valid.all() else np.flatnonzero(valid)
+    if kept is not None:
+        absurd = int((~valid & ~np.isnan(ts)).sum())
+        if absurd:
+            b.skip(f"duration event with ts or dur beyond {_MAX_TIME_US:.0e} µs", absurd)
+    kept_ts = ts if kept is None else ts[kept]
+    mem_valid = np.abs(mem["ts"]) < _MAX_TIME_US
+    if not mem_valid.all():
+        mem = {c: v[mem_valid] for c, v in mem.items()}
+    starts = [kept_ts.min()] if len(kept_ts) else []
+    if len(mem["ts"]):
+        starts.append(mem["ts"].min())
+    origin = float(np.floor(min(starts))) if starts else 0.0
+    order = np.argsort(kept_ts, kind="stable")
+    cols = sorted_columns(
+        b.blocks, order if kept is None else kept[order], {"ts": ts, "dur": dur, "kind": kind}
+    )
+    cols["ts"] -= origin
+    mem_order = np.argsort(mem["ts"], kind="stable")
+    mem = {c: v[mem_order] for c, v in mem.items()}
+    mem["ts"] -= origin
+    for cat, count in b.unknown_categories.items():
+        b.skip(f"unknown category {cat[:40]!r} (kept as OTHER)", count)
+    comm_calls = _comm_calls(b.comm_calls, origin)
+    return Trace(
+        meta=_meta(path, top, origin, dict(b.unknown_categories)),
+        names=tuple(b.names.strings),
+        memory=MemoryEvents(**mem),
+        labels=tuple(b.labels.strings),
+        op_inputs=b.inputs.parsed(),
+        thread_names=b.thread_names,
+        skipped=dict(b.skipped),
+        comm_calls=comm_calls,
+        **cols,
+    )
 
 
-def _json_tuple(raw: bytes) -> tuple[Any, ...]:
-    """A JSON array as nested tuples; () for anything else (absent, null, malformed)."""
-    try:
-        value = msgspec.json.decode(raw) if raw else None
-    except msgspec.DecodeError:
-        return ()
-    return _tuples(value) if isinstance(value, list) else ()
-
-
-def _tuples(value: Any) -> Any:
-    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
-
-
-def _num(values: Sequence[Any], dtype: type, default: float) -> np.ndarray:
-    """numpy array of numbers; anything that is not a number (None included) becomes `default`."""
-    try:
-        arr = np.array(values, dtype=dtype)
-        if arr.ndim == 1:
-            if default == default and arr.dtype.kind == "f":  # None became NaN; want the default
-                arr[np.isnan(arr)] = default
-            return arr
-    except (TypeError, ValueError, OverflowError):
-        pass
-    try:  # usually only nulls (e.g. a top-level Python frame's "Python parent id": null)
-        arr = np.array([default if v is None else v for v in values], dtype=dtype)
-        if arr.ndim == 1:
-            return arr
-    except (TypeError, ValueError, OverflowError):
-        pass
-    clean = [
-        v if isinstance(v, (int, float)) and not isinstance(v, bool) and _fits(v, dtype) else default
-        for v in values
-    ]
-    return np.array(clean, dtype=dtype)
-
-
-def _fits(v: float, dtype: type) -> bool:
-    if np.issubdtype(dtype, np.integer):
-        info = np.iinfo(dtype)
-        return v == v and info.min <= v <= info.max  # NaN fails
-    return True
-
-
-def _dims(values: list[Any]) -> np.ndarray:
-    clean = [v if type(v) is list and len(v) == 3 else _NO_DIM for v in values]
-    try:
-        return np.array(clean, dtype=np.int32).reshape(-1, 3)
-    except (TypeError, ValueError, OverflowError):
-        fixed = [v if all(isinstance(x, int) and 0 <= x < 2**31 for x in v) else _NO_DIM for v in clean]
-        return np.array(fixed, dtype=np.int32).reshape(-1, 3)
-
-
-class _Builder:
-    """Accumulates column blocks chunk by chunk."""
-
-    _COLUMNS = (
-        "kind", "name", "pid", "tid", "ts", "dur", "correlation", "external_id", "device", "stream",
-        "bytes", "grid", "block", "registers", "shared_memory", "occupancy", "blocks_per_sm",
-        "warps_per_sm", "python_id", "python_parent_id", "flops", "inputs", "sequence", "fwd_thread",
-    )  # fmt: skip
-    _MEMORY = ("ts", "bytes", "total_allocated", "total_reserved", "device_type", "device_id")
-
-    def __init__(self) -> None:
-        self.names = _Interner()
-        self.labels = _Interner()
-        self.inputs = _RawInputs()
-        self.shaped_names = np.zeros(0, dtype=bool)  # per name id: one of SHAPED_OPS
-        self.annotation_names = np.zeros(0, dtype=bool)  # per name id: one of torch's own annotations
-        self.blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._COLUMNS}
-        self.mem_blocks: dict[str, list[np.ndarray]] = {c: [] for c in self._MEMORY}
-        self.thread_names: dict[tuple[int, int], str] = {}
-        self.comm_calls: list[tuple[Any, ...]] = []  # record_param_comms rows, see _add_comm_calls
-        self.process_names: list[str] = []
-        self.skipped: dict[str, int] = {}
-        self.unknown_categories: dict[str, int] = {}
-        self.n_events = 0
-        self.n_metadata = 0  # "M" events: process and thread names, which any tool writes
-
-    def skip(self, reason: str, n: int = 1) -> None:
-        self.skipped[reason] = self.skipped.get(reason, 0) + n
-
-    # ---- one chunk -------------------------------------------------------------------------
-    def add_chunk(self, events: list[Event]) -> None:
-        phases = list(map(_PH, events))
-        self.n_events += len(phases) - phases.count(None)  # a JSON object without "ph" is no event
-        self.n_metadata += phases.count("M")
-        # C loops: no bytecode per event. eq, not "X".__eq__: that gives NotImplemented (truthy) for None
-        is_x = list(map(eq, repeat("X"), phases))
-        xs = list(compress(events, is_x))
-        if len(xs) < len(events):
-            self._add_others(list(compress(events, map(not_, is_x))))
-        if xs:
-            self._add_durations(xs)
-
-    @property
-    def column_bytes(self) -> int:
-        """What the columns built so far hold (the strings interned included, about)."""
-        arrays = sum(
-            a.nbytes for blocks in (*self.blocks.values(), *self.mem_blocks.values()) for a in blocks
-        )
-        return arrays + self.names.bytes + self.labels.bytes
-
-    def _add_durations(self, xs: list[Event]) -> None:
-        n = len(xs)
-        kinds = self._kinds(list(map(_CAT, xs)))
-        ts = _column(xs, "ts", np.float64, np.nan)
-        dur = _column(xs, "dur", np.float64, 0.0)
-        bad_ts = np.isnan(ts)
-        if bad_ts.any():
-            self.skip("duration event without a numeric ts", int(bad_ts.sum()))
-        negative = dur < 0
-        if negative.any():  # seen in the wild (HTA issue tracker); keep the event, as an instant
-            self.skip("negative duration clamped to 0", int(negative.sum()))
-            dur[negative] = 0.0
-        args = list(map(_ARGS, xs))
-        if None in args:
-            args = [a or NO_ARGS for a in args]
-        b = self.blocks
-        name_ids = self.names.many(list(map(_NAME, xs)))
-        _as_annotations(kinds, self._by_name(name_ids, "annotation_names", is_torch_annotation))
-        b["kind"].append(kinds)
-        b["name"].append(name_ids)
-        b["pid"].append(self._ids(list(map(_PID, xs))))
-        b["tid"].append(self._ids(list(map(_TID, xs))))
-        b["ts"].append(ts)
-        b["dur"].append(dur)
-        b["correlation"].append(_column(args, "correlation", np.int64, -1))
-        b["external_id"].append(_external_ids(kinds, args))
-        gpu = _Subset(n, np.flatnonzero((kinds >= Kind.KERNEL) & (kinds <= Kind.GPU_SYNC)), args)
-        b["device"].append(gpu.column("device", np.int16, -1))
-        b["stream"].append(gpu.column("stream", np.int64, -1))
-        b["bytes"].append(gpu.column("bytes", np.int64, -1))
-        kernel = _Subset(n, np.flatnonzero(kinds == Kind.KERNEL), args)
-        b["registers"].append(kernel.column("registers", np.int32, -1))
-        b["shared_memory"].append(kernel.column("shared_memory", np.int64, -1))
-        b["occupancy"].append(kernel.column("occupancy", np.float32, np.nan))
-        b["blocks_per_sm"].append(kernel.column("blocks_per_sm", np.float32, np.nan))
-        b["warps_per_sm"].append(kernel.column("warps_per_sm", np.float32, np.nan))
-        b["grid"].append(kernel.dims("grid"))
-        b["block"].append(kernel.dims("block"))
-        python = _Subset(n, np.flatnonzero(kinds == Kind.PYTHON), args)
-        b["python_id"].append(python.column("python_id", np.int64, -1))
-        b["python_parent_id"].append(python.column("python_parent_id", np.int64, -1))
-        cpu_op = _Subset(n, np.flatnonzero(kinds == Kind.CPU_OP), args)
-        b["flops"].append(cpu_op.column("flops", np.float64, np.nan))
-        b["sequence"].append(cpu_op.column("sequence", np.int64, -1))
-        b["fwd_thread"].append(cpu_op.column("fwd_thread", np.int64, -1))
-        shaped = cpu_op.rows[self._by_name(name_ids[cpu_op.rows], "shaped_names", SHAPED_OPS.__contains__)]
-        b["inputs"].append(_Subset(n, shaped, args).inputs(self.inputs))
-        comm_id = self.names.ids.get(COMM_OP)
-        if comm_id is not None:
-            calls = cpu_op.rows[name_ids[cpu_op.rows] == comm_id]
-            self._add_comm_calls([xs[i] for i in calls.tolist()])
-
-    def _add_comm_calls(self, ops: list[Event]) -> None:
-        """torch.distributed's records of collective calls: what each moved (a few per step)."""
-        for e in ops:
-            a = e.args
-            if a is None or a.collective is None:
-                continue
-            self.comm_calls.append(
-                (_int(a.external_id), e.ts, e.dur, e.tid, _int(a.in_nelems), _int(a.out_nelems),
-                 _int(a.group_size), _text(a.collective), _text(a.dtype), _text(a.group))
-            )  # fmt: skip
-
-    def _by_name(self, name_ids: np.ndarray, memo: str, predicate: Callable[[str], Any]) -> np.ndarray:
-        """Which of these names `predicate` holds for (a mask over them), memoized per name id in the
-        array attribute `memo`."""
-        mask: np.ndarray = getattr(self, memo)
-        known = len(mask)
-        if known < len(self.names.strings):
-            more = [bool(predicate(s)) for s in self.names.strings[known:]]
-            mask = np.concatenate((mask, np.array(more, dtype=bool)))
-            setattr(self, memo, mask)
-        return mask[name_ids]
-
-    def _kinds(self, cats: Sequence[Any]) -> np.ndarray:
-        known = CATEGORY_KINDS
-        try:
-            out = list(map(known.get, cats))
-        except TypeError:  # an unhashable category in a damaged trace
-            out = [None] * len(cats)
-        if None in out:
-            for i, c in enumerate(cats):
-                if out[i] is None:
-                    out[i] = self._kind_of_unknown(c)
-        return np.array(out, dtype=np.int8)
-
-    def _kind_of_unknown(self, cat: Any) -> Kind:
-        text = str(cat).lower() if cat is not None else ""
-        kind = CATEGORY_KINDS.get(text)
-        if kind is None:
-            if text.endswith("_runtime"):
-                kind = Kind.RUNTIME
-            elif text.endswith("_driver"):
-                kind = Kind.DRIVER
-            else:
-                kind = Kind.OTHER
-                self.unknown_categories[text] = self.unknown_categories.get(text, 0) + 1
-        return kind
-
-    def _ids(self, values: Sequence[Any]) -> np.ndarray:
-        # No dtype= here: numpy would parse numeric strings ("5" -> 5) and keep negative ints, which
-        # collide with the label ids; `_id` turns both into labels, whatever the chunk holds.
-        arr = np.array(values)
-        if arr.dtype.kind == "i" and arr.ndim == 1 and (not len(arr) or arr.min() >= 0):
-            return arr.astype(np.int64, copy=False)
-        return np.array([self._id(v) for v in values], dtype=np.int64)
-
-    def _id(self, v: Any) -> int:
-        if isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**63:
-            return v
-        return -self.labels.one(v) - 2
-
-    def _add_others(self, others: list[Event]) -> None:
-        memory = [e for e in others if e.name == "[memory]" and e.ph in ("i", "I")]
-        if memory:
-            self._add_memory(memory)
-        for ph, count in Counter(e.ph for e in others).items():
-            if ph == "M":
-                for e in others:
-                    if e.ph == "M":
-                        self._add_metadata(e)
-            elif ph in ("s", "f", "t"):
-                self.skip("flow events (links come from correlation ids)", count)
-            elif ph in ("i", "I"):
-                count -= sum(1 for e in memory if e.ph == ph)
-                if count:
-                    self.skip("instant events", count)
-            else:
-                self.skip(f"events of phase {str(ph)[:8]!r}", count)
-
-    def _add_metadata(self, e: Event) -> None:
-        if e.args is None or e.args.name is None:
-            return
-        if e.name == "thread_name":
-            self.thread_names[(self._id(e.pid), self._id(e.tid))] = e.args.name
-        elif e.name == "process_name" and len(self.process_names) < 1000:
-            self.process_names.append(e.args.name)
-
-    def _add_memory(self, evs: list[Event]) -> None:
-        args = [e.args or NO_ARGS for e in evs]
-        m = self.mem_blocks
-        m["ts"].append(_num([e.ts for e in evs], np.float64, np.nan))
-        m["bytes"].append(_num([a.alloc_bytes for a in args], np.int64, 0))
-        m["total_allocated"].append(_num([a.total_allocated for a in args], np.int64, -1))
-        m["total_reserved"].append(_num([a.total_reserved for a in args], np.int64, -1))
-        m["device_type"].append(_num([a.device_type for a in args], np.int8, -1))
-        m["device_id"].append(_num([a.device_id for a in args], np.int16, -1))
-
-    def _foreign_kind(self) -> str:
-        """What a trace with no PyTorch event is, from its process, thread and category names."""
-        names = " ".join([*self.process_names, *self.thread_names.values()]).lower()
-        if any(mark in names for mark in ("/device:", "/host:", "xla", "tpu:", "jax")):
-            return "a JAX (XLA profiler) trace"
-        cats = set(self.unknown_categories)
-        if (
-            cats & _BROWSER_CATEGORIES
-            or any(c.startswith("disabled-by-default-") for c in cats)
-            or any(mark in names for mark in ("crbrowsermain", "crrenderermain", "crgpumain"))
-        ):
-            return "a Chrome browser (DevTools) trace"
-        return "a trace in Chrome's trace-event format from another tool"
-
-    # ---- the whole trace -------------------------------------------------------------------
-    def build(self, path: str, top: dict[str, Any]) -> Trace:
-        if self.n_events == 0 and not top:
-            raise TraceFormatError("no events: the trace is empty")
-        cols = {c: _concat(blocks, c) for c, blocks in self.blocks.items()}
-        mem = {c: _concat(blocks, "m" + c) for c, blocks in self.mem_blocks.items()}
-        # Events, but none of PyTorch's: durations of other names (or only begin/end pairs, counters,
-        # instants, which no Kineto trace is made of) and no Kineto key at the top.
-        events = self.n_events - self.n_metadata - len(mem["ts"])
-        if events and not cols["kind"].any() and not any(k in top for k in _KINETO_KEYS):
-            raise ForeignTraceError(
-                f"this is {self._foreign_kind()}, not a PyTorch profiler (Kineto) trace: none of its "
-                f"{events:,} events is a PyTorch op, GPU kernel or CUDA runtime call. gpudoctor needs the "
-                f"trace torch.profiler writes: prof.export_chrome_trace(...) or tensorboard_trace_handler"
-            )
-        # NaN (no ts) fails these too. One event at ts=-1e308 would otherwise become the origin and
-        # push every other row to ~1e308, where float64 has no resolution left.
-        valid = (np.abs(cols["ts"]) < _MAX_TIME_US) & (cols["dur"] < _MAX_TIME_US)
-        if not valid.all():
-            absurd = int((~valid & ~np.isnan(cols["ts"])).sum())
-            if absurd:
-                self.skip(f"duration event with ts or dur beyond {_MAX_TIME_US:.0e} µs", absurd)
-            cols = {c: v[valid] for c, v in cols.items()}
-        mem_valid = np.abs(mem["ts"]) < _MAX_TIME_US
-        if not mem_valid.all():
-            mem = {c: v[mem_valid] for c, v in mem.items()}
-        starts = [cols["ts"].min()] if len(cols["ts"]) else []
-        if len(mem["ts"]):
-            starts.append(mem["ts"].min())
-        origin = float(np.floor(min(starts))) if starts else 0.0
-        order = np.argsort(cols["ts"], kind="stable")
-        cols = {c: v[order] for c, v in cols.items()}
-        cols["ts"] -= origin
-        mem_order = np.argsort(mem["ts"], kind="stable")
-        mem = {c: v[mem_order] for c, v in mem.items()}
-        mem["ts"] -= origin
-        for cat, count in self.unknown_categories.items():
-            self.skip(f"unknown category {cat[:40]!r} (kept as OTHER)", count)
-        comm_calls = _comm_calls(self.comm_calls, origin)
-        return Trace(
-            meta=_meta(path, top, origin, dict(self.unknown_categories)),
-            names=tuple(self.names.strings),
-            memory=MemoryEvents(**mem),
-            labels=tuple(self.labels.strings),
-            op_inputs=self.inputs.parsed(),
-            thread_names=self.thread_names,
-            skipped=dict(self.skipped),
-            comm_calls=comm_calls,
-            **cols,
-        )
-
-
-def _as_annotations(kinds: np.ndarray, torch_annotation: np.ndarray) -> None:
-    """Torch's own ranges (`ProfilerStep#N`, the optimizer's and DataLoader's) recorded as ops, as
-    PyTorch <= 1.9 wrote every range ("Operator"), become the user annotations later versions write."""
-    recast = torch_annotation & (kinds == Kind.CPU_OP)
-    if recast.any():
-        kinds[recast] = Kind.USER_ANNOTATION
-
-
-def _external_ids(kinds: np.ndarray, args: Sequence[Args]) -> np.ndarray:
-    """Each row's `External id`; on runtime calls and GPU activity without one, the `external id` older
-    Kineto (PyTorch <= 1.9) wrote there instead, which names the CPU op as `External id` does now."""
-    ids = _column(args, "external_id", np.int64, -1)
-    missing = np.flatnonzero((ids < 0) & (kinds >= Kind.RUNTIME))
-    if len(missing):
-        ids[missing] = _Subset(len(ids), missing, args).column("external_id_older", np.int64, -1)[missing]
-    return ids
+def _foreign_kind(b: ColumnBuilder) -> str:
+    """What a trace with no PyTorch event is, from its process, thread and category names."""
+    names = " ".join([*b.process_names, *b.thread_names.values()]).lower()
+    if any(mark in names for mark in ("/device:", "/host:", "xla", "tpu:", "jax")):
+        return "a JAX (XLA profiler) trace"
+    cats = set(b.unknown_categories)
+    if (
+        cats & _BROWSER_CATEGORIES
+        or any(c.startswith("disabled-by-default-") for c in cats)
+        or any(mark in names for mark in ("crbrowsermain", "crrenderermain", "crgpumain"))
+    ):
+        return "a Chrome browser (DevTools) trace"
+    return "a trace in Chrome's trace-event format from another tool"
 
 
 def _comm_calls(rows: list[tuple[Any, ...]], origin: float) -> CommCalls:
@@ -683,69 +369,6 @@ def _comm_calls(rows: list[tuple[Any, ...]], origin: float) -> CommCalls:
         dtype=dtype,
         group=group,
     )
-
-
-def _int(v: Any) -> int:
-    return v if isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63 else -1
-
-
-def _text(v: Any) -> str:
-    return v[:100] if isinstance(v, str) else ""
-
-
-_PH, _CAT, _NAME, _PID, _TID, _ARGS = (attrgetter(f) for f in ("ph", "cat", "name", "pid", "tid", "args"))
-
-
-def _column(objs: Sequence[Any], field: str, dtype: type, default: float) -> np.ndarray:
-    """One numeric field of every struct as an array; None or garbage becomes `default`."""
-    get = attrgetter(field)
-    try:  # the fast path: a C loop with no intermediate list
-        arr = np.fromiter(map(get, objs), dtype=dtype, count=len(objs))
-    except (TypeError, ValueError, OverflowError):
-        return _num(list(map(get, objs)), dtype, default)
-    if default == default and arr.dtype.kind == "f":  # fromiter turns None into NaN; want the default
-        arr[np.isnan(arr)] = default
-    return arr
-
-
-class _Subset:
-    """Reads `Args` fields for a subset of a chunk's rows into full-length columns."""
-
-    def __init__(self, n: int, rows: np.ndarray, args: Sequence[Args]) -> None:
-        self.n = n
-        self.rows = rows
-        self.args = list(map(args.__getitem__, rows.tolist())) if len(rows) < n else args
-
-    def column(self, field: str, dtype: type, default: float) -> np.ndarray:
-        if len(self.rows) == self.n:
-            return _column(self.args, field, dtype, default)
-        out = np.full(self.n, default, dtype=dtype)
-        if len(self.rows):
-            out[self.rows] = _column(self.args, field, dtype, default)
-        return out
-
-    def inputs(self, interned: _RawInputs) -> np.ndarray:
-        out = np.full(self.n, -1, dtype=np.int32)
-        if len(self.rows):
-            out[self.rows] = interned.many(self.args)
-        return out
-
-    def dims(self, field: str) -> np.ndarray:
-        out = np.zeros((self.n, 3), dtype=np.int32)
-        if len(self.rows):
-            out[self.rows] = _dims(list(map(attrgetter(field), self.args)))
-        return out
-
-
-def _concat(blocks: list[np.ndarray], column: str) -> np.ndarray:
-    if blocks:
-        return np.concatenate(blocks) if len(blocks) > 1 else blocks[0]
-    if column in ("grid", "block"):
-        return np.zeros((0, 3), dtype=np.int32)
-    dtype = {
-        "mts": np.float64, "ts": np.float64, "dur": np.float64, "flops": np.float64, "inputs": np.int32
-    }.get(column, np.int64)  # fmt: skip
-    return np.empty(0, dtype=dtype)
 
 
 def _meta(path: str, top: dict[str, Any], origin: float, other: dict[str, int]) -> TraceMeta:

@@ -275,7 +275,12 @@ class Trace:
             np.zeros(len(self.names), bool),
             np.zeros(len(self.names), bool),
         )
-        todo = np.flatnonzero(~done) if ids is None else np.unique(ids)[~done[np.unique(ids)]]
+        if ids is None:
+            todo = np.flatnonzero(~done)
+        else:  # the ids asked for, each once, in order: a scatter, not a sort (ids are a column's rows)
+            asked = np.zeros(len(self.names), bool)
+            asked[ids] = True
+            todo = np.flatnonzero(asked & ~done)
         if len(todo):
             names = self.names
             mask[todo] = np.fromiter(
