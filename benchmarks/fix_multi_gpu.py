@@ -336,7 +336,11 @@ def one_workload(name: str, a: argparse.Namespace, env: dict[str, str]) -> dict[
             configs["patched"] = (Path(copy.script), small)
     kept = None if summary is None else list(summary.get("final") or [])
     record["kept"] = kept
-    record["timing"] = measure(name, configs, a, env)
+    if name == CONTROL and kept == []:
+        # nothing kept, nothing to prove: the control's plain and expert runs are the same script
+        record["timing"] = {"skipped": "the control kept nothing: no patched copy to time"}
+    else:
+        record["timing"] = measure(name, configs, a, env)
     record |= judged(name, kept, record["timing"], None if summary is None else summary.get("proof"))
     if name == CONTROL:
         record["control_kept_nothing"] = None if kept is None else not kept

@@ -1,8 +1,8 @@
 """GPT-2 (124M, transformers, built from its config: random weights) trained as a causal LM under DDP in
-float32 with AdamW, a linear warm-up, gradient clipping and gradient accumulation (8 micro-batches of 4 ×
+float32 with AdamW, a linear warm-up, gradient clipping and gradient accumulation (4 micro-batches of 4 ×
 128 tokens per rank), written as users often write it: `find_unused_parameters=True` (nothing is unused)
 and every micro-batch's backward all-reducing the whole model's gradients (no `no_sync()`): 500 MB of
-float32 gradients exchanged eight times per optimizer step, for 512 tokens of compute each time.
+float32 gradients exchanged four times per optimizer step, for 512 tokens of compute each time.
 
 `--expert`: `no_sync()` on every micro-batch but the last, bfloat16 autocast, TF32,
 `find_unused_parameters=False`, `gradient_as_bucket_view=True`, fused AdamW (not `static_graph=True`: DDP
@@ -27,7 +27,7 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--epochs", type=int, default=1_000)
 parser.add_argument("--micro-batch", type=int, default=4, help="sequences per rank per micro-batch")
 parser.add_argument("--seq", type=int, default=128)
-parser.add_argument("--accumulate", type=int, default=8, help="micro-batches per optimizer step")
+parser.add_argument("--accumulate", type=int, default=4, help="micro-batches per optimizer step")
 parser.add_argument("--small", action="store_true", help="a tiny model (CPU smoke test)")
 parser.add_argument("--expert", action="store_true")
 args = parser.parse_args()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.fixes.frameworks import framework_of, in_framework_terms
 from gpudoctor.fixes.kinds.base import HALF_REORDER_TOLERANCE, TF32_TOLERANCE, TIGHT, Fix
-from gpudoctor.fixes.kinds.dist import DdpFix
+from gpudoctor.fixes.kinds.dist import DdpFix, NoSyncFix
 from gpudoctor.fixes.kinds.loader import LargerBatchFix, PinMemoryFix, WorkersFix
 from gpudoctor.fixes.kinds.loop import FusedOptimizerFix, NoEmptyCacheFix, NoOpFix, ZeroGradNoneFix
 from gpudoctor.fixes.kinds.model import (
@@ -39,6 +39,7 @@ FIXES: tuple[Fix, ...] = (
     ZeroGradNoneFix(),
     NoEmptyCacheFix(),
     DdpFix(),
+    NoSyncFix(),
     WorkersFix(),
     PinMemoryFix(),
     LargerBatchFix(),

@@ -205,9 +205,14 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
     """(first line, last line + 1, replacement lines) in 0-based line numbers, or why it cannot be placed."""
     if e.op == "insert_after_imports":
         body = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
-        code = list(e.code) if _imports_torch(tree) else ["import torch", *e.code]
+        present = {ast.unparse(s) for s in body}
+        code = [c for c in e.code if c not in present]
+        if any("torch" in c for c in code) and not _imports_torch(tree):
+            code.insert(0, "import torch")
         at = body[-1].end_lineno or 0 if body else _after_docstring(tree)
         return at, at, [c + "\n" for c in code]
+    if e.op == "wrap_block":
+        return _wrapped_block(tree, lines, e)
     found = _simple_statement_at(tree, e.line)
     if found is None:
         return f"no statement on line {e.line}"
@@ -243,6 +248,26 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
             )  # `X.forward = torch.compile(X.forward)` in a file of `from torch ...`
         return at, at, [t_indent + c + "\n" for c in code]
     return f"unknown edit {e.op!r}"
+
+
+def _wrapped_block(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int, list[str]] | str:
+    """The statements of one block from the one starting on `e.line` to the one ending on `e.end_line`,
+    compound ones too, under `with e.wrap:`."""
+    bodies = _bodies(tree)
+    start = next((s for s, _ in _statements(tree) if s.lineno == e.line), None)
+    where = bodies.get(id(start)) if start is not None else None
+    if start is None or where is None:
+        return f"no statement starts on line {e.line}"
+    body, i = where
+    j = next((k for k in range(i, len(body)) if (body[k].end_lineno or body[k].lineno) == e.end_line), None)
+    if j is None:
+        return f"no statement of the block from line {e.line} ends on line {e.end_line}"
+    first, last = start.lineno - 1, e.end_line
+    indent = lines[first][: len(lines[first]) - len(lines[first].lstrip())]
+    if len(indent) != start.col_offset:
+        return f"line {e.line} holds more than one statement"
+    block = [INDENT + ln if ln.strip() else ln for ln in lines[first:last]]
+    return first, last, [f"{indent}with {e.wrap}:\n", *block]
 
 
 def _imports_torch(tree: ast.Module) -> bool:

@@ -1,7 +1,7 @@
 """`Edit`: one change to a line of the user's source that makes a fix permanent — set keywords of a call
 (`DataLoader(..., num_workers=8)`), delete a statement (`torch.cuda.empty_cache()`), insert lines after the
 imports or after the assignment of a name (`model = torch.compile(model)`), put a statement under a `with`
-(`torch.autocast`), insert lines before a statement. Patches record edits where the call site is known;
+(`torch.autocast`) or several of one block (`model.no_sync()`), insert lines before a statement. Patches record edits where the call site is known;
 `fixes.diff` applies them. Plain data, serializable."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ OPS = (
     "insert_after_imports",  # `code` after the last top-level import of `file`
     "after_assignment",  # `code` after the last assignment to `name` before `line`, in its scope
     "wrap_statement",  # the statement on `line` under `with <wrap>:`
+    "wrap_block",  # the statements of one block from the one starting on `line` to `end_line`, under `with`
     "before_statement",  # `code` before the statement on `line`
 )
 

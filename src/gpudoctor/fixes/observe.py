@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import time
 from collections import Counter, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
@@ -99,6 +100,10 @@ class DdpInfo:
     site: CallSite | None
     own_call: bool  # built on a line of the user's files (not inside a library: accelerate, Lightning)
     to_set: tuple[str, ...] = ()  # the knobs the fix would change (static_graph, …)
+    # its forwards (with gradients) per optimizer step, and how many of them all-reduce (the others run
+    # under no_sync()): the median over the steps seen; 0 where no optimizer step was seen
+    micro_batches: int = 0
+    synced: int = 0
 
 
 @dataclass(frozen=True)
@@ -193,6 +198,9 @@ class Observer:
         self._iterated: list[int] = []
         self._optimizers: list[OptimizerInfo] = []
         self._ddp: list[DdpInfo] = []
+        # id(ddp) -> [forwards since the last optimizer step, of them all-reducing, [(forwards, synced)]]
+        self._ddp_steps: dict[int, list[Any]] = {}
+        self._ddp_ids: list[int] = []
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
@@ -276,11 +284,13 @@ class Observer:
         self.finder.around_first_call(self._probe)
 
     def _watch_ddp(self) -> None:
+        import torch
         import torch.distributed
 
         if not torch.distributed.is_available():
             return
         from torch.nn.parallel import DistributedDataParallel
+        from torch.optim.optimizer import register_optimizer_step_post_hook
 
         from gpudoctor.fixes.patches.ddp import knobs_to_set, own_call
 
@@ -290,8 +300,26 @@ class Observer:
             site = call_site()
             init(ddp, module, *args, **kwargs)
             observer._ddp.append(DdpInfo(site, own_call(site) is not None, tuple(knobs_to_set(kwargs))))
+            observer._ddp_ids.append(id(ddp))
+
+        forward, counts = DistributedDataParallel.forward, self._ddp_steps
+
+        def ddp_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
+            if torch.is_grad_enabled():
+                c = counts.setdefault(id(ddp), [0, 0, []])
+                c[0] += 1
+                c[1] += bool(ddp.require_backward_grad_sync)
+            return forward(ddp, *args, **kwargs)
+
+        def after_step(*_: Any) -> None:
+            for c in counts.values():
+                if c[0] and len(c[2]) < 1000:
+                    c[2].append((c[0], c[1]))
+                c[0] = c[1] = 0
 
         self._restorer.replace(DistributedDataParallel, "__init__", ddp_init)
+        self._restorer.replace(DistributedDataParallel, "forward", ddp_forward)
+        self._restorer.on_restore(register_optimizer_step_post_hook(after_step).remove)
 
     def _time_batches(self) -> None:
         from torch.utils.data import dataloader
@@ -395,8 +423,18 @@ class Observer:
             cudnn_tf32=bool(torch.backends.cudnn.allow_tf32),
             roots=roots,
             compiled=since(compile_counts(), self._compile_start) if self._compile_start else None,
-            ddp=tuple(self._ddp),
+            ddp=tuple(self._ddp_infos()),
         )
+
+    def _ddp_infos(self) -> list[DdpInfo]:
+        out = []
+        for info, key in zip(self._ddp, self._ddp_ids, strict=True):
+            seen = self._ddp_steps.get(key, [0, 0, []])[2]
+            if seen:
+                forwards, synced = (int(statistics.median_low(x)) for x in zip(*seen, strict=True))
+                info = replace(info, micro_batches=forwards, synced=synced)
+            out.append(info)
+        return out
 
 
 def _calls(finder: RootFinder, key: int) -> int:
