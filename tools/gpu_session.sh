@@ -39,7 +39,7 @@
 #   fmg[:NAMES[:BUDGET]]  benchmarks/fix_multi_gpu.py --only NAMES (comma-separated; empty: all four) --budget
 #                    BUDGET (default 3m) --pin on GPUs 0 and 1: gpudoctor fix --nproc 2 on each data-parallel
 #                    script, then the script, its expert's version and the fix's patched copy timed as torchrun
-#                    groups, each rank on its GPU's NUMA-local cores -> $BG_OUT/fmg/ (fix_multi_gpu.json, to
+#                    groups, each rank on its GPU's NUMA-local cores -> $BG_OUT/fmg_NAMES/ (fix_multi_gpu.json, to
 #                    copy to benchmarks/results/); FMG_ARGS: more options for it (e.g. "--skip-fix")
 #   zoo:NAMES        tools/record_zoo.py --only NAMES (zoo cases or controls, comma-separated) into a copy of
 #                    tests/fixtures/zoo's manifest -> $BG_OUT/zoo/ (its traces and manifest.json to copy back)
@@ -207,7 +207,7 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
     fmg)
         local only=()
         [ -n "${arg1:-}" ] && only=(--only "$arg1")
-        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/fix_multi_gpu.py --out "$OUT_DIR/fmg" "${only[@]}" \
+        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/fix_multi_gpu.py --out "$OUT_DIR/fmg${arg1:+_${arg1//,/_}}" "${only[@]}" \
             --budget "${arg2:-3m}" --pin ${FMG_ARGS:-} "${SMOKE[@]}"
         ;;
     zoo)
