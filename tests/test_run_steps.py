@@ -22,6 +22,7 @@ from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
 from gpudoctor.runner.discovery import Observations as discovery_observations
 from gpudoctor.runner.discovery import decide as discovery_decide
+from gpudoctor.runner.loops import LoopKey
 from gpudoctor.runner.record import RunRecord
 from run_options import FAST
 
@@ -452,6 +453,46 @@ def test_a_first_step_that_compiles_longer_than_discovery_waits_is_not_nothing_r
     # THEN the compilation does not count as nothing repeating: the step is the optimizer's, found once
     assert record.step is not None and record.step.source == "optimizer"
     assert "window" not in output and not any("started again" in n for n in record.notes)
+
+
+def test_a_plain_loop_while_an_optimizer_waits_for_its_first_step_is_set_up_not_the_step() -> None:
+    # GIVEN a plain loop iterating every millisecond for 3 s (a dataset built in Python)
+    obs = discovery_observations(start=0.0)
+    for i in range(3000):
+        obs.add_iteration(LoopKey("data.py", "build", 12), i / 1000)
+    found = discovery_decide(obs, now=3.0)
+    # THEN alone it is the step; with an optimizer built it is not, until the model or the optimizer
+    # had long enough to show
+    assert found is not None and found.source == "loop"
+    obs.optimizers = 1
+    assert discovery_decide(obs, now=3.0) is None
+    late = discovery_decide(obs, now=21.0)
+    assert late is not None and late.source == "loop"
+
+
+def test_a_dataset_built_in_a_loop_after_the_optimizer_leaves_the_training_step_to_the_optimizer(
+    tmp_path: Path,
+) -> None:
+    record, _ = run_script(
+        tmp_path,
+        f"""
+        import random, time
+        import torch
+        model = {MLP}
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        items = []
+        until = time.perf_counter() + 3
+        while time.perf_counter() < until:
+            items.append([random.random() for _ in range(32)])
+        data = torch.tensor(items[:512])
+        for i in range(60):
+            loss = model(data[:8]).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        """,
+    )
+    assert record.step is not None and record.step.source == "optimizer"
 
 
 def test_compilation_does_not_count_towards_the_window_fallback() -> None:

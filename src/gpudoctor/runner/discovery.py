@@ -2,7 +2,8 @@
 (the user's loops iterating, outermost `nn.Module` calls, DataLoader batches). Pure: `decide()` reads
 `Observations` and a time and names a `StepDefinition`, or waits (None). Preference: one call of the root
 module called directly; one iteration of a loop calling it several times through another function
-(`generate`); one DataLoader batch; one iteration of a plain loop; a timed window when nothing repeats."""
+(`generate`); one DataLoader batch; one iteration of a plain loop (not while an optimizer waits for
+its first step: that loop is set-up); a timed window when nothing repeats."""
 
 from __future__ import annotations
 
@@ -17,6 +18,9 @@ MIN_EVENTS = 3  # of a source before it is believed
 LOOP_SETTLE_S = 2.0
 BATCH_SETTLE_S = 0.5  # plain loops: how long to watch before choosing among nested loops
 CALL_WAIT_S = 30.0  # generate-style calls: how long to wait for the user's loop around them
+# a plain loop that runs while an optimizer is built and has not yet stepped is set-up (a dataset made
+# in Python, say), not the training to come: how long to wait for the model's calls or the optimizer
+SETUP_WAIT_S = 20.0
 WINDOW_AFTER_S = 20.0  # nothing repeats: timed windows after this long
 
 
@@ -49,6 +53,7 @@ class Observations:
     loops: dict[LoopKey, list[float]] = field(default_factory=dict)  # iteration ends
     roots: list[RootCall] = field(default_factory=list)
     batches: list[float] = field(default_factory=list)
+    optimizers: int = 0  # optimizers the script has built so far
 
     def add_iteration(self, loop: LoopKey, when: float) -> None:
         self.loops.setdefault(loop, []).append(when)
@@ -70,8 +75,12 @@ def decide(obs: Observations, now: float, compile_s: float = 0.0) -> StepDefinit
     if loops:
         first = min(obs.loops[k][0] for k in loops)
         loop = max(loops, key=lambda k: _period(obs.loops[k]))  # the outermost that repeats so far
-        # Wait a while for a slower loop around it to show, the longer the slower this one is.
-        if now - first >= min(LOOP_SETTLE_S, max(0.2, 20 * _period(obs.loops[loop]))):
+        # Wait a while for a slower loop around it to show, the longer the slower this one is; with an
+        # optimizer built, for the model's calls or its step (any comes before this loop is believed).
+        settle = min(LOOP_SETTLE_S, max(0.2, 20 * _period(obs.loops[loop])))
+        if obs.optimizers:
+            settle = SETUP_WAIT_S
+        if now - first >= settle:
             return StepDefinition("loop", f"one iteration of the loop at {loop.describe()}", loop=loop)
         return None
     if now - obs.start - compile_s >= WINDOW_AFTER_S:

@@ -68,6 +68,7 @@ class StepDetector:
         self._idle_iterations: dict[LoopKey, int] = {}  # loop iterations since the last step
         self._last_step = time.perf_counter()
         self._compiling = CompileTime()  # while discovering: compilation is not "nothing repeats"
+        self._optimizer_init: tuple[Any, Any] | None = None  # Optimizer.__init__: torch's, and ours
 
     # -- installation --------------------------------------------------------------------------------
     def install(self) -> StepDetector:
@@ -93,12 +94,36 @@ class StepDetector:
             warnings.filterwarnings("ignore", message=COMPILE_HOOK_WARNING)
             self._warning_filter = warnings.filters[0]
             self._roots = RootWatcher(self._on_root, self._user_code).start()
+            self._count_optimizers()
             self._compiling.install()
             self._loops = LoopWatcher(self._on_iteration, self._user_code).start()
             if self._loops.unavailable:
                 self.notes.append(f"loops not watched: {self._loops.unavailable}")
             self._start_alarm(TICK_S)
         return self
+
+    def _count_optimizers(self) -> None:
+        """While discovering, count the optimizers the script builds (`Observations.optimizers`)."""
+        import torch
+
+        init, obs = torch.optim.Optimizer.__init__, self._obs
+
+        def counted(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            init(optimizer, *args, **kwargs)
+            obs.optimizers += 1
+
+        torch.optim.Optimizer.__init__ = counted  # type: ignore[method-assign]
+        self._optimizer_init = (init, counted)
+
+    def _uncount_optimizers(self) -> None:
+        if self._optimizer_init is None:
+            return
+        import torch
+
+        init, counted = self._optimizer_init
+        if torch.optim.Optimizer.__init__ is counted:  # not wrapped again since (a fix's observer)
+            torch.optim.Optimizer.__init__ = init  # type: ignore[method-assign]
+        self._optimizer_init = None
 
     def uninstall(self) -> None:
         """Safe to call twice, also after a failure."""
@@ -231,6 +256,7 @@ class StepDetector:
 
     def _stop_discovery(self, keep_loop: bool) -> None:
         self._compiling.uninstall()
+        self._uncount_optimizers()
         if self._roots is not None:
             self._roots.stop()
             self._roots = None
