@@ -466,7 +466,7 @@ def test_a_plain_loop_while_an_optimizer_waits_for_its_first_step_is_set_up_not_
     assert found is not None and found.source == "loop"
     obs.optimizers = 1
     assert discovery_decide(obs, now=3.0) is None
-    late = discovery_decide(obs, now=21.0)
+    late = discovery_decide(obs, now=61.0)
     assert late is not None and late.source == "loop"
 
 

@@ -20,7 +20,7 @@ BATCH_SETTLE_S = 0.5  # plain loops: how long to watch before choosing among nes
 CALL_WAIT_S = 30.0  # generate-style calls: how long to wait for the user's loop around them
 # a plain loop that runs while an optimizer is built and has not yet stepped is set-up (a dataset made
 # in Python, say), not the training to come: how long to wait for the model's calls or the optimizer
-SETUP_WAIT_S = 20.0
+SETUP_WAIT_S = 60.0
 WINDOW_AFTER_S = 20.0  # nothing repeats: timed windows after this long
 
 
