@@ -57,7 +57,7 @@ WORKLOADS: dict[str, str] = {
     "ddp_resnet_loader": "workers from each rank's share of the cores, pinned memory, persistent workers, "
     "non-blocking copies, channels_last, cudnn.benchmark, bf16 autocast",
     "ddp_hf_lm": "no_sync() on all micro-batches but the last, bf16 autocast, TF32, "
-    "find_unused_parameters=False, gradient_as_bucket_view=True, fused AdamW",
+    "find_unused_parameters=False, gradient_as_bucket_view=True, fused AdamW, the model compiled",
     "accelerate_ddp": 'Accelerator(mixed_precision="bf16"), padding to a multiple of 8, loader workers with '
     "pinned memory, TF32, fused AdamW",
     CONTROL: "nothing (already tuned)",

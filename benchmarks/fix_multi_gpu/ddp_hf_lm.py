@@ -6,7 +6,10 @@ float32 gradients exchanged four times per optimizer step, for 512 tokens of com
 
 `--expert`: `no_sync()` on every micro-batch but the last, bfloat16 autocast, TF32,
 `find_unused_parameters=False`, `gradient_as_bucket_view=True`, fused AdamW (not `static_graph=True`: DDP
-cannot run it with `no_sync()` from the first iteration).
+cannot run it with `no_sync()` from the first iteration), and on the GPU the model compiled before DDP
+wraps it: at 4 × 128 tokens a micro-batch the step is bound by the host's launches, where autocast alone
+adds casts (the expert without compile was slower than `no_sync` alone on 2 × H200:
+benchmarks/results/fix_multi_gpu_short_budgets.json).
 `--small`: a two-layer GPT-2 on 32-token sequences (the CPU path, gloo).
 
     torchrun --standalone --nproc-per-node 2 benchmarks/fix_multi_gpu/ddp_hf_lm.py [--expert] [--small]
@@ -56,6 +59,8 @@ def main():
 
     model = GPT2LMHeadModel(config).to(device)
     model.train()
+    if args.expert and cuda:
+        model.compile()
     if args.expert:
         model = DDP(model, device_ids=[local] if cuda else None, find_unused_parameters=False,
                     gradient_as_bucket_view=True)  # fmt: skip
