@@ -153,21 +153,23 @@ def test_it_is_proposed_where_every_micro_batch_of_a_step_all_reduces() -> None:
         assert why in (fix.why_not(observations(info), "", 10) or "")
 
 
-def round_of_two(tmp_path: Path, **env: str) -> object:
+def round_of_two(tmp_path: Path, fixes: tuple[str, ...] = ("no_sync",), **env: str) -> object:
     launcher = TorchrunLauncher(str(SCRIPT), [], module=False, nproc=2, rounds_dir=tmp_path,
                                 options=FixOptions(warmup=2, warmup_s=0.0, steps=4, steps_s=0.0, record=2))  # fmt: skip
     with pytest.MonkeyPatch.context() as mp:
         for k, v in {"OMP_NUM_THREADS": "1", "MICRO_BATCHES": "200", **env}.items():
             mp.setenv(k, v)
-        return launcher("r", ("no_sync",), False)
+        return launcher("r", fixes, False)
 
 
 def test_a_round_of_two_ranks_all_reduces_once_per_step_and_its_diff_runs(tmp_path: Path) -> None:
-    # GIVEN the gloo loop accumulating 4 micro-batches per step, one round of 2 ranks with the fix
-    result = round_of_two(tmp_path / "rounds")
+    # GIVEN the gloo loop accumulating 4 micro-batches per step, one round of 2 ranks with the fix and
+    # the ddp fix's static graph beside it (the first step, synced whole, records the graph)
+    result = round_of_two(tmp_path / "rounds", ("ddp", "no_sync"))
     # THEN the round ran to its end (the script's own check: every rank holds the same parameters)
     assert result.failure is None, result.log_tail  # type: ignore[attr-defined]
     assert result.observations.ddp[0].micro_batches == 4  # type: ignore[attr-defined]
+    assert result.patches["ddp"].applied  # type: ignore[attr-defined]
     outcome = result.patches["no_sync"]  # type: ignore[attr-defined]
     assert outcome.applied and outcome.changes == (
         "all-reduce once per optimizer step, not on each of its 4 micro-batches (no_sync)",
