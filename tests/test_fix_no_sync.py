@@ -190,7 +190,10 @@ def test_a_round_of_two_ranks_all_reduces_once_per_step_and_its_diff_runs(tmp_pa
     ran = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           str(copy / SCRIPT.name)], env={**os.environ, "OMP_NUM_THREADS": "1",
                           "MICRO_BATCHES": "40"}, capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert ran.returncode == 0, ran.stderr[-2000:]
+    # every rank trained to the end and holds the others' parameters (the exit code is not the judge: gloo
+    # on the CPU aborts a rank at exit in about one run of five, the script as written and patched alike,
+    # "terminate called without an active exception", after the script's last line)
+    assert ran.stdout.count("parameters agree") == 2, ran.stdout[-1000:] + ran.stderr[-2000:]
 
 
 def _shown(path: Path) -> str:

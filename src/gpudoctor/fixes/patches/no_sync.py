@@ -26,6 +26,7 @@ class _Model:
         self.since_step = 0
         self.per_step: int | None = None  # k, from the first optimizer step
         self.last_synced = True
+        self.saved: bool | None = None  # the script's require_backward_grad_sync while ours stands in
         self.skipped = 0
         self.name: str | None = None  # the name the script calls it by, where its frame binds one
         self.forward_site: CallSite | None = None
@@ -83,8 +84,13 @@ class NoSyncPatch(FixPatch):
             model.name = next((k for k, v in {**frame.f_globals, **frame.f_locals}.items() if v is ddp), None)
         k = model.per_step
         skip = self._on and self._irregular is None and k is not None and model.since_step < k - 1
-        ddp.require_backward_grad_sync = not skip
-        model.last_synced = not skip
+        if skip:  # off for this micro-batch, as no_sync() sets it; the script's own setting kept to put back
+            if model.saved is None:
+                model.saved = ddp.require_backward_grad_sync
+            ddp.require_backward_grad_sync = False
+        elif model.saved is not None:
+            ddp.require_backward_grad_sync, model.saved = model.saved, None
+        model.last_synced = bool(ddp.require_backward_grad_sync)
         model.since_step += 1
         if skip:
             model.skipped += 1
