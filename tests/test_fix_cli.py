@@ -323,6 +323,13 @@ def test_a_script_that_fails_under_the_doctor_is_not_run_again_in_rounds(
         (["--skip", "warp_speed", "train.py"], "unknown fix 'warp_speed'"),
         (["--budget", "0", "train.py"], "give a time to spend"),
         (["--out", "train.py", "train.py"], "a file is there, not a fix directory"),
+        (["--numa-binding", "near", "--nproc", "2", "train.py"], "--numa-binding must be one of"),
+        (["--numa-binding", "node", "train.py"], "give --nproc N"),
+        pytest.param(
+            ["--numa-binding", "node", "--nproc", "2", "train.py"],
+            "no CUDA GPU is visible",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible"),
+        ),
     ],
 )
 def test_bad_options_are_one_line_errors(starved: Path, args: list[str], message: str) -> None:

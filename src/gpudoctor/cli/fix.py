@@ -106,6 +106,7 @@ def fix_command(
     proof: Annotated[bool, typer.Option("--proof/--no-proof", help="Apply the recommended diff to a copy of your files and time it against the script as plain processes (python script.py), the report's headline; --no-proof: the harness's figure alone.")] = True,
     proof_half_width: Annotated[float, typer.Option("--proof-half-width", min=0.1, max=50.0, help="The proof times pairs of plain processes until the speedup's 95% interval is within ± this % of it (3 pairs at least, 10 at most, fewer where --budget ends first).")] = 5.0,
     nproc: Annotated[int, typer.Option("--nproc", min=1, help="Ranks on this node: each round, and each process of the proof, a torchrun group of this many, every rank with the same fixes (as torchrun --nproc-per-node).")] = 1,
+    numa_binding: Annotated[str | None, typer.Option("--numa-binding", help="With --nproc: every group's ranks bound to the CPUs near their GPUs, as torchrun --numa-binding binds them (node, socket, exclusive, core-complex); under torchrun, taken from its own command line.")] = None,
     aa: Annotated[bool, typer.Option("--aa", help="A/A: time the script against itself and a patch that changes nothing (in processes and in blocks), beside plain processes: the noise floor, and the test's false-positive rate here.")] = False,
     debug: DebugOption = False,
 ) -> None:  # fmt: skip
@@ -122,6 +123,7 @@ def fix_command(
         raise UsageError(f"--compile-mode must be one of {', '.join(MODES)}")
     if blocks == 1:
         raise UsageError("--blocks must be 0 (fresh processes only) or at least 2 pairs")
+    check_numa_binding(numa_binding, nproc)
     from gpudoctor.fixes.options import FixOptions
 
     options = FixOptions(
@@ -130,7 +132,7 @@ def fix_command(
         allow_batch=allow_batch, compile_mode=compile_mode, only=_ids(only),
         skip=_skipped(skip), fork=fork,
         shared_baseline=shared_baseline, stack=stack, blocks=blocks, block_s=block_s, extend_blocks=extend_blocks,
-        proof=proof, proof_half_width=proof_half_width / 100, nproc=nproc,
+        proof=proof, proof_half_width=proof_half_width / 100, nproc=nproc, numa_binding=numa_binding,
     )  # fmt: skip
     request = FixRequest(tuple(command or ()), module, from_run, out, options, diagnose, aa)
     code = run_fix_request(request)
@@ -198,6 +200,37 @@ def run_fix_request(request: FixRequest) -> int:
     return 0
 
 
+def check_numa_binding(mode: str | None, nproc: int) -> None:
+    """A `--numa-binding` that torchrun here can apply to a group, or a one-line error."""
+    if mode is None:
+        return
+    from gpudoctor.fixes.ranks import NUMA_BINDINGS
+
+    if mode not in NUMA_BINDINGS:
+        raise UsageError(f"--numa-binding must be one of {', '.join(NUMA_BINDINGS)}")
+    if nproc == 1 and RankEnv.from_environ() is None:
+        raise UsageError("--numa-binding binds the ranks of a group: give --nproc N")
+    import importlib.util
+
+    if importlib.util.find_spec("torch.numa") is None:
+        raise UsageError("--numa-binding: this torch's torchrun has no --numa-binding (no torch.numa)")
+    import torch
+
+    if not torch.cuda.device_count():
+        raise UsageError("--numa-binding binds each rank to the CPUs near its GPU: no CUDA GPU is visible")
+
+
+def _agent_numa_binding() -> str | None:
+    """The `--numa-binding` of the torchrun that started this rank (its agent is this process's parent)."""
+    from gpudoctor.fixes.ranks import launcher_numa_binding
+
+    try:
+        argv = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    return launcher_numa_binding([a.decode(errors="replace") for a in argv if a])
+
+
 def _as_group(request: FixRequest) -> FixRequest | None:
     """Under torchrun (`torchrun --nproc-per-node N -m gpudoctor fix script.py`): rank 0 runs the
     session, each round a group of N ranks of its own; the other ranks end here (None)."""
@@ -216,7 +249,8 @@ def _as_group(request: FixRequest) -> FixRequest | None:
         print(f"gpudoctor fix: rank {env.rank}: rank 0 runs the session (each round {env.world_size} ranks "
               "of its own)", file=sys.stderr)  # fmt: skip
         return None
-    return replace(request, options=replace(request.options, nproc=env.world_size))
+    binding = request.options.numa_binding or _agent_numa_binding()
+    return replace(request, options=replace(request.options, nproc=env.world_size, numa_binding=binding))
 
 
 def _run(

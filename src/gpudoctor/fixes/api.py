@@ -140,7 +140,8 @@ def _diagnose(script: FixTarget, out: Path, options: FixOptions) -> RunInputs:
     w, light, traced = DIAGNOSE_STEPS
     if options.nproc > 1:
         return diagnose_ranks(script.target, list(script.args), nproc=options.nproc, module=script.module, out=out,
-                              warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
+                              warmup=w, light_steps=light, steps=traced, timeout_s=options.child_timeout_s,
+                              numa_binding=options.numa_binding)  # fmt: skip
     return diagnose_script(script.target, list(script.args), module=script.module, out=out, warmup=w,
                            light_steps=light, steps=traced, timeout_s=options.child_timeout_s)  # fmt: skip
 

@@ -100,6 +100,7 @@ def diagnose_ranks(
     light_steps: int,
     steps: int,
     timeout_s: float,
+    numa_binding: str | None = None,
 ) -> RunInputs:
     """The doctor run on the script as `nproc` ranks (`torchrun … -m gpudoctor run`, stacks on, no NVML)
     into `out`; the diagnosis of the rank that paces the others, with what is found of the ranks
@@ -108,7 +109,7 @@ def diagnose_ranks(
     options = LiveOptions(warmup=warmup, warmup_seconds=0.5, light_steps=light_steps, light_seconds=1.0,
                           steps=steps, with_stack=True, nvml=False)  # fmt: skip
     log = out.with_name(out.name + ".log")
-    argv = [*torchrun(nproc), *torchrun_argv(nproc, out, options, module, command)[6:]]
+    argv = [*torchrun(nproc, numa_binding), *torchrun_argv(nproc, out, options, module, command)[6:]]
     run = run_plain(argv, env=group_env(child_env()), cwd=str(Path.cwd()), result=out / rundir.ANALYSIS_FILE,
                     log=log, timeout_s=timeout_s)  # fmt: skip
     if run.timed_out:

@@ -45,6 +45,9 @@ class FixOptions:
     # ranks of a torchrun group on this node: every round, and each of the proof's processes, a group of
     # this many (fixes.ranks); more than 1 times fresh groups only (no blocks, no fork server)
     nproc: int = 1
+    # torchrun's --numa-binding for every group (each rank on the cores near its GPU), as the user's
+    # torchrun binds them; None: unbound, torchrun's default
+    numa_binding: str | None = None
 
 
 @dataclass(frozen=True)

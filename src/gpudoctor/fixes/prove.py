@@ -104,7 +104,8 @@ class PlainProver:
 
     def _python(self) -> tuple[str, ...]:
         """How the user starts the script: python, or torchrun for a group of ranks."""
-        return tuple(torchrun(self.options.nproc)) if self.options.nproc > 1 else (sys.executable,)
+        o = self.options
+        return tuple(torchrun(o.nproc, o.numa_binding)) if o.nproc > 1 else (sys.executable,)
 
     def _cannot(self, request: ProofRequest) -> str | None:
         """Why no proof can be made of this recommendation, or None."""

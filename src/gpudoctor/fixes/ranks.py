@@ -26,9 +26,36 @@ LAUNCHER_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_R
 FAILED = ("exception", "timeout", "crashed", "interrupted", "patch_failed")
 
 
-def torchrun(nproc: int) -> list[str]:
-    """The launcher's command line: `nproc` ranks on this node, on a rendezvous of their own."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc)]
+NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")  # torchrun's --numa-binding modes
+
+
+def torchrun(nproc: int, numa_binding: str | None = None) -> list[str]:
+    """The launcher's command line: `nproc` ranks on this node, on a rendezvous of their own, bound to
+    the CPUs near their GPUs as `numa_binding` says (torchrun's own option) where given."""
+    bind = ["--numa-binding", numa_binding] if numa_binding else []
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        str(nproc),
+        *bind,
+    ]
+
+
+def launcher_numa_binding(argv: Sequence[str]) -> str | None:
+    """The `--numa-binding` a torchrun command line (`torchrun …` or `python -m torch.distributed.run …`)
+    gave its workers, looked for up to its script; None where it gave none."""
+    at = argv.index("torch.distributed.run") + 1 if "torch.distributed.run" in argv else 1
+    for i in range(at, len(argv)):
+        arg = argv[i]
+        if arg in ("-m", "--module") or arg.endswith(".py"):
+            return None  # the script and its own arguments
+        name, eq, value = arg.partition("=")
+        if name in ("--numa-binding", "--numa_binding"):
+            return value if eq else (argv[i + 1] if i + 1 < len(argv) else None)
+    return None
 
 
 def group_env(env: Mapping[str, str]) -> dict[str, str]:
