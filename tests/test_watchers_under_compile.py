@@ -95,3 +95,46 @@ def test_hooks_on_a_root_found_eagerly_do_not_recompile_it_inside_compiled_code(
         observer.undo()
         finder.uninstall()
         torch._dynamo.reset()
+
+
+def test_the_observers_ddp_counting_does_not_recompile_a_compiled_ddp(tmp_path: Any) -> None:
+    # GIVEN the fix rounds' observer, which counts each DDP model's forwards per optimizer step from a
+    # stand-in for DistributedDataParallel.forward, and a DDP model compiled whole
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from gpudoctor.fixes.observe import Observer
+    from gpudoctor.runner.hooks import RootFinder
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    finder = RootFinder().install()
+    observer = Observer(finder)
+    observer.apply()
+    try:
+        model = DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        torch._dynamo.reset()
+        graphs: list[Any] = []
+
+        def counting(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
+            graphs.append(graph)
+            return graph.forward
+
+        step = torch.compile(model, backend=counting)
+        breaks = torch._dynamo.utils.counters["graph_break"]
+        seen = []
+        for _ in range(6):
+            step(torch.randn(2, 8)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            seen.append((len(graphs), sum(breaks.values())))
+        # THEN its counting is not traced: nothing is traced again after the first calls (traced, its
+        # counters were guarded on and the stand-in retraced, to the same graph break, at every call),
+        # and it still counts
+        assert seen[1:] == [seen[1]] * 5, seen
+        assert observer.observations().ddp[0].micro_batches == 1
+    finally:
+        observer.undo()
+        finder.uninstall()
+        dist.destroy_process_group()
+        torch._dynamo.reset()

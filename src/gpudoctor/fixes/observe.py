@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
-from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site, eager_only
+from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site, eager_frame, eager_only
 from gpudoctor.util.serial import Serialized
 
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
@@ -304,6 +304,7 @@ class Observer:
 
         forward, counts = DistributedDataParallel.forward, self._ddp_steps
 
+        @eager_frame
         def ddp_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
             if torch.is_grad_enabled():
                 c = counts.setdefault(id(ddp), [0, 0, []])

@@ -170,6 +170,15 @@ def eager_only(hook: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def eager_frame(wrapper: Callable[..., Any]) -> Callable[..., Any]:
+    """`wrapper` (standing in for a torch method it calls through to, as DDP's forward) never traced by
+    Dynamo, what it calls traced as before: in `torch.compile(ddp_model)` its counting would otherwise
+    be traced, guarded on and retraced at every call."""
+    import torch
+
+    return torch.compiler.disable(wrapper, recursive=False)
+
+
 @dataclass
 class RootSeen:
     """One top-level module the script called: where it was first called from, the names the calling

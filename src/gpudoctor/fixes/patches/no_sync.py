@@ -15,7 +15,7 @@ from typing import Any
 
 from gpudoctor.fixes.accumulation import no_sync_edits
 from gpudoctor.fixes.patches.base import FixPatch
-from gpudoctor.runner.hooks import CallSite, call_site, user_frame
+from gpudoctor.runner.hooks import CallSite, call_site, eager_frame, user_frame
 
 
 class _Model:
@@ -55,6 +55,7 @@ class NoSyncPatch(FixPatch):
 
         forward, patch = DistributedDataParallel.forward, self
 
+        @eager_frame
         def ddp_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
             if torch.is_grad_enabled():
                 patch._before_forward(ddp, user_frame(sys._getframe(1)))
