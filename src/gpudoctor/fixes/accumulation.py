@@ -106,14 +106,7 @@ def _step_condition(loop: ast.AST, forward: int, backward: int, step: int) -> tu
 
 
 def _children(node: ast.AST) -> list[ast.stmt]:
-    out: list[ast.stmt] = []
-    for name in ("body", "orelse", "finalbody"):
-        block = getattr(node, name, None)
-        if isinstance(block, list):
-            out.extend(s for s in block if isinstance(s, ast.stmt))
-    for handler in getattr(node, "handlers", None) or ():
-        out.extend(handler.body)
-    return out
+    return [s for block in _blocks(node) for s in block]
 
 
 def _condition(test: ast.expr) -> tuple[str, set[str]] | str:

@@ -113,7 +113,6 @@ class TorchrunLauncher(SubprocessLauncher):
     def __init__(self, target: str, args: list[str], *, nproc: int, **kw: Any) -> None:
         super().__init__(target, args, **kw)
         self.nproc = nproc
-        self.numa_binding = self.options.numa_binding
 
     def __call__(
         self,
@@ -130,7 +129,7 @@ class TorchrunLauncher(SubprocessLauncher):
         if switch:  # the blocks' orders, one for every rank (no pairs added: ranks could not agree on it)
             at = child.index("--")
             child[at:at] = ["--order-seed", str(secrets.randbits(31))]
-        run = run_plain([*torchrun(self.nproc, self.numa_binding), *child], env=group_env(child_env()), cwd=os.getcwd(),
+        run = run_plain([*torchrun(self.nproc, self.options.numa_binding), *child], env=group_env(child_env()), cwd=os.getcwd(),
                         result=rank_path(out, 0), log=log, timeout_s=self.options.child_timeout_s)  # fmt: skip
         if run.timed_out:
             return self._timed_out(fixes, run.log_tail, exact_random)

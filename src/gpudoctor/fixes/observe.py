@@ -13,7 +13,7 @@ import os
 import statistics
 import time
 from collections import Counter, deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
@@ -104,6 +104,25 @@ class DdpInfo:
     # under no_sync()): the median over the steps seen; 0 where no optimizer step was seen
     micro_batches: int = 0
     synced: int = 0
+
+
+@dataclass
+class _MicroBatches:
+    """One DDP model's forwards (with gradients) since the last optimizer step, how many of them
+    all-reduce, and (forwards, all-reducing) of each optimizer step seen (the first 1000)."""
+
+    forwards: int = 0
+    synced: int = 0
+    steps: list[tuple[int, int]] = field(default_factory=list)
+
+    def forward(self, syncs: bool) -> None:
+        self.forwards += 1
+        self.synced += syncs
+
+    def step(self) -> None:
+        if self.forwards and len(self.steps) < 1000:
+            self.steps.append((self.forwards, self.synced))
+        self.forwards = self.synced = 0
 
 
 @dataclass(frozen=True)
@@ -197,10 +216,8 @@ class Observer:
         self._loader_infos: tuple[LoaderInfo, ...] | None = None  # once undone (the loaders let go)
         self._iterated: list[int] = []
         self._optimizers: list[OptimizerInfo] = []
-        self._ddp: list[DdpInfo] = []
-        # id(ddp) -> [forwards since the last optimizer step, of them all-reducing, [(forwards, synced)]]
-        self._ddp_steps: dict[int, list[Any]] = {}
-        self._ddp_ids: list[int] = []
+        self._ddp: list[tuple[int, DdpInfo]] = []  # (id of the DDP model, what was seen of its building)
+        self._micro_batches: dict[int, _MicroBatches] = {}  # by id of the DDP model
         self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
@@ -299,24 +316,20 @@ class Observer:
         def ddp_init(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             site = call_site()
             init(ddp, module, *args, **kwargs)
-            observer._ddp.append(DdpInfo(site, own_call(site) is not None, tuple(knobs_to_set(kwargs))))
-            observer._ddp_ids.append(id(ddp))
+            info = DdpInfo(site, own_call(site) is not None, tuple(knobs_to_set(kwargs)))
+            observer._ddp.append((id(ddp), info))
 
-        forward, counts = DistributedDataParallel.forward, self._ddp_steps
+        forward, counts = DistributedDataParallel.forward, self._micro_batches
 
         @eager_frame
         def ddp_forward(ddp: Any, *args: Any, **kwargs: Any) -> Any:
             if torch.is_grad_enabled():
-                c = counts.setdefault(id(ddp), [0, 0, []])
-                c[0] += 1
-                c[1] += bool(ddp.require_backward_grad_sync)
+                counts.setdefault(id(ddp), _MicroBatches()).forward(bool(ddp.require_backward_grad_sync))
             return forward(ddp, *args, **kwargs)
 
         def after_step(*_: Any) -> None:
             for c in counts.values():
-                if c[0] and len(c[2]) < 1000:
-                    c[2].append((c[0], c[1]))
-                c[0] = c[1] = 0
+                c.step()
 
         self._restorer.replace(DistributedDataParallel, "__init__", ddp_init)
         self._restorer.replace(DistributedDataParallel, "forward", ddp_forward)
@@ -429,8 +442,8 @@ class Observer:
 
     def _ddp_infos(self) -> list[DdpInfo]:
         out = []
-        for info, key in zip(self._ddp, self._ddp_ids, strict=True):
-            seen = self._ddp_steps.get(key, [0, 0, []])[2]
+        for key, info in self._ddp:
+            seen = self._micro_batches[key].steps if key in self._micro_batches else []
             if seen:
                 forwards, synced = (int(statistics.median_low(x)) for x in zip(*seen, strict=True))
                 info = replace(info, micro_batches=forwards, synced=synced)

@@ -33,15 +33,7 @@ def torchrun(nproc: int, numa_binding: str | None = None) -> list[str]:
     """The launcher's command line: `nproc` ranks on this node, on a rendezvous of their own, bound to
     the CPUs near their GPUs as `numa_binding` says (torchrun's own option) where given."""
     bind = ["--numa-binding", numa_binding] if numa_binding else []
-    return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        str(nproc),
-        *bind,
-    ]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *bind]  # fmt: skip
 
 
 def launcher_numa_binding(argv: Sequence[str]) -> str | None:
