@@ -18,7 +18,7 @@ from gpudoctor.analysis.summary import Analysis
 from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
 from gpudoctor.runner.record import RunRecord
-from run_options import FAST
+from run_options import FAST, traced_steps
 
 TRAIN = """\
 import argparse
@@ -87,7 +87,7 @@ def test_a_training_script_gets_a_record_findings_and_a_summary(tmp_path: Path) 
     assert record.nvml_missing == "no CUDA device in use" and record.memory is None
     doc = json.loads((out / "analysis.json").read_text())
     analysis = Analysis.from_json(doc["analysis"])
-    assert len(analysis.steps) == 2
+    assert traced_steps(analysis) == 2
     assert analysis.unprofiled_step_us == pytest.approx(record.light.mean_us)  # the phase over its steps
     # the step count said once: how many steps, of which how many timed and traced
     assert "3 timed without the profiler, 2 traced" in result.output and "Step time" in result.output

@@ -19,7 +19,7 @@ from gpudoctor.analysis.summary import Analysis, analyze
 from gpudoctor.cli.main import app
 from gpudoctor.runner.record import RunRecord
 from gpudoctor.trace import load_trace
-from run_options import FAST
+from run_options import FAST, traced_steps
 
 pytest.importorskip("lightning")
 pytest.importorskip("transformers")
@@ -85,12 +85,6 @@ def run(tmp_path: Path, body: str) -> tuple[RunRecord, Analysis]:
     return record, analysis
 
 
-def found(analysis: Analysis) -> int:
-    """The traced steps found: those analysed and, on a loaded machine, a first step slow enough to be
-    set apart as warm-up (`trace.steps.leading_warmup`)."""
-    return len(analysis.warmup_steps) + len(analysis.steps)
-
-
 def test_lightning_fit_steps_once_per_optimizer_step_and_the_closure_is_not_optimizer_time(
     tmp_path: Path,
 ) -> None:
@@ -98,15 +92,16 @@ def test_lightning_fit_steps_once_per_optimizer_step_and_the_closure_is_not_opti
     assert record.step is not None and record.step.source == "optimizer"
     assert record.step.description == "one step of the optimizer (AdamW.step)"
     assert record.step.calls_per_step == pytest.approx(1.0)
-    assert found(analysis) == 2
-    for step in analysis.steps:
-        # Optimizer.step spans the closure's forward and backward; only the update itself is its time
-        assert step.cpu.optimizer_us < 0.5 * step.cpu.duration_us
+    assert traced_steps(analysis) == 2
+    # Optimizer.step spans the closure's forward and backward; only the update itself is its time. Counted
+    # with the closure, every step's optimizer time would pass half of it; one step the loader's two workers
+    # preempted in its update can (4.6 of 7.2 ms once under `pytest -n 2`)
+    assert min(s.cpu.optimizer_us / s.cpu.duration_us for s in analysis.steps) < 0.5
 
 
 def test_lightning_manual_optimization(tmp_path: Path) -> None:
     record, analysis = run(tmp_path, LIGHTNING_MODULE + "trainer().fit(Net(manual=True), loader())\n")
-    assert record.step is not None and record.step.source == "optimizer" and found(analysis) == 2
+    assert record.step is not None and record.step.source == "optimizer" and traced_steps(analysis) == 2
 
 
 def test_hugging_face_trainer_with_gradient_accumulation(tmp_path: Path) -> None:
@@ -134,7 +129,7 @@ def test_hugging_face_trainer_with_gradient_accumulation(tmp_path: Path) -> None
     )
     assert record.step is not None and record.step.source == "optimizer"
     assert record.step.calls_per_step == pytest.approx(2.0)  # two micro-batches per optimizer step
-    assert found(analysis) == 2
+    assert traced_steps(analysis) == 2
 
 
 def test_an_accelerate_loop(tmp_path: Path) -> None:
