@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from gpudoctor.analysis.summary import Analysis
 from gpudoctor.cli.main import app
 from gpudoctor.runner import capture as live
+from gpudoctor.runner.discovery import KEEP_ENDS
 from gpudoctor.runner.discovery import Observations as discovery_observations
 from gpudoctor.runner.discovery import decide as discovery_decide
 from gpudoctor.runner.loops import LoopKey
@@ -468,6 +469,24 @@ def test_a_plain_loop_while_an_optimizer_waits_for_its_first_step_is_set_up_not_
     assert discovery_decide(obs, now=3.0) is None
     late = discovery_decide(obs, now=61.0)
     assert late is not None and late.source == "loop"
+
+
+def test_a_loop_seen_a_million_times_costs_discovery_what_one_seen_a_hundred_times_does() -> None:
+    # GIVEN an inner loop of a dataset built in Python (a comprehension, every microsecond) inside an
+    # outer one (every 100 microseconds), seen for a second
+    obs = discovery_observations(start=0.0)
+    inner, outer = LoopKey("data.py", "build", 14), LoopKey("data.py", "build", 12)
+    for i in range(1_000_000):
+        obs.add_iteration(inner, i / 1e6)
+        if i % 100 == 99:
+            obs.add_iteration(outer, i / 1e6)
+    # THEN each keeps only its latest iterations, and its first: what decide reads does not grow
+    assert all(len(ends) <= 2 * KEEP_ENDS for ends in obs.loops.values())
+    assert obs.first_end == {inner: 0.0, outer: 99 / 1e6}
+    assert obs.loops[inner][-1] == 999_999 / 1e6
+    # and the outer loop is the step, on the period of its latest iterations
+    found = discovery_decide(obs, now=3.0)
+    assert found is not None and found.loop == outer
 
 
 def test_a_dataset_built_in_a_loop_after_the_optimizer_leaves_the_training_step_to_the_optimizer(

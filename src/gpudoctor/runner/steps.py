@@ -24,6 +24,7 @@ from gpudoctor.runner.modules import CallHook, RootWatcher
 CLOSURE_LABEL = "gpudoctor.closure"
 COMPILE_HOOK_WARNING = r"Using `torch.compile\(module\)` when there are global hooks"
 TICK_S = 0.5  # discovery's clock, in the main thread
+DECIDE_EVERY_S = 0.002  # the least time between two decisions made at loop iterations
 STALE_SOURCES = ("module", "dataloader")  # sources a loop of the script can replace when they stop
 STALE_ITERATIONS, STALE_S = 20, 1.0
 
@@ -52,6 +53,7 @@ class StepDetector:
         self._discover = discover
         self._user_code = UserCode(script_files)
         self._obs = Observations(time.perf_counter())
+        self._decided_at = 0.0  # when a loop's iteration last had discovery decide
         self._post_hook: Any = None
         self._pre_hook: Any = None
         self._lead_optimizer: int | None = None
@@ -196,7 +198,11 @@ class StepDetector:
     def _on_iteration(self, loop: LoopKey, when: float) -> None:
         if self.definition is None:
             self._obs.add_iteration(loop, when)
-            self._decide()
+            # a loop iterating every microsecond is decided on at most every DECIDE_EVERY_S (the clock's
+            # ticks decide too): deciding at each of its iterations would slow it tenfold
+            if when - self._decided_at >= DECIDE_EVERY_S:
+                self._decided_at = when
+                self._decide()
         elif self.definition.loop is loop:
             self._step()
         elif self.definition.source in STALE_SOURCES:
