@@ -6,8 +6,9 @@
 #   bash tools/gpu_session.sh STEP...
 #
 # Steps:
-#   tests[:FILES]    every `gpu`-marked test (pytest -m gpu), or those of FILES (comma-separated names
-#                    under tests/, e.g. tests:test_fix_forkserver.py)
+#   tests[:FILES[:GPUS]]  every `gpu`-marked test (pytest -m gpu), or those of FILES (comma-separated names
+#                    under tests/, e.g. tests:test_fix_forkserver.py); GPUS: on those GPUs alone (indices
+#                    joined by '+') and their share of the host's cores (see fmg)
 #   memory[:CHECKS]  benchmarks/memory_truth.py --only CHECKS (default fragmentation,gpt2), merged
 #                    into a copy of benchmarks/results/memory_truth.json -> $BG_OUT/mt/
 #   record:CASES     tools/record_memory.py --only CASES --max-frames 16 -> $BG_OUT/memory_fixtures/
@@ -36,8 +37,10 @@
 #                    capture without its NVML sampler) -> $BG_OUT/lt[_pin][_nonvml]/
 #   mg[:SCENARIOS[:pin]]  benchmarks/multi_gpu.py (every scenario, or SCENARIOS comma-separated) with
 #                    fixtures -> $BG_OUT/mg[_pin]/ (fixtures in fx/ there)
-#   fmg[:NAMES[:BUDGET]]  benchmarks/fix_multi_gpu.py --only NAMES (comma-separated; empty: all four) --budget
-#                    BUDGET (default 3m) --pin on GPUs 0 and 1: gpudoctor fix --nproc 2 on each data-parallel
+#   fmg[:NAMES[:BUDGET[:GPUS]]]  benchmarks/fix_multi_gpu.py --only NAMES (comma-separated; empty: all four)
+#                    --budget BUDGET (default 3m) --pin on GPUS (two indices joined by '+', default 0+1; the
+#                    whole step on those GPUs' share of the host's cores, as fvep's queues, so that two fmg
+#                    steps in their own bg jobs run side by side on a 4-GPU host): gpudoctor fix --nproc 2 on each data-parallel
 #                    script, then the script, its expert's version and the fix's patched copy timed as torchrun
 #                    groups, each rank on its GPU's NUMA-local cores -> $BG_OUT/fmg_NAMES/ (fix_multi_gpu.json, to
 #                    copy to benchmarks/results/); FMG_ARGS: more options for it (e.g. "--skip-fix")
@@ -73,6 +76,23 @@ export PYTHONPATH="/tmp/site:$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFER
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
 
+# on_gpus GPUS: the command prefix that runs a step on GPUS alone (indices joined by '+') and on those
+# GPUs' share of the host's NUMA-local cores (tools/gpu_cores.py splits them among every GPU of the host,
+# so that steps on other GPUs do not share them); in ON_GPUS (an array)
+on_gpus() {
+    local ids all gpu_id list_of union=""
+    IFS=+ read -r -a ids <<<"$1"
+    ON_GPUS=(env CUDA_VISIBLE_DEVICES="$(IFS=,; echo "${ids[*]}")")
+    all=$(nvidia-smi -L 2>/dev/null | wc -l)
+    if [ -z "${SMOKE:-}" ] && [ "$all" -ge 1 ] && command -v taskset >/dev/null; then
+        while read -r gpu_id list_of; do
+            case "+$1+" in *"+$gpu_id+"*) union=${union:+$union,}$list_of ;; esac
+        done < <("$PY" tools/gpu_cores.py $(seq 0 $((all - 1))))
+    fi
+    [ -n "$union" ] && ON_GPUS+=(taskset -c "$union")
+    echo "on GPUs $1, cores ${union:-any}"
+}
+
 step() {
     local spec=$1 kind arg1 arg2 arg3 arg4 arg5
     IFS=: read -r kind arg1 arg2 arg3 arg4 arg5 <<<"$spec"
@@ -90,7 +110,10 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         else
             mapfile -t files < <(grep -l 'pytest.mark.gpu' tests/test_*.py)
         fi
-        "$PY" -m pytest -q -p no:cacheprovider -m gpu "${plugin[@]}" "${files[@]}" 2>&1 | tee "$OUT_DIR/gpu_tests.log"
+        ON_GPUS=()
+        [ -n "${arg2:-}" ] && on_gpus "$arg2"
+        "${ON_GPUS[@]}" "$PY" -m pytest -q -p no:cacheprovider -m gpu "${plugin[@]}" "${files[@]}" 2>&1 |
+            tee "$OUT_DIR/gpu_tests.log"
         return "${PIPESTATUS[0]}"
         ;;
     memory)
@@ -207,7 +230,8 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
     fmg)
         local only=()
         [ -n "${arg1:-}" ] && only=(--only "$arg1")
-        CUDA_VISIBLE_DEVICES=0,1 "$PY" benchmarks/fix_multi_gpu.py --out "$OUT_DIR/fmg${arg1:+_${arg1//,/_}}" "${only[@]}" \
+        on_gpus "${arg3:-0+1}"
+        "${ON_GPUS[@]}" "$PY" benchmarks/fix_multi_gpu.py --out "$OUT_DIR/fmg${arg1:+_${arg1//,/_}}" "${only[@]}" \
             --budget "${arg2:-3m}" --pin ${FMG_ARGS:-} "${SMOKE[@]}"
         ;;
     zoo)
