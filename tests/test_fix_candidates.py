@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from gpudoctor.fixes.candidates import choose, defer_answered, defer_under_compile
 from gpudoctor.fixes.loaders import worker_values
@@ -37,6 +38,34 @@ def finding(rule: str, saving: float, sources: tuple[str, ...] = ()) -> Finding:
 
 def diagnosis(*findings: Finding) -> Diagnosis:
     return Diagnosis(SCHEMA, findings, "", {})
+
+
+def test_a_model_the_script_made_channels_last_is_not_offered_channels_last_but_keeps_cudnn_benchmark() -> (
+    None
+):
+    # GIVEN a convolution net on a GPU, its weights made channels_last by the script (as a tuned DDP script
+    # does before wrapping: switched back and forth, its DDP buckets' gradients no longer matched the
+    # weights and a fused AdamW failed)
+    from gpudoctor.fixes.applies import why_not
+
+    made = replace(obs(conv=True), root=replace(obs(conv=True).root, channels_last=True))
+    fixes = [c.fix for c in choose(diagnosis(), made)[0]]
+    # THEN channels_last is neither proposed nor applies, while cuDNN's autotuner still is
+    assert "channels_last" not in fixes and "cudnn_benchmark" in fixes
+    assert why_not("channels_last", made, 25) == (
+        "does not apply: the script already makes its convolutions' weights channels_last"
+    )
+    assert "channels_last" in [c.fix for c in choose(diagnosis(), obs(conv=True))[0]]
+
+
+def test_the_observer_tells_channels_last_weights_from_nchw_and_from_1x1_kernels() -> None:
+    from gpudoctor.fixes.observe import _channels_last
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(8, 8, 1))
+    assert not _channels_last(net)
+    assert _channels_last(net.to(memory_format=torch.channels_last))
+    assert not _channels_last(torch.nn.Conv2d(8, 8, 1))  # a 1x1 kernel reads as both layouts
+    assert not _channels_last(torch.nn.Linear(3, 3))
 
 
 def test_fixes_follow_the_findings_highest_promised_saving_first() -> None:

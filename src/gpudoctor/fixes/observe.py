@@ -45,6 +45,9 @@ class RootInfo:
     compiled: bool = False  # the script compiles it itself (torch.compile(model), model.compile())
     calls: int = 1  # its top-level calls while the modules were being found (a few steps)
     work: WorkTally | None = None  # the work its first call's forward ran (None: not probed)
+    # the script made its convolutions' weights channels_last itself (every Conv2d weight is, and one at
+    # least differs from NCHW: 1x1 kernels read as both)
+    channels_last: bool = False
 
 
 @dataclass(frozen=True)
@@ -468,6 +471,19 @@ def _compiled_inside(module: Any) -> bool:
     return False
 
 
+def _channels_last(module: Any) -> bool:
+    """Every Conv2d weight of `module` in channels_last, and one at least not also NCHW."""
+    import torch
+
+    weights = [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    nhwc = torch.channels_last
+    return (
+        bool(weights)
+        and all(w.is_contiguous(memory_format=nhwc) for w in weights)
+        and any(not w.is_contiguous() for w in weights)
+    )
+
+
 class _RootWatch:
     """What is seen of one top-level module: its class and parameters at its first call, the input
     shapes of its first calls, and whether its layers run under autocast (seen at its first leaf with
@@ -487,6 +503,7 @@ class _RootWatch:
             "device": first.device.type,
             "training": bool(module.training),
             "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
+            "channels_last": _channels_last(module),
             "dropout": any(
                 isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training
                 for m in module.modules()

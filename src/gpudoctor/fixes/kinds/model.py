@@ -208,7 +208,8 @@ class ChannelsLastFix(Fix):
     patch: ClassVar[type[FixPatch]] = ChannelsLast
 
     def propose(self, p: Proposing) -> list[tuple[str, str]]:
-        if any(r.conv2d for r in p.obs.step_roots) and (p.obs.cuda or "conv_layout" in p.found):
+        nchw = [r for r in p.obs.step_roots if r.conv2d and not r.channels_last]
+        if nchw and _convolutions(p):
             return [(self.kind, "convolutions in NCHW")]
         return []
 
@@ -218,6 +219,8 @@ class ChannelsLastFix(Fix):
             return NO_MODULE
         if not any(r.conv2d for r in roots):
             return f"{roots_named(obs)} {'has' if len(roots) == 1 else 'have'} no Conv2d"
+        if self.kind == "channels_last" and all(r.channels_last for r in roots if r.conv2d):
+            return "the script already makes its convolutions' weights channels_last"
         return None
 
     def not_in_effect(self, seen: RoundWork) -> str | None:
@@ -238,13 +241,18 @@ class ChannelsLastFix(Fix):
         return f"{pct(w.conv_nhwc_flops / w.conv_flops)} of the convolution work fed channels_last{seen.over_modules}"
 
 
+def _convolutions(p: Proposing) -> bool:
+    """The step's modules run convolutions, on a GPU (or the diagnosis saw NCHW convolutions)."""
+    return any(r.conv2d for r in p.obs.step_roots) and (p.obs.cuda or "conv_layout" in p.found)
+
+
 class CudnnBenchmarkFix(ChannelsLastFix):
     kind = "cudnn_benchmark"
     title = "cudnn.benchmark"
     patch: ClassVar[type[FixPatch]] = CudnnBenchmark
 
     def propose(self, p: Proposing) -> list[tuple[str, str]]:
-        if super().propose(p) and not p.obs.cudnn_benchmark:
+        if _convolutions(p) and not p.obs.cudnn_benchmark:
             return [(self.kind, "convolutions without cuDNN's autotuner")]
         return []
 
