@@ -170,6 +170,21 @@ def test_shared_baseline_budget_lets_the_least_promising_fixes_go_first() -> Non
     assert any(n.startswith("the time budget (90 s) ran out before 1 of the 2 fixes") for n in report.notes)
 
 
+def test_a_fix_that_could_not_switch_in_one_process_is_planned_in_fresh_processes_by_the_note() -> None:
+    # GIVEN a fix whose A/B in one process cannot switch (20 s spent finding it out, after the 10 s
+    # reference round), and a budget with no room left for its fresh-process rounds
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "tf32": 80.0})
+    launcher.cannot_switch.add("tf32")
+    report = session(launcher, clock, "tf32", budget_s=45.0).run()
+    (tf32,) = report.verdicts
+    assert tf32.reason == "the time budget ran out after 0 of 4 rounds" and clock.now == 30.0
+    # THEN the budget named holds its four fresh pairs (8 rounds of 10 s) after the 30 s spent, not one
+    # more A/B in one process (which would name 1 minute: a budget that could not do it either)
+    note = next(n for n in report.notes if n.startswith("the time budget (45 s)"))
+    assert note.endswith("about 2 min would let them finish (--budget 2m)")
+
+
 def test_a_budget_spent_in_the_first_round_names_the_budget_that_would_do() -> None:
     # GIVEN rounds of torch.compile far longer than the reference round the plan was made with (a
     # ResNet-50 on the H100 with a 2-minute budget: 42 s of compiling a round): planned with 10 s

@@ -97,6 +97,7 @@ class FixSession:
         self.final: tuple[str, ...] = ()
         self.chain: list[Tried] = []  # the kept A/Bs in order: the first against the script, each next on top
         self.notes: list[str] = []
+        self.fell_back: set[tuple[str, ...]] = set()  # fixes whose A/B in one process could not run
         self.complete = self.interrupted = False
         self.budget = Budget(options, clock, self.start)
         self._open: list[Attempt] = []  # the configurations being tried now
@@ -322,6 +323,7 @@ class FixSession:
         self._open = []
         if r.switch_error is not None:
             self.notes.append(f"{label}: {r.switch_error}; its A/B ran in fresh processes")
+            self.fell_back.add(fixes)
             return None
         missing = not_applied(r, moving)
         if missing is not None:
@@ -332,6 +334,7 @@ class FixSession:
             self.notes.append(
                 f"{label}: its A/B in one process failed ({r.failure}); it ran in fresh processes"
             )
+            self.fell_back.add(fixes)
             return None
         at.runs.append(r)
         at.failure = no_effect(r, moving)
@@ -668,7 +671,10 @@ class FixSession:
         return result
 
     def _budget_note(self) -> None:
-        note = self.budget.note(self.tried, lambda fixes: self._in_blocks(fixes))
+        # a fix whose A/B in one process failed needs its rounds in fresh processes
+        note = self.budget.note(
+            self.tried, lambda fixes: self._in_blocks(fixes) and fixes not in self.fell_back
+        )
         if note:
             self.notes.append(note)
 
