@@ -236,15 +236,11 @@ def _as_group(request: FixRequest) -> FixRequest | None:
     session, each round a group of N ranks of its own; the other ranks end here (None)."""
     env = RankEnv.from_environ()
     if env is None:
-        if request.options.nproc > 1 and request.aa:
-            raise UsageError("--aa times one process against itself: run it without --nproc")
         return request
     if int(os.environ.get("LOCAL_WORLD_SIZE", env.world_size)) != env.world_size:
         raise UsageError(ONE_NODE)
     if request.options.nproc not in (1, env.world_size):
         raise UsageError(f"--nproc {request.options.nproc} under torchrun's {env.world_size} ranks: give one")
-    if request.aa:
-        raise UsageError("--aa times one process against itself: run it without torchrun")
     if env.rank != 0:
         print(f"gpudoctor fix: rank {env.rank}: rank 0 runs the session (each round {env.world_size} ranks "
               "of its own)", file=sys.stderr)  # fmt: skip

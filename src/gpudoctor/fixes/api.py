@@ -199,16 +199,28 @@ def _run_aa_fix(
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     recorded = replace(options, blocks=options.blocks * BLOCK_PAIRS_FACTOR)  # resampled in the session's size
     rounds = out / rundir.ROUNDS_DIR
-    launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=recorded,
-                                   rounds_dir=rounds, extra=child_extra, fork=options.fork)  # fmt: skip
-    plain = SubprocessLauncher(script.target, list(script.args), module=script.module, options=recorded,
-                               rounds_dir=rounds, extra=child_extra)  # fmt: skip
+    launcher: Launcher
+    plain: Launcher | None
+    if options.nproc > 1:
+        # every round a fresh torchrun group already, as a fix's: no fork server, no other processes to
+        # set beside them (plain groups of the script are the proof's, after a fix is kept)
+        launcher = TorchrunLauncher(script.target, list(script.args), module=script.module, options=recorded,
+                                    rounds_dir=rounds, extra=child_extra, nproc=options.nproc)  # fmt: skip
+        how, plain = f"torchrun groups of {options.nproc} ranks, each its slowest rank's", None
+    else:
+        launcher, how = start_launcher(script.target, list(script.args), module=script.module, options=recorded,
+                                       rounds_dir=rounds, extra=child_extra, fork=options.fork)  # fmt: skip
+        plain = SubprocessLauncher(script.target, list(script.args), module=script.module, options=recorded,
+                                   rounds_dir=rounds, extra=child_extra)  # fmt: skip
     try:
         report = run_aa(launcher, plain, options, argv=(script.target, *script.args), started_at=started,
                         how=how, clock=time.monotonic, on_stage=on_stage)  # fmt: skip
     finally:
         if isinstance(launcher, ForkLauncher):
             launcher.close()
+    if plain is None:
+        why = "each round is a fresh torchrun group; a kept fix's proof times plain groups of the script"
+        report = replace(report, notes=(*report.notes, f"plain processes: not timed here ({why})"))
     return report
 
 
