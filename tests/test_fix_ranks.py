@@ -266,6 +266,76 @@ def test_ddp_knobs_are_what_the_script_left_at_their_defaults() -> None:
     assert fix.why_not(built, "", 10) is not None and "built by a library" in fix.why_not(built, "", 10)  # type: ignore[operator]
 
 
+ACCELERATE_SCRIPT = """\
+import torch
+from accelerate import Accelerator
+
+accelerator = Accelerator({given})
+model = torch.nn.Linear(4, 4)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+model, optimizer = accelerator.prepare(model, optimizer)
+"""
+TRAINER_SCRIPT = """\
+from transformers import Trainer, TrainingArguments
+
+args = TrainingArguments(output_dir="out", bf16=True)
+trainer = Trainer(model=None, args=args)
+trainer.train()
+"""
+
+
+def test_a_ddp_a_framework_builds_gets_the_knobs_its_users_can_set_written_as_its_option(
+    tmp_path: Path,
+) -> None:
+    from gpudoctor.fixes.catalog import in_users_idiom
+    from gpudoctor.fixes.diff import apply_edits
+    from gpudoctor.fixes.edits import Edit
+    from gpudoctor.fixes.patches.ddp import builder
+    from gpudoctor.runner.hooks import CallSite
+
+    # GIVEN scripts whose DDP is built by Accelerate's prepare (line 8) or inside the HF Trainer (line 5)
+    acc, handlers, hf = tmp_path / "acc.py", tmp_path / "handlers.py", tmp_path / "hf.py"
+    acc.write_text(ACCELERATE_SCRIPT.format(given=""))
+    handlers.write_text(ACCELERATE_SCRIPT.format(given="kwargs_handlers=[]"))
+    hf.write_text(TRAINER_SCRIPT)
+    assert builder(CallSite(str(acc), 8, "<module>")) == "accelerate"
+    assert builder(CallSite(str(handlers), 8, "<module>")) is None  # its own handlers: not rewritten
+    assert builder(CallSite(str(hf), 5, "<module>")) == "transformers"
+    # THEN Accelerate's DDP gets every knob; the Trainer's only find_unused_parameters, where it was True
+    # (the Trainer's default for a model without gradient checkpointing)
+    assert knobs_to_set({}, "accelerate") == {"static_graph": True, "gradient_as_bucket_view": True}
+    assert knobs_to_set({"find_unused_parameters": True}, "transformers") == {"find_unused_parameters": False}
+    assert knobs_to_set({"find_unused_parameters": False}, "transformers") == {}
+    # AND the fix proposes itself for them, and refuses where no framework's terms can say it
+    fix, obs = DdpFix(), observations(None)
+    by_acc = replace(
+        obs, ddp=(DdpInfo(None, own_call=False, to_set=("static_graph",), framework="accelerate"),)
+    )
+    assert fix.why_not(by_acc, "", 10) is None
+    done = replace(obs, ddp=(DdpInfo(None, own_call=False, framework="transformers"),))
+    assert fix.why_not(done, "", 10) == (
+        "the Trainer's DistributedDataParallel already has find_unused_parameters=False"
+    )
+    # AND the written change is the framework's option, which applies and parses
+    knobs = {"static_graph": "True", "gradient_as_bucket_view": "True"}
+    edits = in_users_idiom("ddp", [Edit("set_kwargs", str(acc), 8, call="DistributedDataParallel", kwargs=knobs)],
+                           str(acc))  # fmt: skip
+    text, unplaced = apply_edits(acc.read_text(), edits)
+    assert not unplaced and compile(text, "acc.py", "exec")
+    assert "from accelerate.utils import DistributedDataParallelKwargs" in text
+    assert (
+        "Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(static_graph=True, "
+        "gradient_as_bucket_view=True)])" in text
+    )
+    edits = in_users_idiom("ddp", [Edit("set_kwargs", str(hf), 5, call="DistributedDataParallel",
+                                        kwargs={"find_unused_parameters": "False"})], str(hf))  # fmt: skip
+    text, unplaced = apply_edits(hf.read_text(), edits)
+    assert (
+        not unplaced
+        and 'TrainingArguments(output_dir="out", bf16=True, ddp_find_unused_parameters=False)' in text
+    )
+
+
 def test_a_round_of_two_ranks_builds_ddp_with_its_knobs_and_compiles_the_module_it_wraps(
     tmp_path: Path,
 ) -> None:
@@ -332,3 +402,23 @@ def test_an_ab_in_blocks_switches_every_rank_at_the_same_steps(tmp_path: Path) -
         (b.candidate, b.steps) for b in ranks[1].blocks
     ]
     assert len(result.blocks) == 4 and ranks[0].steps_seen == ranks[1].steps_seen
+
+
+@pytest.mark.slow
+def test_a_round_of_two_ranks_sets_the_knobs_of_the_ddp_accelerate_prepares(tmp_path: Path) -> None:
+    # GIVEN accelerate's example loop (a small BERT, gloo), whose DDP `accelerator.prepare` builds
+    script = REPO / "benchmarks" / "fix_multi_gpu" / "accelerate_ddp.py"
+    launcher = TorchrunLauncher(str(script), ["--small"], module=False, nproc=2, rounds_dir=tmp_path,
+                                options=FixOptions(warmup=2, warmup_s=0.0, steps=4, steps_s=0.0, record=2))  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("OMP_NUM_THREADS", "1")
+        result = launcher("r", ("ddp",), False)
+    # THEN the DDP built inside accelerate is seen as accelerate's, and given the knobs
+    assert result.failure is None, result.log_tail
+    assert result.observations is not None
+    (ddp,) = result.observations.ddp
+    assert not ddp.own_call and ddp.framework == "accelerate" and ddp.site is not None
+    assert "accelerator.prepare(" in script.read_text().splitlines()[ddp.site.line - 1]
+    assert result.patches["ddp"].changes == (
+        "DistributedDataParallel(static_graph=True, gradient_as_bucket_view=True), built by accelerate",
+    )

@@ -93,7 +93,8 @@ def collate_to_8(examples):
 
 def main():
     cpu = not torch.cuda.is_available()  # as the example's --cpu: DDP over gloo where there is no GPU
-    accelerator = Accelerator(cpu=cpu, mixed_precision="bf16") if args.expert else Accelerator(cpu=cpu)
+    # one Accelerator(...) as its users write it (the fix writes its options there)
+    accelerator = Accelerator(cpu=cpu, mixed_precision="bf16" if args.expert else "no")
     torch.manual_seed(0)
     if args.expert:
         torch.backends.cuda.matmul.allow_tf32 = True

@@ -103,6 +103,8 @@ class DdpInfo:
     site: CallSite | None
     own_call: bool  # built on a line of the user's files (not inside a library: accelerate, Lightning)
     to_set: tuple[str, ...] = ()  # the knobs the fix would change (static_graph, …)
+    # built by a framework whose own option the `ddp` fix writes (patches.ddp.FRAMEWORKS), else None
+    framework: str | None = None
     # its forwards (with gradients) per optimizer step, and how many of them all-reduce (the others run
     # under no_sync()): the median over the steps seen; 0 where no optimizer step was seen
     micro_batches: int = 0
@@ -312,14 +314,17 @@ class Observer:
         from torch.nn.parallel import DistributedDataParallel
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        from gpudoctor.fixes.patches.ddp import knobs_to_set, own_call
+        from gpudoctor.fixes.patches.ddp import builder, knobs_to_set, own_call
 
         init, observer = DistributedDataParallel.__init__, self
 
         def ddp_init(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             site = call_site()
             init(ddp, module, *args, **kwargs)
-            info = DdpInfo(site, own_call(site) is not None, tuple(knobs_to_set(kwargs)))
+            mine = own_call(site) is not None
+            framework = None if mine else builder(site)
+            knobs = knobs_to_set(kwargs, framework) if mine or framework else {}
+            info = DdpInfo(site, mine, tuple(knobs), framework)
             observer._ddp.append((id(ddp), info))
 
         forward, counts = DistributedDataParallel.forward, self._micro_batches
