@@ -11,9 +11,11 @@ it; and where the loop is the user's own under 🤗 Accelerate, autocast is `Acc
 | bfloat16 / float16 autocast | `bf16=True` / `fp16=True` | `precision="bf16-mixed"` / `"16-mixed"` |
 | DataLoader workers, pinning | `dataloader_num_workers`, `dataloader_persistent_workers`, `dataloader_prefetch_factor`, `dataloader_pin_memory` | (the user's own DataLoader line, as elsewhere) |
 | fused AdamW | `optim="adamw_torch_fused"` | (the user's `configure_optimizers`, as elsewhere) |
+| DDP without unused parameters | `ddp_find_unused_parameters=False` | (not written) |
 
 With Accelerate (one `Accelerator(...)` in the file): bfloat16 / float16 autocast around the forward is
-`Accelerator(mixed_precision="bf16")` / `"fp16"`.
+`Accelerator(mixed_precision="bf16")` / `"fp16"`, DDP's knobs `kwargs_handlers=[DistributedDataParallelKwargs(...)]`
+(`kinds.dist.DdpFix`).
 
 Other edits (and every edit in a file without such a call) are left as they are."""
 
