@@ -6,7 +6,7 @@ default of no workers.
 
 `--expert`: `Accelerator(..., mixed_precision="bf16")`, padding to a multiple of 8 (as the example does under
 mixed precision), loader workers with pinned memory and persistent workers, TF32, fused AdamW.
-`--small`: a two-layer BERT on short pairs (the CPU path, gloo).
+`--small`: a two-layer BERT on a tenth of the pairs, short ones (the CPU path, gloo).
 
     torchrun --standalone --nproc-per-node 2 benchmarks/fix_multi_gpu/accelerate_ddp.py [--expert] [--small]
 """
@@ -102,7 +102,7 @@ def main():
     model = BertForSequenceClassification(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5,
                                   fused=True if args.expert and torch.cuda.is_available() else None)  # fmt: skip
-    data = TokenizedPairs()
+    data = TokenizedPairs(4_096 if args.small else 40_960)
     if args.expert:
         workers = max(2, min(4, workers_per_rank()))
         loader = DataLoader(data, batch_size=BATCH, shuffle=True, collate_fn=collate_to_8, num_workers=workers,

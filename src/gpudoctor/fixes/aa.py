@@ -143,10 +143,14 @@ def run_aa(
             means, pairs, unit="process pair", pairing=True, orders="abba", comparisons=COMPARISONS
         )
         found.append(FalsePositives("process pair", pairs, n, rate))
-    if len(block_means) >= 2 * options.blocks:
+    if block_means and len(block_means) >= 2 * options.blocks:  # none with --blocks 0
         rate, n = false_positive_rate(block_means, options.blocks, comparisons=COMPARISONS)
         found.append(FalsePositives("block pair", options.blocks, n, rate))
-    if options.extend_blocks and len(block_means) >= 2 * (options.blocks + options.extend_blocks):
+    if (
+        options.extend_blocks
+        and block_means
+        and len(block_means) >= 2 * (options.blocks + options.extend_blocks)
+    ):
         # the two looks of an extending schedule, where the A/A's blocks hold them (it extended)
         rate, n = false_positive_rate(
             block_means, options.blocks, extend=options.extend_blocks, comparisons=COMPARISONS
