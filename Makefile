@@ -41,7 +41,7 @@ browser: setup
 # Two at a time, then alone the tests that measure wall-clock time in real processes (conftest.py's
 # SERIAL_FILES); each part prints its 15 slowest tests.
 test: setup lint browser
-	$(BIN)/python -m pytest -q -n 2 -m "not serial" --durations=15
+	$(BIN)/python -m pytest -q -n 2 --dist worksteal -m "not serial" --durations=15
 	$(BIN)/python -m pytest -q -m serial --durations=15
 
 clean:
