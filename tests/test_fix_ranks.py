@@ -208,32 +208,39 @@ def test_a_loader_starved_ddp_loop_keeps_the_workers_fix_proved_by_plain_torchru
     assert not left_running(SCRIPT)
 
 
-@pytest.mark.slow
 def test_aa_on_two_ranks_times_torchrun_groups_against_themselves_without_plain_processes(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # GIVEN the gloo DDP loop, A/A as 2 ranks
-    out = tmp_path / "aa"
-    full = {**os.environ, "OMP_NUM_THREADS": "1", "EPOCHS": "20"}
-    full["PYTHONPATH"] = os.pathsep.join([str(REPO / "src"), full.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-m", "gpudoctor", "fix", "--out", str(out), "--nproc", "2", "--aa", "--rounds", "2",
-           "--blocks", "0", "--warmup", "3", "--warmup-s", "0", "--steps", "8", "--steps-s", "0.1",
-           "--child-timeout", "120", str(SCRIPT)]  # fmt: skip
-    result = subprocess.run(cmd, capture_output=True, text=True, env=full, timeout=400, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    # GIVEN `gpudoctor fix --aa --nproc 2`, its torchrun groups stood in for by fake rounds (a group of
+    # the gloo loop is tested in the tests above)
+    from typer.testing import CliRunner
+
+    from fix_fakes import FakeClock, FakeLauncher
+    from gpudoctor.cli.main import app
+    from gpudoctor.fixes import api
     from gpudoctor.fixes.aa import AAReport
 
-    report = AAReport.from_json(json.loads((out / "aa.json").read_text()))
-    # THEN four groups of 2 ranks (the script and the no-op, A B B A; the no-op in blocks of a group, as a
-    # switchable fix's A/B in blocks, test_an_ab_in_blocks_switches_every_rank_at_the_same_steps, is left out)
+    made: list[dict[str, Any]] = []
+
+    def groups(*args: Any, **kwargs: Any) -> FakeLauncher:
+        made.append(kwargs)
+        return FakeLauncher(FakeClock(), {"baseline": 100.0})
+
+    monkeypatch.setattr(api, "TorchrunLauncher", groups)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    result = CliRunner().invoke(app, ["fix", "--out", "aa", "--nproc", "2", "--aa", "--rounds", "2", "--blocks", "2",
+                                      "--extend-blocks", "0", "train.py"], catch_exceptions=False)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    report = AAReport.from_json(json.loads((tmp_path / "aa" / "aa.json").read_text()))
+    # THEN every round is a group of 2 ranks: four of the script and the no-op (A B B A), then the no-op in
+    # blocks of one group, and no plain processes beside them, said so
+    assert [m["nproc"] for m in made] == [2]
     assert report.harness is not None and len(report.harness.means_us) == 4
     assert report.harness.how.startswith("torchrun groups of 2 ranks")
-    assert (out / "rounds" / "aa-a1.rank1.json").exists() and (out / "rounds" / "aa-b2.rank1.json").exists()
-    assert report.processes is not None and report.processes.pairs == 2 and report.blocks is None
-    assert [(f.unit, f.pairs) for f in report.false_positives] == [("process pair", 2)]
-    # AND no plain processes beside them, said so
+    assert report.processes is not None and report.processes.pairs == 2
+    assert report.blocks is not None and report.blocks.unit == "block pair"
     assert report.plain is None and any(n.startswith("plain processes: not timed here") for n in report.notes)
-    assert not left_running(SCRIPT)
 
 
 @pytest.mark.slow
