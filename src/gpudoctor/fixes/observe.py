@@ -314,17 +314,15 @@ class Observer:
         from torch.nn.parallel import DistributedDataParallel
         from torch.optim.optimizer import register_optimizer_step_post_hook
 
-        from gpudoctor.fixes.patches.ddp import builder, knobs_to_set, own_call
+        from gpudoctor.fixes.patches.ddp import built_at
 
         init, observer = DistributedDataParallel.__init__, self
 
         def ddp_init(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             site = call_site()
             init(ddp, module, *args, **kwargs)
-            mine = own_call(site) is not None
-            framework = None if mine else builder(site)
-            knobs = knobs_to_set(kwargs, framework) if mine or framework else {}
-            info = DdpInfo(site, mine, tuple(knobs), framework)
+            call, framework, knobs = built_at(site, kwargs)
+            info = DdpInfo(site, call is not None, tuple(knobs), framework)
             observer._ddp.append((id(ddp), info))
 
         forward, counts = DistributedDataParallel.forward, self._micro_batches

@@ -214,14 +214,10 @@ class ChannelsLastFix(Fix):
         return []
 
     def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
-        roots = obs.step_roots
-        if not roots:
-            return NO_MODULE
-        if not any(r.conv2d for r in roots):
-            return f"{roots_named(obs)} {'has' if len(roots) == 1 else 'have'} no Conv2d"
-        if self.kind == "channels_last" and all(r.channels_last for r in roots if r.conv2d):
+        why = _no_convolutions(obs)
+        if why is None and all(r.channels_last for r in obs.step_roots if r.conv2d):
             return "the script already makes its convolutions' weights channels_last"
-        return None
+        return why
 
     def not_in_effect(self, seen: RoundWork) -> str | None:
         w = seen.work
@@ -239,6 +235,16 @@ class ChannelsLastFix(Fix):
         if w is None or not w.conv_flops:
             return None
         return f"{pct(w.conv_nhwc_flops / w.conv_flops)} of the convolution work fed channels_last{seen.over_modules}"
+
+
+def _no_convolutions(obs: Observations) -> str | None:
+    """Why the step's modules run no convolution, or None."""
+    roots = obs.step_roots
+    if not roots:
+        return NO_MODULE
+    if not any(r.conv2d for r in roots):
+        return f"{roots_named(obs)} {'has' if len(roots) == 1 else 'have'} no Conv2d"
+    return None
 
 
 def _convolutions(p: Proposing) -> bool:
@@ -263,7 +269,7 @@ class CudnnBenchmarkFix(ChannelsLastFix):
         return None
 
     def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
-        why = super().why_not(obs, arg, steps)
+        why = _no_convolutions(obs)
         if why is None and not obs.cuda:
             return "no CUDA device: cuDNN is not used"
         if why is None and obs.cudnn_benchmark:

@@ -53,6 +53,15 @@ def builder(site: CallSite | None) -> str | None:
     return fw.name
 
 
+def built_at(site: CallSite | None, kwargs: dict[str, Any]) -> tuple[str | None, str | None, dict[str, bool]]:
+    """A DistributedDataParallel(...) called from the user's `site` with `kwargs`: the name the user's
+    line calls it by (None: a library built it), the framework whose terms the fix writes it in where a
+    library did (`builder`), and the knobs the fix changes (empty where neither)."""
+    call = own_call(site)
+    framework = builder(site) if call is None else None
+    return call, framework, knobs_to_set(kwargs, framework) if call is not None or framework else {}
+
+
 def own_call(site: CallSite | None) -> str | None:
     """The name DistributedDataParallel is called by on the user's line, where the line calls it."""
     from gpudoctor.fixes.diff import call_on_line
@@ -73,9 +82,7 @@ class DdpKnobs(FixPatch):
 
         def __init__(ddp: Any, module: Any, *args: Any, **kwargs: Any) -> None:
             site = site_here()
-            call = own_call(site)
-            framework = builder(site) if call is None else None
-            new = knobs_to_set(kwargs, framework) if call is not None or framework else {}
+            call, framework, new = built_at(site, kwargs)
             init(ddp, module, *args, **{**kwargs, **new})
             if call is None and framework is None:
                 patch.not_applicable = (
