@@ -168,6 +168,30 @@ def test_the_calls_of_several_modules_in_a_row_go_under_one_autocast() -> None:
     assert f"    with {wrap}:\n        d = disc(y.detach())\n" in new
 
 
+def test_what_an_autocast_block_assigns_is_cast_back_to_float32_after_it() -> None:
+    # GIVEN a GAN's step: the discriminator on real images, its loss; then the generator and the
+    # discriminator on the fake, in a row; a head whose output is not assigned to one name
+    step = (
+        "for real in loader:\n"
+        "    output = netD(real)\n"
+        "    err = criterion(output, ones)\n"
+        "    fake = netG(noise)\n"
+        "    output = netD(fake.detach())\n"
+        "    a, b = head(output)\n"
+    )
+    wrap, cast = 'torch.autocast("cuda", dtype=torch.bfloat16)', ("{target} = {target}.float()",)
+    new, unplaced = apply(*(edit("wrap_statement", n, wrap=wrap, code=cast) for n in (2, 4, 5, 6)), text=step)
+    # THEN each block is followed by the casts of the names it assigned (once each), the loss taking
+    # float32 as it did; a statement that assigns no single name gets no cast
+    assert not unplaced
+    assert f"    with {wrap}:\n        output = netD(real)\n    output = output.float()\n    err =" in new
+    assert (
+        f"    with {wrap}:\n        fake = netG(noise)\n        output = netD(fake.detach())\n"
+        f"        a, b = head(output)\n    fake = fake.float()\n    output = output.float()\n"
+    ) in new
+    compile(new, "train.py", "exec")
+
+
 def test_a_statement_is_deleted_and_a_block_left_empty_gets_pass() -> None:
     new, unplaced = apply(edit("delete_statement", 18, call="empty_cache"))
     assert "empty_cache" not in new and not unplaced

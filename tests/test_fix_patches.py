@@ -103,21 +103,70 @@ def test_cudnn_benchmark_flag_on_then_off() -> None:
     assert seen == [True]
 
 
-def test_autocast_runs_the_root_forward_in_bfloat16_from_its_first_call() -> None:
+def test_autocast_runs_the_root_forward_in_bfloat16_from_its_first_call_and_returns_float32() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    dtypes = []
+    inner, outer = [], []
+    model[2].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
 
     def body() -> None:
         for _ in range(3):
-            dtypes.append(model(torch.randn(4, 8)).dtype)
+            outer.append(model(torch.randn(4, 8)).dtype)
 
     patch = run_patched("autocast", body)
     # the first call finds the root (its forward was already looked up: it runs under autocast entered
-    # around it), the later ones run the wrapped forward
-    assert dtypes == [torch.bfloat16, torch.bfloat16, torch.bfloat16]
+    # around it), the later ones run the wrapped forward; what leaves the model is float32 each time
+    assert inner == [torch.bfloat16] * 3 and outer == [torch.float32] * 3
     assert "forward" not in vars(model) and model(torch.randn(4, 8)).dtype == torch.float32
     edit = patch.outcome().edits[0]
     assert edit.op == "wrap_statement" and edit.wrap == 'torch.autocast("cpu", dtype=torch.bfloat16)'
+    assert edit.code == ("{target} = {target}.float()",)  # the output is a tensor: its statement casts it
+
+
+def test_autocast_over_a_gans_two_modules_leaves_their_loss_outside_in_float32() -> None:
+    # GIVEN a GAN's step as DCGAN writes it: BCELoss on the discriminator's output beside float32 labels,
+    # outside any autocast (a bfloat16 output there fails: "Found dtype Float but expected BFloat16")
+    torch.manual_seed(0)
+    netG = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
+    netD = torch.nn.Sequential(torch.nn.Linear(8, 1), torch.nn.Sigmoid(), torch.nn.Flatten(0))
+    criterion = torch.nn.BCELoss()
+    optD, optG = torch.optim.Adam(netD.parameters()), torch.optim.Adam(netG.parameters())
+    losses = []
+
+    def body() -> None:
+        for _ in range(3):
+            ones, zeros = torch.ones(6), torch.zeros(6)
+            netD.zero_grad()
+            output = netD(torch.randn(6, 8))
+            err_real = criterion(output, ones)
+            err_real.backward()
+            fake = netG(torch.randn(6, 4))
+            output = netD(fake.detach())
+            err_fake = criterion(output, zeros)
+            err_fake.backward()
+            optD.step()
+            netG.zero_grad()
+            err_g = criterion(netD(fake), ones)
+            err_g.backward()
+            optG.step()
+            losses.append((err_real.dtype, err_g.dtype))
+
+    # WHEN both modules run under the autocast patch (the finder watching every step, as in a round)
+    patch = run_patched("autocast", body, PatchContext(RootFinder(until=lambda: False), __file__))
+    # THEN every step runs, its losses in float32, and each module's call site casts what it returns
+    assert losses == [(torch.float32, torch.float32)] * 3
+    edits = patch.outcome().edits
+    assert len(edits) == 2 and all(e.code == ("{target} = {target}.float()",) for e in edits)
+
+
+def test_the_outputs_a_forward_returns_in_containers_leave_in_float32() -> None:
+    from gpudoctor.fixes.patches.autocast import outputs_to_float32
+
+    bf = torch.ones(2, dtype=torch.bfloat16)
+    out = outputs_to_float32(
+        {"logits": bf, "ids": torch.ones(2, dtype=torch.long), "parts": (bf, [bf]), "n": 3}
+    )
+    assert out["logits"].dtype == torch.float32 and out["ids"].dtype == torch.long and out["n"] == 3
+    assert [t.dtype for t in (out["parts"][0], out["parts"][1][0])] == [torch.float32, torch.float32]
 
 
 def test_float16_autocast_scales_the_loss_and_unscales_before_the_step() -> None:
@@ -569,7 +618,9 @@ def test_flags_switch_and_undo_puts_back_what_apply_found() -> None:
 def test_autocast_and_compile_switch_the_root_forward_and_keep_what_they_made() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU())
     x = torch.randn(2, 8)
-    dtypes = observed_switching("autocast", model, lambda: model(x).dtype, x)
+    inner: list[torch.dtype] = []
+    model[0].register_forward_hook(lambda m, a, out: inner.append(out.dtype))
+    dtypes = observed_switching("autocast", model, lambda: (model(x), inner[-1])[1], x)
     assert dtypes == [torch.bfloat16, torch.float32, torch.bfloat16, torch.float32, torch.bfloat16]
     forwards = observed_switching(
         "compile", model, lambda: vars(model).get("forward"), x, compile_backend="eager"

@@ -231,7 +231,8 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
     if e.op == "wrap_statement":
         last = max(last, e.end_line)  # statements joined under one `with` (`_joined_wraps`)
         body = [INDENT + ln if ln.strip() else ln for ln in lines[first:last]]
-        return first, last, [f"{indent}with {e.wrap}:\n", *body]
+        after = [f"{indent}{c}\n" for c in e.code]  # what `_targets_resolved` kept: after the block
+        return first, last, [f"{indent}with {e.wrap}:\n", *body, *after]
     if e.op == "before_statement":
         return first, first, [f"{indent}{c}\n" for c in e.code]
     if e.op == "after_assignment":
@@ -278,6 +279,24 @@ def _imports_torch(tree: ast.Module) -> bool:
     )
 
 
+def _targets_resolved(tree: ast.Module, edits: list[Edit]) -> list[Edit]:
+    """Each `wrap_statement` edit's lines after its block with "{target}" replaced by the one name its
+    statement assigns (`out = model(x)`); where it assigns no single name, those lines are dropped."""
+    out = []
+    for e in edits:
+        if e.op == "wrap_statement" and e.code:
+            found = _simple_statement_at(tree, e.line)
+            stmt = found[0] if found else None
+            name = (
+                stmt.targets[0].id
+                if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                else None
+            )  # fmt: skip
+            e = replace(e, code=tuple(c.replace("{target}", name) for c in e.code) if name else ())
+        out.append(e)
+    return out
+
+
 def _joined_wraps(tree: ast.Module, lines: list[str], edits: list[Edit]) -> list[Edit]:
     """`edits` with the statements that several `wrap_statement` edits put under the same `with` joined
     into one block where they follow one another in the same body (an encoder's call and then a head's:
@@ -296,7 +315,7 @@ def _joined_wraps(tree: ast.Module, lines: list[str], edits: list[Edit]) -> list
             out.append(e)
             continue
         body, i = where
-        last = i
+        last, code = i, e.code
         while last + 1 < len(body):
             nxt = body[last + 1]
             partner = next(
@@ -307,9 +326,12 @@ def _joined_wraps(tree: ast.Module, lines: list[str], edits: list[Edit]) -> list
             if partner is None:
                 break
             joined.add(id(partner))
+            code += partner.code
             last += 1
         end = body[last].end_lineno or body[last].lineno
-        out.append(e if last == i else replace(e, line=body[i].lineno, end_line=end))
+        out.append(
+            e if last == i else replace(e, line=body[i].lineno, end_line=end, code=tuple(dict.fromkeys(code)))
+        )
     return out
 
 
@@ -385,7 +407,7 @@ def _apply_line_edits(text: str, edits: list[Edit], unplaced: list[tuple[Edit, s
     if lines and not lines[-1].endswith("\n"):
         lines[-1] += "\n"
     planned: list[tuple[int, int, list[str], Edit]] = []
-    for e in _joined_wraps(tree, lines, edits):
+    for e in _joined_wraps(tree, lines, _targets_resolved(tree, edits)):
         change = _line_change(tree, lines, e)
         if isinstance(change, str):
             unplaced.append((e, change))

@@ -28,7 +28,9 @@ class Edit:
     call: str = ""
     kwargs: dict[str, str] = field(default_factory=dict)  # keyword -> source text of its value
     drop: tuple[str, ...] = ()
-    code: tuple[str, ...] = ()  # lines, unindented; "{name}" stands for `name`
+    # lines, unindented; "{name}" stands for `name`; wrap_statement: lines after the block, "{target}" the
+    # one name its statement assigns (dropped where it assigns none)
+    code: tuple[str, ...] = ()
     name: str = ""
     wrap: str = ""
     end_line: int = 0  # wrap_statement: the last line of the statements joined under one `with`

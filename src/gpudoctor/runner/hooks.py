@@ -193,6 +193,7 @@ class RootSeen:
 
 
 FirstCallContext = Callable[[Any], "contextlib.AbstractContextManager[Any] | None"]
+FirstCallOutput = Callable[[Any, Any], Any]  # (module, output) -> its output, the same or another
 WATCH_CAP_S = 60.0  # the longest the finder keeps watching for more top-level modules
 
 
@@ -202,7 +203,8 @@ class RootFinder:
     in turn, a GAN's generator and discriminator). `root` is the first. Callbacks registered with
     `on_root` run at each top-level module's first call, before its forward runs, and may return new
     positional args for it; `around_first_call` wraps that first call in a context (its forward was
-    fetched before the hooks ran, so a wrapper installed then takes effect from the second call).
+    fetched before the hooks ran, so a wrapper installed then takes effect from the second call), and
+    `after_first_call` may replace what that call returns (as the wrapper would have).
 
     Global forward hooks watch until `until()` is true (fix rounds: a few steps, so that every module
     the step calls is seen and counted), at most WATCH_CAP_S after the first; without `until`, until
@@ -217,6 +219,7 @@ class RootFinder:
         self.seen: dict[int, RootSeen] = {}  # in the order of their first calls
         self._callbacks: list[RootCallback] = []
         self._contexts: list[FirstCallContext] = []
+        self._outputs: list[FirstCallOutput] = []
         self._entered: list[contextlib.ExitStack] = []
         self._handles: list[Any] = []
         self._depth = 0
@@ -272,6 +275,9 @@ class RootFinder:
     def around_first_call(self, context: FirstCallContext) -> None:
         self._contexts.append(context)
 
+    def after_first_call(self, transform: FirstCallOutput) -> None:
+        self._outputs.append(transform)
+
     def install(self) -> RootFinder:
         from torch.nn.modules import module
 
@@ -319,14 +325,20 @@ class RootFinder:
         self._entered.append(stack)
         return new_args
 
-    def _post(self, module: Any, args: Any, output: Any) -> None:
+    def _post(self, module: Any, args: Any, output: Any) -> Any:
         self._depth -= 1
         if self._depth != 0:
-            return
+            return None
+        first = bool(self._entered)  # the module's first call: `_pre` entered its contexts
         while self._entered:
             self._entered.pop().close()
+        result = output
+        if first:
+            for transform in self._outputs:
+                result = transform(module, result)
         if self.seen and self._done():
             self.uninstall()
+        return None if result is output else result
 
     def _done(self) -> bool:
         if self.until is None:

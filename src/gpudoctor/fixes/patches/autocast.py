@@ -1,7 +1,9 @@
 """Mixed precision around the forward of every top-level module the step calls (float32 ones): bfloat16
 autocast, or float16 with loss scaling where the GPU has no bfloat16. Each one's `forward` is wrapped (an
 instance attribute, deleted on undo), and its first call, which runs before the wrapper can, is entered
-under autocast too;
+under autocast too. What the forward returns leaves in float32 (accelerate's `convert_outputs_to_fp32`):
+the script computes its loss outside, where a float32 target beside a bfloat16 output fails
+(`BCELoss`); the change written into the script casts the same way (`output = output.float()`);
 loss scaling hooks `Tensor.backward` (the scalar loss is scaled; hooked as the patch applies, where the
 dtype may be float16, so that the loss recorded for the numerics guard is the unscaled one) and the
 optimizers' steps (gradients unscaled before, the step skipped by dropping the gradients when they
@@ -11,11 +13,30 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
 from gpudoctor.fixes.patches.base import NotSwitchable
 from gpudoctor.fixes.patches.forward import ForwardWrapper
+
+# after the `with` block, where the statement assigns the module's output (a tensor) to one name (`diff`):
+# the cast the runtime wrapper makes
+TO_FLOAT32 = "{target} = {target}.float()"
+
+
+def outputs_to_float32(output: Any) -> Any:
+    """`output` with every bfloat16 or float16 tensor in it (in tuples, lists, dicts and the containers
+    torch's pytree knows, e.g. transformers' ModelOutput) cast to float32; anything else as it was."""
+    import torch
+    from torch.utils import _pytree
+
+    def cast(t: Any) -> Any:
+        return t.float() if t.dtype in (torch.bfloat16, torch.float16) else t
+
+    if isinstance(output, torch.Tensor):
+        return cast(output)
+    return _pytree.tree_map_only(torch.Tensor, cast, output)
 
 
 class Autocast(ForwardWrapper):
@@ -89,6 +110,18 @@ class Autocast(ForwardWrapper):
 
         return torch.autocast(device_type=self._device, dtype=self._dtype)
 
+    def first_output(self, module: Any, output: Any) -> Any:
+        import torch
+
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            # a tensor: the statement that takes it casts it (its loss, outside the `with`, takes float32)
+            self._changes = [
+                (mid, what, replace(edit, code=(TO_FLOAT32,)) if mid == id(module) and edit is not None
+                 and edit.op == "wrap_statement" else edit)
+                for mid, what, edit in self._changes
+            ]  # fmt: skip
+        return outputs_to_float32(output)
+
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:
         import torch
 
@@ -97,7 +130,8 @@ class Autocast(ForwardWrapper):
         @functools.wraps(forward)
         def autocast_forward(*a: Any, **k: Any) -> Any:
             with torch.autocast(device_type=device, dtype=dtype):
-                return forward(*a, **k)
+                output = forward(*a, **k)
+            return outputs_to_float32(output)
 
         return autocast_forward
 

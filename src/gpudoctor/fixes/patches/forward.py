@@ -85,6 +85,7 @@ class ForwardWrapper(FixPatch):
     def _apply(self) -> None:
         self.ctx.finder.on_root(self._on_root)
         self.ctx.finder.around_first_call(self._first_call)
+        self.ctx.finder.after_first_call(self._first_output)
         self.not_applicable = "no nn.Module with parameters was called"
 
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> None:
@@ -107,6 +108,15 @@ class ForwardWrapper(FixPatch):
     def first_call(self, module: Any) -> contextlib.AbstractContextManager[Any] | None:
         """A context for the module's first call (its forward was fetched before it was wrapped)."""
         return None
+
+    def _first_output(self, module: Any, output: Any) -> Any:
+        if not self.on or id(module) not in self.modules:
+            return output
+        return self.first_output(module, output)
+
+    def first_output(self, module: Any, output: Any) -> Any:
+        """What the module's first call returns, as its wrapper would have returned it."""
+        return output
 
     def prepare(self, module: Any) -> bool:
         """Whether it applies to `module` (else `not_applicable` says why); records its change."""
