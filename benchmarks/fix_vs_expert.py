@@ -82,7 +82,7 @@ WORKLOADS: dict[str, tuple[list[str], str, float | None]] = {
     # several top-level modules per step (issue 44); not yet measured on a GPU
     "gan_dcgan": (
         [],
-        "channels_last, bf16 autocast per forward, both networks compiled, fused Adam, cudnn.benchmark, "
+        "channels_last, bf16 autocast per forward, fused Adam, cudnn.benchmark, "
         "statistics read every 50 iterations, 4 workers + pinned",
         None,
     ),
