@@ -347,6 +347,37 @@ def one_workload(name: str, a: argparse.Namespace, env: dict[str, str]) -> dict[
     return record
 
 
+def salvaged(name: str, a: argparse.Namespace) -> dict[str, Any]:
+    """One workload's record read back from an interrupted run's --out (its machine released mid-run):
+    the fix's report and the groups that wrote every rank's result, judged as `one_workload` judges; no
+    process is started. `timing.salvaged` names what was missing."""
+    script = WORKLOADS_DIR / f"{name}.py"
+    record: dict[str, Any] = {"workload": name, "script": str(script.relative_to(ROOT)),
+                              "expert": WORKLOADS[name], "control": name == CONTROL}  # fmt: skip
+    fix_dir = a.out / "fix" / name
+    summary = summarize_fix(fix_dir) if (fix_dir / "fix.json").is_file() else None
+    record["fix"] = summary
+    record["fix_run"] = {"salvaged": str(fix_dir)} if summary else {"error": "no fix.json"}
+    kept = None if summary is None else list(summary.get("final") or [])
+    record["kept"] = kept
+    calibration, groups, missing = {}, [], []
+    for folder in sorted((a.out / "groups" / name).glob("*-*"), key=lambda f: f.stat().st_mtime):
+        label, tag = folder.name.rsplit("-", 1)
+        ranks, error = read_ranks(folder)
+        if error:
+            missing.append(f"{folder.name}: {error}")
+            continue
+        pace = slowest(ranks)
+        group = {"label": label, "tag": tag, "steps": pace["steps"], "exit_code": None, "ranks": ranks,
+                 "step_s": pace["step_s"], "window_s": pace["window_s"], "pacing_rank": pace["rank"]}  # fmt: skip
+        if tag == "calibration":
+            calibration[label] = group
+        else:
+            groups.append(group)
+    record["timing"] = timing_result(groups) | {"calibration": calibration, "salvaged": missing or "complete"}
+    return record | judged(name, kept, record["timing"], None if summary is None else summary.get("proof"))
+
+
 def environment_of(a: argparse.Namespace) -> dict[str, Any]:
     """What the groups ran on, read in a child process (no CUDA context held here while timing)."""
     cmd = [sys.executable, str(Path(__file__).resolve()), "--environment"]
@@ -447,6 +478,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-steps", type=int, help="a window holds at least this many steps")
     p.add_argument("--group-timeout-s", type=float, help="stop a group with no result after this long")
     p.add_argument("--smoke", action="store_true", help="the CPU path: gloo, --small, a short budget")
+    p.add_argument(
+        "--salvage", action="store_true",
+        help="read an interrupted run's --out back into fix_multi_gpu.json (what finished), running nothing",
+    )  # fmt: skip
     p.add_argument("--environment", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     for key, (gpu, smoke) in DEFAULTS.items():
@@ -473,6 +508,18 @@ def main(argv: list[str] | None = None) -> int:
     a = parse(argv)
     if a.environment:
         print_environment()
+        return 0
+    if a.salvage:
+        records = [salvaged(name, a) for name in a.names]
+        doc = {
+            "schema": SCHEMA,
+            "goal_share_of_expert": GOAL,
+            "workloads": records,
+            "status": status(records),
+        }
+        (a.out / "fix_multi_gpu.json").write_text(json.dumps(doc, indent=1) + "\n")
+        print(table(records))
+        print(doc["status"])
         return 0
     a.out.mkdir(parents=True, exist_ok=True)
     adopt_orphans()

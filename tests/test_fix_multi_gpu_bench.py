@@ -202,11 +202,8 @@ def fake_groups(steps_s: dict[str, float], diff: str, proof: dict[str, Any]) -> 
     return run
 
 
-def test_a_workload_is_fixed_patched_timed_in_alternating_rounds_and_judged(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # GIVEN a fix run that keeps a DDP knob, writes it as a diff and proves it 1.85×, and groups whose
-    # script steps in 100 ms, the expert's version in 50 ms and the patched copy in 55 ms
+def knob_diff() -> tuple[Path, str, str]:
+    """ddp_hf_lm.py, its text, and a diff of it that turns find_unused_parameters off."""
     import difflib
 
     script = fmg.WORKLOADS_DIR / "ddp_hf_lm.py"
@@ -217,6 +214,15 @@ def test_a_workload_is_fixed_patched_timed_in_alternating_rounds_and_judged(
     diff = "".join(
         difflib.unified_diff(text.splitlines(True), patched.splitlines(True), f"a/{rel}", f"b/{rel}")
     )
+    return script, text, diff
+
+
+def test_a_workload_is_fixed_patched_timed_in_alternating_rounds_and_judged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a fix run that keeps a DDP knob, writes it as a diff and proves it 1.85×, and groups whose
+    # script steps in 100 ms, the expert's version in 50 ms and the patched copy in 55 ms
+    script, text, diff = knob_diff()
     proof = {"speedup": 1.85, "speedup_low": 1.8, "speedup_high": 1.9, "script_us": 1e5, "patched_us": 5.4e4}
     monkeypatch.setattr(
         fmg, "run_logged", fake_groups({"plain": 0.1, "expert": 0.05, "patched": 0.055}, diff, proof)
@@ -241,3 +247,34 @@ def test_a_workload_is_fixed_patched_timed_in_alternating_rounds_and_judged(
     assert record["kept"] == ["ddp_knobs"] and record["proof_speedup"] == 1.85 and record["meets_goal"]
     assert record["proof_check"]["share_of_expert_by_proof"] == pytest.approx(0.85)
     assert record["fix_run"]["command"].split()[1:7] == ["-m", "gpudoctor", "fix", "--nproc", "2", "--budget"]
+
+
+def test_an_interrupted_run_is_read_back_with_what_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a run whose machine was released during its last round: the fix finished, the last patched
+    # group wrote no rank's result
+    proof = {"speedup": 1.85, "speedup_low": 1.8, "speedup_high": 1.9, "script_us": 1e5, "patched_us": 5.4e4}
+    monkeypatch.setattr(
+        fmg,
+        "run_logged",
+        fake_groups({"plain": 0.1, "expert": 0.05, "patched": 0.055}, knob_diff()[2], proof),
+    )
+    a = fmg.parse(["--out", str(tmp_path), "--only", "ddp_hf_lm"])
+    fmg.one_workload("ddp_hf_lm", a, fmg.run_env(pin=False, smoke=False))
+    for rank in (tmp_path / "groups" / "ddp_hf_lm" / "patched-2").glob("rank*.json"):
+        rank.unlink()
+    monkeypatch.setattr(fmg, "run_logged", None)  # nothing may run
+    # WHEN it is read back
+    assert fmg.main(["--out", str(tmp_path), "--only", "ddp_hf_lm", "--salvage"]) == 0
+    record = json.loads((tmp_path / "fix_multi_gpu.json").read_text())["workloads"][0]
+    # THEN the fix's verdict and proof, the groups that finished (the calibrations apart) and what was
+    # missing are in it, judged as a whole run is
+    t = record["timing"]
+    assert record["kept"] == ["ddp_knobs"] and record["proof_speedup"] == 1.85 and record["meets_goal"]
+    assert t["groups"] == {"plain": 3, "expert": 3, "patched": 2} and set(t["calibration"]) == {
+        "plain",
+        "expert",
+    }
+    assert t["salvaged"] == ["patched-2: rank 0 wrote no result (FileNotFoundError)"]
+    assert t["step_ms"]["expert"] == pytest.approx(51.0) and t["expert_speedup"] == pytest.approx(2.0)
