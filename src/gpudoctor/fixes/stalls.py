@@ -1,5 +1,6 @@
 """Whether one stall dominates a fix's measurement: a unit (a process or a block) whose mean step is many
-times the typical unit's — a process starved of the CPU, a block that met a stall of the machine — so
+times the typical unit's — a process starved of the CPU, a block that met a stall of the machine or a
+first use the fix brought (new input shapes meeting kernels not loaded yet) — so
 that the saving read from the pairs is the stall's, not the fix's (under CPU contention, two stalled
 processes of three once read as a "−5373%" saving). Such a measurement is flagged, with what stalled,
 and is no figure to report or to keep a fix on. Pure."""
@@ -41,8 +42,13 @@ def stall_of(pairs: Sequence[Pair], unit: str) -> str | None:
     which = " and ".join(sorted({s for s, _ in sides}))
     one = unit.removesuffix(" pair")
     many = one + ("es" if one.endswith("s") else "s")
+    if which == "candidate":  # the fix's side alone: the fix may have brought it
+        cause = ("a stall on the fix's side alone — of the machine, or a first use the fix brought (kernels "
+                 "for input shapes not seen before) — dominates this measurement (run it again on a quieter "
+                 "machine, or with more --warmup steps)")  # fmt: skip
+    else:
+        cause = "a stall of the machine, not the fix, dominates this measurement (run it again on a quieter machine)"
     return (
         f"stalled: {len(sides)} {which} {one if len(sides) == 1 else many} of {2 * len(good)} ran up to "
-        f"{worst:.0f}× the typical {one}'s mean step: a stall of the machine, not the fix, dominates "
-        "this measurement (run it again on a quieter machine)"
+        f"{worst:.0f}× the typical {one}'s mean step: {cause}"
     )
