@@ -192,6 +192,29 @@ def test_what_an_autocast_block_assigns_is_cast_back_to_float32_after_it() -> No
     compile(new, "train.py", "exec")
 
 
+def test_a_modules_other_call_lines_go_under_autocast_only_where_they_call_it_itself() -> None:
+    # GIVEN the discriminator's other call lines: its call on the fake batch, and the generator's loss
+    # around it (BCELoss fails under autocast)
+    step = (
+        "for real in loader:\n"
+        "    output = netD(real).view(-1)\n"
+        "    err = criterion(output, ones)\n"
+        "    output = netD(fake.detach()).view(-1)\n"
+        "    err_g = criterion(netD(fake), ones)\n"
+    )
+    wrap, cast = 'torch.autocast("cuda", dtype=torch.bfloat16)', ("{target} = {target}.float()",)
+    first = edit("wrap_statement", 2, wrap=wrap, code=cast)
+    others = (edit("wrap_statement", n, wrap=wrap, code=cast, call="netD") for n in (4, 5))
+    new, unplaced = apply(first, *others, text=step)
+    # THEN the call itself goes under autocast with its cast after; the loss stays as it was, silently
+    assert not unplaced
+    assert (
+        f"    with {wrap}:\n        output = netD(fake.detach()).view(-1)\n    output = output.float()\n"
+        in new
+    )
+    assert "\n    err_g = criterion(netD(fake), ones)\n" in new and new.count("with torch.autocast") == 2
+
+
 def test_a_statement_is_deleted_and_a_block_left_empty_gets_pass() -> None:
     new, unplaced = apply(edit("delete_statement", 18, call="empty_cache"))
     assert "empty_cache" not in new and not unplaced

@@ -279,11 +279,25 @@ def _imports_torch(tree: ast.Module) -> bool:
     )
 
 
+def _calls_module(stmt: ast.stmt | None, name: str) -> bool:
+    """`stmt` is a call of `name` itself, its result assigned or not, methods on it allowed
+    (`out = netD(x).view(-1)`), not a call that takes it (`loss = criterion(netD(x), y)`)."""
+    value = stmt.value if isinstance(stmt, (ast.Assign, ast.Expr)) else None
+    while isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute):
+        value = value.func.value
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == name
+
+
 def _targets_resolved(tree: ast.Module, edits: list[Edit]) -> list[Edit]:
     """Each `wrap_statement` edit's lines after its block with "{target}" replaced by the one name its
-    statement assigns (`out = model(x)`); where it assigns no single name, those lines are dropped."""
+    statement assigns (`out = model(x)`); where it assigns no single name, those lines are dropped. An
+    edit that names its `call` is dropped where its statement is not a call of that module itself."""
     out = []
     for e in edits:
+        if e.op == "wrap_statement" and e.call:
+            found = _simple_statement_at(tree, e.line)
+            if not _calls_module(found[0] if found else None, e.call):
+                continue
         if e.op == "wrap_statement" and e.code:
             found = _simple_statement_at(tree, e.line)
             stmt = found[0] if found else None

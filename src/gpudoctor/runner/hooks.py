@@ -15,7 +15,7 @@ import sys
 import sysconfig
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -183,18 +183,21 @@ def eager_frame(wrapper: Callable[..., Any]) -> Callable[..., Any]:
 class RootSeen:
     """One top-level module the script called: where it was first called from, the names the calling
     frame binds to it, where the user's code binds it to a name of its own (`model = Net()`, found
-    where a framework calls it), and its top-level calls while the finder watched."""
+    where a framework calls it), its top-level calls while the finder watched, and the other lines of
+    the user's files it was called from meanwhile (a GAN's discriminator: the real batch, the fake one)."""
 
     module: Any
     site: CallSite | None
     names: tuple[str, ...]
     binding: tuple[CallSite, str] | None
     calls: int = 1
+    other_sites: list[CallSite] = field(default_factory=list)
 
 
 FirstCallContext = Callable[[Any], "contextlib.AbstractContextManager[Any] | None"]
 FirstCallOutput = Callable[[Any, Any], Any]  # (module, output) -> its output, the same or another
 WATCH_CAP_S = 60.0  # the longest the finder keeps watching for more top-level modules
+MAX_SITES = 16  # the other lines a top-level module is called from, kept per module
 
 
 class RootFinder:
@@ -299,6 +302,11 @@ class RootFinder:
         known = self.seen.get(id(module))
         if known is not None:
             known.calls += 1
+            if len(known.other_sites) < MAX_SITES:
+                frame = user_frame(sys._getframe(1))
+                site = frame and CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
+                if site and site != known.site and site not in known.other_sites:
+                    known.other_sites.append(site)
             return None
         frame = user_frame(sys._getframe(1))
         site = names = None

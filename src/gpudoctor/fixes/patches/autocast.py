@@ -110,6 +110,23 @@ class Autocast(ForwardWrapper):
 
         return torch.autocast(device_type=self._device, dtype=self._dtype)
 
+    def _kept_changes(self) -> list[tuple[str, Edit | None]]:
+        """The change of each module's first call line, and the same at every other line the step called
+        it from while the finder watched (`call`: written only where that line is a call of the module
+        itself, `out = netD(x).view(-1)`, not a loss around it: `BCELoss` fails under autocast)."""
+        kept = super()._kept_changes()
+        step = {id(r.module) for r in self.ctx.finder.per_step()}
+        for mid, what, edit in self._changes:
+            seen = self.ctx.finder.seen.get(mid) if mid is not None else None
+            if edit is None or edit.op != "wrap_statement" or seen is None or not seen.names:
+                continue
+            if step and mid not in step:
+                continue
+            kept += [
+                (what, replace(edit, file=s.file, line=s.line, call=seen.names[0])) for s in seen.other_sites
+            ]
+        return kept
+
     def first_output(self, module: Any, output: Any) -> Any:
         import torch
 
