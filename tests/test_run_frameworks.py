@@ -236,5 +236,6 @@ def test_a_trace_recorded_from_a_trainer_callback_analyzes_into_steps(tmp_path: 
     )
     runpy.run_path(str(script), run_name="__main__")
     analysis = analyze(load_trace(tmp_path / "hf.json"))
-    # every step found (a first one far slower than the rest, the Trainer's set-up, is a warm-up)
-    assert len(analysis.warmup_steps) + len(analysis.steps) == 4 and len(analysis.steps) >= 3
+    # every step found (a first one far slower than the rest, the Trainer's set-up, is a warm-up; on a
+    # loaded 2-core machine the second can be too: 713 ms against 10 ms, beside the other tests' worker)
+    assert len(analysis.warmup_steps) + len(analysis.steps) == 4 and len(analysis.steps) >= 2
