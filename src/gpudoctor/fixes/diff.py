@@ -294,13 +294,14 @@ def _targets_resolved(tree: ast.Module, edits: list[Edit]) -> list[Edit]:
     edit that names its `call` is dropped where its statement is not a call of that module itself."""
     out = []
     for e in edits:
-        if e.op == "wrap_statement" and e.call:
-            found = _simple_statement_at(tree, e.line)
-            if not _calls_module(found[0] if found else None, e.call):
-                continue
-        if e.op == "wrap_statement" and e.code:
-            found = _simple_statement_at(tree, e.line)
-            stmt = found[0] if found else None
+        if e.op != "wrap_statement" or not (e.call or e.code):
+            out.append(e)
+            continue
+        found = _simple_statement_at(tree, e.line)
+        stmt = found[0] if found else None
+        if e.call and not _calls_module(stmt, e.call):
+            continue
+        if e.code:
             name = (
                 stmt.targets[0].id
                 if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)

@@ -50,6 +50,7 @@ class Autocast(ForwardWrapper):
         self.scaler: Any = None
         self._device = "cpu"
         self._dtype: Any = None  # resolved at the root: torch.bfloat16 or torch.float16
+        self._tensor_out: set[int] = set()  # the modules whose first call returned a floating tensor
 
     def switch(self, on: bool) -> None:
         if self.scaler is not None:
@@ -110,33 +111,24 @@ class Autocast(ForwardWrapper):
 
         return torch.autocast(device_type=self._device, dtype=self._dtype)
 
-    def _kept_changes(self) -> list[tuple[str, Edit | None]]:
-        """The change of each module's first call line, and the same at every other line the step called
-        it from while the finder watched (`call`: written only where that line is a call of the module
-        itself, `out = netD(x).view(-1)`, not a loss around it: `BCELoss` fails under autocast)."""
-        kept = super()._kept_changes()
-        step = {id(r.module) for r in self.ctx.finder.per_step()}
-        for mid, what, edit in self._changes:
-            seen = self.ctx.finder.seen.get(mid) if mid is not None else None
-            if edit is None or edit.op != "wrap_statement" or seen is None or not seen.names:
-                continue
-            if step and mid not in step:
-                continue
-            kept += [
-                (what, replace(edit, file=s.file, line=s.line, call=seen.names[0])) for s in seen.other_sites
-            ]
-        return kept
+    def _written(self, module_id: int | None, edit: Edit | None) -> list[Edit | None]:
+        """The change at the module's first call line, and the same at every other line the step called it
+        from while the finder watched (`call`: written only where that line calls the module itself,
+        `out = netD(x).view(-1)`, not a loss around it: `BCELoss` fails under autocast); each followed by
+        the cast of its output where that is a tensor."""
+        seen = self.ctx.finder.seen.get(module_id) if module_id is not None else None
+        if edit is None or edit.op != "wrap_statement" or seen is None:
+            return [edit]
+        if module_id in self._tensor_out:
+            edit = replace(edit, code=(TO_FLOAT32,))
+        others = [replace(edit, file=s.file, line=s.line, call=seen.names[0]) for s in seen.other_sites]
+        return [edit, *(others if seen.names else [])]
 
     def first_output(self, module: Any, output: Any) -> Any:
         import torch
 
         if isinstance(output, torch.Tensor) and output.is_floating_point():
-            # a tensor: the statement that takes it casts it (its loss, outside the `with`, takes float32)
-            self._changes = [
-                (mid, what, replace(edit, code=(TO_FLOAT32,)) if mid == id(module) and edit is not None
-                 and edit.op == "wrap_statement" else edit)
-                for mid, what, edit in self._changes
-            ]  # fmt: skip
+            self._tensor_out.add(id(module))
         return outputs_to_float32(output)
 
     def wrap(self, forward: Callable[..., Any]) -> Callable[..., Any]:

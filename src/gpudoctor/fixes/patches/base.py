@@ -81,7 +81,16 @@ class FixPatch:
 
     def _kept_changes(self) -> list[tuple[str, Edit | None]]:
         step = {id(r.module) for r in self.ctx.finder.per_step()}
-        return [(what, edit) for mid, what, edit in self._changes if mid is None or not step or mid in step]
+        return [
+            (what, written)
+            for mid, what, edit in self._changes
+            if mid is None or not step or mid in step
+            for written in self._written(mid, edit)
+        ]
+
+    def _written(self, module_id: int | None, edit: Edit | None) -> list[Edit | None]:
+        """The edits that make one recorded change permanent (a patch may write it in several places)."""
+        return [edit]
 
     @property
     def changes(self) -> list[str]:
