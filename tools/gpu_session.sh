@@ -53,6 +53,10 @@
 #                    beside gpudoctor fix --aa on each -> $BG_OUT/aa/; GPU: on that GPU alone
 #                    (CUDA_VISIBLE_DEVICES), on its share of the host's cores as an fvep queue has, so that
 #                    it can run beside an fvep on the other GPU (a second gpu_session in its own bg job)
+#   userfix:SCRIPT[:BUDGET[:GPU]]  `gpudoctor fix --budget BUDGET` (default 5m) on SCRIPT (a path in the tree)
+#                    as its user runs it: copied alone into a folder of its own outside the tree and run from
+#                    there, on GPU (default 0) and its share of the host's cores; UFIX_ARGS: more options for
+#                    fix -> $BG_OUT/userfix_NAME/ (the fix directory: fix.json's proof beside the harness's figure)
 #
 # Wheels for what the machine lacks (.whl/, carried) are installed first, into /tmp/site. On the CPU, to
 # check the plumbing: SMOKE=1 PYTHON=.venv/bin/python bash tools/gpu_session.sh fve:per_param_optimizer
@@ -226,6 +230,16 @@ sys.exit(not any(p.value.startswith("gpudoctor") for p in e(group="pytest11")))'
         [ -n "$arg1" ] && only=(--only "$(IFS=,; echo "${names[*]}")")
         "${visible[@]}" "${pin[@]}" "$PY" benchmarks/aa_noise.py --out "$OUT_DIR/aa" "${only[@]}" \
             "${scripts[@]}" "${SMOKE[@]}"
+        ;;
+    userfix)
+        local name home
+        name=$(basename "$arg1" .py)
+        home=/tmp/userfix/$name
+        rm -rf "$home" && mkdir -p "$home" && cp "$arg1" "$home/" || return 1
+        on_gpus "${arg3:-0}"
+        (cd "$home" && "${ON_GPUS[@]}" "$PY" -m gpudoctor fix --budget "${arg2:-5m}" -o "$OUT_DIR/userfix_$name" \
+            ${UFIX_ARGS:-} "$(basename "$arg1")") 2>&1 | tee "$OUT_DIR/userfix_$name.log"
+        return "${PIPESTATUS[0]}"
         ;;
     fmg)
         local only=()
