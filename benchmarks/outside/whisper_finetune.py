@@ -48,7 +48,9 @@ class RandomSpeech(Dataset):
 
 device = torch.device("cuda")
 model = WhisperForConditionalGeneration(config).to(device)
-loader = DataLoader(RandomSpeech(4_000), batch_size=args.batch_size, shuffle=True, num_workers=2, drop_last=True)
+loader = DataLoader(
+    RandomSpeech(4_000), batch_size=args.batch_size, shuffle=True, num_workers=2, drop_last=True
+)
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
 scheduler = get_linear_schedule_with_warmup(optimizer, 100, args.epochs * len(loader))
 
