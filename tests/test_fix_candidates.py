@@ -300,7 +300,7 @@ def test_what_does_not_apply_is_said_and_why() -> None:
     assert why_not("tf32", replace(o, float32_matmul_precision="high"), 25) == (
         "does not apply: float32 matmul precision is already 'high'"
     )
-    assert why_not("channels_last", o, 25) == "does not apply: Net has no Conv2d"
+    assert why_not("channels_last", o, 25) == "does not apply: Net has no 2-D convolution"
     assert why_not("workers:4", replace(o, loaders=(replace(o.loaders[0], num_workers=8),)), 25) == (
         "does not apply: the DataLoader already has 8 workers"
     )

@@ -191,4 +191,8 @@ def test_flops_are_counted_from_shapes() -> None:
     assert op_flops("addmm", (torch.empty(16), a, b), None) == ("matmul", 2 * 4 * 8 * 16)
     x, w, out = torch.empty(1, 3, 8, 8), torch.empty(4, 3, 3, 3), torch.empty(1, 4, 6, 6)
     assert op_flops("convolution", (x, w, None), out) == ("conv", 2 * 4 * 6 * 6 * 27)
+    # transposed (weight Cin x Cout x k x k): the FLOPs of the convolution it is the adjoint of
+    t, wt, up = torch.empty(1, 4, 6, 6), torch.empty(4, 3, 3, 3), torch.empty(1, 3, 8, 8)
+    args = (t, wt, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1)
+    assert op_flops("convolution", args, up) == ("conv", 2 * 4 * 6 * 6 * 27)
     assert op_flops("relu", (a,), a) is None

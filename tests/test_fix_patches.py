@@ -251,10 +251,39 @@ def test_channels_last_converts_the_model_and_its_inputs_and_back() -> None:
     assert edits[1].code == ("x = x.to(memory_format=torch.channels_last)",)
 
 
+def test_channels_last_reaches_a_generator_of_transposed_convolutions() -> None:
+    """A DCGAN's generator has ConvTranspose2d alone (no Conv2d): its weights turn channels_last too, and
+    the transposed convolutions run on NHWC inputs."""
+    from gpudoctor.fixes.evidence import work_probe
+
+    generator = torch.nn.Sequential(
+        torch.nn.ConvTranspose2d(16, 8, 4, 1, 0, bias=False),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.ConvTranspose2d(8, 3, 4, 2, 1, bias=False),
+    )
+    noise = torch.randn(2, 16, 1, 1)
+    during = []
+
+    def body() -> None:
+        with work_probe() as probe:
+            generator(noise)
+        during.append(probe.tally())
+        during.append(generator[3].weight.is_contiguous(memory_format=torch.channels_last))
+
+    patch = run_patched("channels_last", body)
+    work, weights_nhwc = during
+    assert patch.outcome().applied and weights_nhwc
+    assert work.conv_flops > 0 and work.conv_nhwc_flops == work.conv_flops
+    assert generator[3].weight.is_contiguous()  # put back
+    # the generator converted where it is made; its (N, C, 1, 1) noise is channels_last as it is
+    assert [e.op for e in patch.outcome().edits] == ["after_assignment"]
+
+
 def test_channels_last_leaves_a_model_without_convolutions_alone() -> None:
     model = torch.nn.Linear(4, 4)
     patch = run_patched("channels_last", lambda: model(torch.randn(1, 4)))
-    assert not patch.outcome().applied and "no Conv2d" in (patch.outcome().reason or "")
+    assert not patch.outcome().applied and "no 2-D convolution" in (patch.outcome().reason or "")
 
 
 @pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD])

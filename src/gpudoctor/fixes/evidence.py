@@ -66,6 +66,11 @@ def _numel(shape: Sequence[int]) -> float:
     return float(math.prod(int(s) for s in shape))
 
 
+def _transposed(name: str, args: Sequence[Any]) -> bool:
+    """A transposed convolution: aten.convolution's and aten._convolution's 7th argument."""
+    return name in ("convolution", "_convolution") and len(args) > 6 and args[6] is True
+
+
 def op_flops(name: str, args: Sequence[Any], out: Any) -> tuple[str, float] | None:
     """(kind, FLOPs) of a matmul, convolution or fused attention op from its arguments' shapes; None for
     any other op."""
@@ -80,7 +85,9 @@ def op_flops(name: str, args: Sequence[Any], out: Any) -> tuple[str, float] | No
             return None
         return "matmul", 2.0 * _numel(a.shape) * b.shape[-1]
     if name in CONVOLUTIONS and len(tensors) >= 2 and hasattr(out, "shape"):
-        weight = tensors[1]
+        x, weight = tensors[0], tensors[1]
+        if _transposed(name, args):  # weight (Cin, Cout/groups, k…): each input scatters to Cout/groups x k…
+            return "conv", 2.0 * _numel(x.shape) * _numel(weight.shape[1:])
         per_output = _numel(weight.shape[1:])  # Cin/groups x the kernel's size
         return "conv", 2.0 * _numel(out.shape) * per_output
     if name.startswith("_scaled_dot_product") and len(tensors) >= 3:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
+from gpudoctor.fixes.patches.layout import conv2d_layers
 from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site, eager_frame, eager_only
 from gpudoctor.util.serial import Serialized
 
@@ -475,10 +476,10 @@ def _compiled_inside(module: Any) -> bool:
 
 
 def _channels_last(module: Any) -> bool:
-    """Every Conv2d weight of `module` in channels_last, and one at least not also NCHW."""
+    """Every 2-D convolution's weight of `module` in channels_last, and one at least not also NCHW."""
     import torch
 
-    weights = [m.weight for m in module.modules() if isinstance(m, torch.nn.Conv2d)]
+    weights = [m.weight for m in conv2d_layers(module)]
     nhwc = torch.channels_last
     return (
         bool(weights)
@@ -505,7 +506,7 @@ class _RootWatch:
             "dtype": str(first.dtype).removeprefix("torch."),
             "device": first.device.type,
             "training": bool(module.training),
-            "conv2d": any(isinstance(m, torch.nn.Conv2d) for m in module.modules()),
+            "conv2d": bool(conv2d_layers(module)),
             "channels_last": _channels_last(module),
             "dropout": any(
                 isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 and m.training

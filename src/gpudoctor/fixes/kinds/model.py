@@ -243,7 +243,7 @@ def _no_convolutions(obs: Observations) -> str | None:
     if not roots:
         return NO_MODULE
     if not any(r.conv2d for r in roots):
-        return f"{roots_named(obs)} {'has' if len(roots) == 1 else 'have'} no Conv2d"
+        return f"{roots_named(obs)} {'has' if len(roots) == 1 else 'have'} no 2-D convolution"
     return None
 
 

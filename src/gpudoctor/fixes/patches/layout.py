@@ -15,6 +15,15 @@ from gpudoctor.fixes.patches.base import FixPatch
 CONVERT = "{name} = {name}.to(memory_format=torch.channels_last)"
 
 
+def conv2d_layers(module: Any) -> list[Any]:
+    """The 2-D convolutions inside `module`, transposed ones too (a GAN's generator, a UNet's decoder):
+    those whose weights and inputs channels_last lays out."""
+    import torch
+
+    kinds = (torch.nn.Conv2d, torch.nn.ConvTranspose2d)
+    return [m for m in module.modules() if isinstance(m, kinds)]
+
+
 class ChannelsLast(FixPatch):
     fix_id = "channels_last"
     order = 30
@@ -74,9 +83,9 @@ class ChannelsLast(FixPatch):
     def _on_root(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         import torch
 
-        if not any(isinstance(m, torch.nn.Conv2d) for m in module.modules()):
+        if not conv2d_layers(module):
             if not self._modules:
-                self.not_applicable = f"{type(module).__name__} has no Conv2d"
+                self.not_applicable = f"{type(module).__name__} has no 2-D convolution"
             return None
         cl = torch.channels_last
         changed = [
@@ -131,7 +140,13 @@ def _one(value: Any, torch: Any) -> Any:
 def _convert(args: tuple[Any, ...]) -> tuple[tuple[Any, ...], list[int]]:
     import torch
 
-    converted = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dim() == 4]
+    converted = [  # a (N, C, 1, 1) noise batch is channels_last already: no line written for it
+        i
+        for i, a in enumerate(args)
+        if isinstance(a, torch.Tensor)
+        and a.dim() == 4
+        and not a.is_contiguous(memory_format=torch.channels_last)
+    ]
     return tuple(_one(a, torch) for a in args), converted
 
 
