@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +24,7 @@ from gpudoctor.fixes.options import FixOptions
 from gpudoctor.fixes.proof import (
     MAX_PAIRS,
     MIN_PAIRS,
+    PlainProcess,
     Proof,
     ProofRequest,
     disagreement,
@@ -244,6 +247,35 @@ def test_the_harness_baseline_beside_plain_processes_warns_past_ten_percent() ->
     assert harness_level(None, a_proof(2.0, 1.9, 2.1)) is None and harness_level(20_000.0, None) is None
 
 
+def with_script_processes(proof: Proof, means: list[float]) -> Proof:
+    processes = tuple(PlainProcess("script", m, 20, 0, 5, 10.0, 0, None, "script.log") for m in means)
+    return replace(proof, processes=processes, script_us=statistics.fmean(means))
+
+
+def test_a_harness_level_off_by_more_than_its_processes_can_tell_says_so() -> None:
+    # the DCGAN at 10 minutes on an H200: four baseline rounds 34-48 ms, four plain processes 31-34 ms
+    proof = with_script_processes(a_proof(1.34, 1.15, 1.56), [32_957.0, 31_178.0, 33_073.0, 34_471.0])
+    harness = [33_600.0, 48_200.0, 41_300.0, 36_200.0]
+    level = harness_level(statistics.fmean(harness), proof, harness_processes=harness)
+    assert level is not None and level.ratio == pytest.approx(1.21, abs=0.01)
+    assert level.ratio_low is not None and level.ratio_low < 1 < (level.ratio_high or 0)
+    assert level.warning is not None and "not told from the noise of so few processes" in level.warning
+    assert "the harness's 4 up to 38% apart, the script's 4 up to 10%" in level.warning
+    # processes close together: the same gap is told, with its interval
+    tight = [36_000.0, 36_400.0, 36_200.0, 36_600.0]
+    level = harness_level(statistics.fmean(tight), proof, harness_processes=tight)
+    assert level is not None and level.ratio_low is not None and level.ratio_low > 1
+    assert level.warning is not None and "its savings were measured against that level" in level.warning
+    assert "95% CI of the ratio" in level.warning
+    # one process a side: no interval, the plain warning
+    level = harness_level(36_400.0, a_proof(2.0, 1.9, 2.1), harness_processes=[36_400.0])
+    assert (
+        level is not None
+        and level.ratio_low is None
+        and "measured against that level" in (level.warning or "")
+    )
+
+
 def test_a_harness_figure_beyond_the_proofs_interval_is_said_with_how_far() -> None:
     # the torchvision loop of issue 44: the harness said 9.29×, the user's script got 5.6×
     note = disagreement(a_proof(5.6, 5.3, 5.9), 100 * (1 - 1 / 9.29), None, None)
@@ -333,7 +365,6 @@ def test_no_proof_where_the_options_say_so_or_nothing_was_kept() -> None:
 
 # -- the report -----------------------------------------------------------------------------------------
 def reported(proof: Proof | None, diff: str = DIFF) -> FixReport:
-    from dataclasses import replace
 
     from test_fix_view import REPORT
 
@@ -371,7 +402,6 @@ def test_the_report_heads_with_the_proof_and_the_harness_beside_it() -> None:
 
 
 def test_a_refuted_change_is_not_recommended_and_not_written_as_fix_diff(tmp_path: Path) -> None:
-    from dataclasses import replace
 
     from gpudoctor.cli.fix import _write_all
 

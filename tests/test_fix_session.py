@@ -521,7 +521,8 @@ def test_baseline_processes_close_together_leave_no_note(fused_in_processes: Non
 
 
 def test_the_harness_spread_is_set_beside_the_plain_one_at_equal_counts() -> None:
-    from gpudoctor.fixes.attempt import spread_pct, spread_ratio
+    from gpudoctor.fixes.attempt import spread_ratio
+    from gpudoctor.fixes.proof import spread_pct
 
     # GIVEN 8 harness processes and 4 plain ones drawn from one distribution (seeded normal, 10% σ)
     rng = random.Random(7)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from gpudoctor.fixes.attempt import Attempt, spread_pct, spread_ratio, verdict_of
+from gpudoctor.fixes.attempt import Attempt, spread_ratio, verdict_of
+from gpudoctor.fixes.proof import spread_pct
 from gpudoctor.fixes.result import FixVerdict
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.session import FixOptions, Launcher

@@ -15,6 +15,7 @@ from gpudoctor.fixes.catalog import spec_of, title_of
 from gpudoctor.fixes.kinds.base import round_work
 from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.observe import Observations
+from gpudoctor.fixes.proof import spread_pct
 from gpudoctor.fixes.result import CalibrationEntry, FixVerdict, StepDistribution
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.stalls import stall_of
@@ -277,13 +278,6 @@ def random_differs(fixes: tuple[str, ...], obs: Observations | None) -> bool:
 
 def saving(t: Tried) -> float:
     return t.verdict.measured_saving_pct or 0.0
-
-
-def spread_pct(values: list[float]) -> float | None:
-    """(largest − smallest) / median of the processes' mean steps, in %; None under two processes."""
-    if len(values) < 2:
-        return None
-    return 100 * (max(values) - min(values)) / statistics.median(values)
 
 
 def spread_ratio(harness: list[float], plain: list[float]) -> float | None:

@@ -7,12 +7,13 @@ report's headline (`Headline`). Pure: `fixes.prove` runs the processes."""
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from gpudoctor.runner.record import StepFound
-from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare
+from gpudoctor.timing.paired import Pair, PairedComparison, paired_compare, t_quantile
 
 MIN_PAIRS = 3  # process pairs before the proof may stop (df 2)
 MAX_PAIRS = 10  # without a time budget, at most
@@ -103,6 +104,8 @@ class HarnessLevel:
     plain_us: float
     ratio: float  # harness / plain
     warning: str | None
+    ratio_low: float | None = None  # its 95% interval, where each side had two processes at least
+    ratio_high: float | None = None
 
 
 @dataclass(frozen=True)
@@ -148,21 +151,62 @@ def timed_reason(c: PairedComparison) -> tuple[bool, str]:
 
 
 def harness_level(
-    harness_us: float | None, proof: Proof | None, warn: float = LEVEL_WARN
+    harness_us: float | None,
+    proof: Proof | None,
+    warn: float = LEVEL_WARN,
+    harness_processes: Sequence[float] = (),
 ) -> HarnessLevel | None:
-    """The harness's baseline against the plain processes of the script, where both were timed."""
+    """The harness's baseline against the plain processes of the script, where both were timed; with the
+    harness's processes' own means, how sure the difference is (a loader-paced loop's processes can differ
+    by a third: a level 20% off from four of them may be noise)."""
     if harness_us is None or proof is None or not proof.script_us:
         return None
     ratio = harness_us / proof.script_us
+    plain = [p.mean_step_us for p in proof.processes if p.side == "script" and p.mean_step_us]
+    interval = level_interval(harness_processes, plain)
+    low, high = interval if interval else (None, None)
     warning = None
     if abs(ratio - 1) > warn:
         way = "slower" if ratio > 1 else "faster"
-        warning = (
+        said = (
             f"the harness's baseline ran {100 * abs(ratio - 1):.0f}% {way} than the script as a plain "
-            f"process ({harness_us / 1e3:.3g} ms against {proof.script_us / 1e3:.3g} ms a step): its "
-            "savings were measured against that level; the proof's figure is the one you get"
+            f"process ({harness_us / 1e3:.3g} ms against {proof.script_us / 1e3:.3g} ms a step"
         )
-    return HarnessLevel(harness_us, proof.script_us, ratio, warning)
+        ci = f"95% CI of the ratio {low:.2f}–{high:.2f}×" if low is not None and high is not None else None
+        if low is not None and high is not None and low <= 1 <= high:
+            warning = (
+                f"{said}), not told from the noise of so few processes ({ci}; the harness's "
+                f"{len(harness_processes)} up to {spread_pct(harness_processes) or 0:.0f}% apart, the script's "
+                f"{len(plain)} up to {spread_pct(plain) or 0:.0f}%): the proof's figure is the one you get"
+            )
+        else:
+            warning = (
+                f"{said}{'; ' + ci if ci else ''}): its savings were measured against that level; the "
+                "proof's figure is the one you get"
+            )
+    return HarnessLevel(harness_us, proof.script_us, ratio, warning, low, high)
+
+
+def level_interval(harness: Sequence[float], plain: Sequence[float]) -> tuple[float, float] | None:
+    """The 95% interval of the harness's level over plain processes' (Welch's t on the processes' log
+    mean steps); None under two processes on a side."""
+    if len(harness) < 2 or len(plain) < 2 or min(*harness, *plain) <= 0:
+        return None
+    lh, lp = [math.log(v) for v in harness], [math.log(v) for v in plain]
+    vh, vp = statistics.variance(lh) / len(lh), statistics.variance(lp) / len(lp)
+    center = statistics.fmean(lh) - statistics.fmean(lp)
+    if vh + vp == 0:
+        return math.exp(center), math.exp(center)
+    df = (vh + vp) ** 2 / (vh**2 / (len(lh) - 1) + vp**2 / (len(lp) - 1))
+    t = t_quantile(0.975, df) * math.sqrt(vh + vp)
+    return math.exp(center - t), math.exp(center + t)
+
+
+def spread_pct(values: Sequence[float]) -> float | None:
+    """(largest − smallest) / median of the processes' mean steps, in %; None under two processes."""
+    if len(values) < 2:
+        return None
+    return 100 * (max(values) - min(values)) / statistics.median(values)
 
 
 def speedup_of(saving_pct: float | None) -> float | None:

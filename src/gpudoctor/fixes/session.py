@@ -32,7 +32,6 @@ from gpudoctor.fixes.attempt import (
     not_run,
     random_differs,
     saving,
-    spread_pct,
     stackable,
     timing_of,
     verdict_of,
@@ -54,7 +53,15 @@ from gpudoctor.fixes.guard import numerics_of
 from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
 from gpudoctor.fixes.patches.loader import PREFETCH
-from gpudoctor.fixes.proof import Proof, ProofRequest, Prover, disagreement, harness_level, headline_of
+from gpudoctor.fixes.proof import (
+    Proof,
+    ProofRequest,
+    Prover,
+    disagreement,
+    harness_level,
+    headline_of,
+    spread_pct,
+)
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
 from gpudoctor.fixes.verify import NumericsCheck
@@ -734,7 +741,7 @@ class FixSession:
         means = [r.mean_step_us for r in timed if r.mean_step_us]
         baseline_us = statistics.fmean(means) if means else None
         final_saving = self._final_saving()
-        level = harness_level(baseline_us, self.proof)
+        level = harness_level(baseline_us, self.proof, harness_processes=means)
         notes += [n for n in (level.warning if level else None, self._disagreement(final_saving)) if n]
         return FixReport(
             argv=self.argv,

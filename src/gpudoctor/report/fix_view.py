@@ -142,7 +142,12 @@ def proof_lines(report: FixReport) -> list[str]:
     if level is not None:
         out.append(
             f"the harness's baseline: {level.harness_us / 1e3:.4g} ms a step in its rounds, "
-            f"{level.plain_us / 1e3:.4g} ms as a plain process ({level.ratio:.2f}×)"
+            f"{level.plain_us / 1e3:.4g} ms as a plain process ({level.ratio:.2f}×"
+            + (
+                f", 95% CI {level.ratio_low:.2f}–{level.ratio_high:.2f}×)"
+                if level.ratio_low is not None and level.ratio_high is not None
+                else ")"
+            )
         )
     return out
 
