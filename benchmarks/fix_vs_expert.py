@@ -58,6 +58,7 @@ TIMER = WORKLOADS_DIR / "plain_timer.py"
 GOAL = 0.8  # share of the expert's gain: (gpudoctor's speedup − 1) / (the expert's speedup − 1)
 NO_GAIN = 0.02  # an expert speedup within this of 1 is no gain to take a share of
 CONTROLS = ("tuned_control",)  # nothing to gain: the goal is to keep nothing
+LEVEL_GOAL = 0.10  # the harness's baseline within this of plain processes of the script (issue 44)
 
 # name -> (the script's own arguments, what an expert writes by hand, minutes a GPU run of fix + timing
 # took, with the --budget of the committed result: a guide for planning device time; None: not recorded)
@@ -395,6 +396,9 @@ def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None
             continue
         if w["fix"].get("findings") is None:  # measured before the summary kept them
             w["fix"]["findings"] = findings_of(path.parent / "fix" / w["workload"])
+        report = path.parent / "fix" / w["workload"] / "fix.json"
+        if "harness_level" not in w["fix"] and report.exists():  # the same: from its fix.json
+            w["fix"]["harness_level"] = json.loads(report.read_text()).get("harness_level")
         if (w.get("timing") or {}).get("partial"):
             print(
                 f"{path}: its timing was cut after {w['timing']['rounds']} round(s); merged, marked partial"
@@ -512,8 +516,12 @@ def _proof_status(current: list[dict[str, Any]]) -> str:
     goal by the proof's figure (only where some workload was timed with its patched copy)."""
     checks = [(w.get("timing") or {}).get("proof_check") for w in current]
     checks = [c for c in checks if c]
+    levels = [w["fix"]["harness_level"]["ratio"] for w in current if w["fix"].get("harness_level")]
+    within = sum(1 for r in levels if abs(r - 1) <= LEVEL_GOAL)
+    level = (f"; {within} of the {len(levels)} with the harness's level beside plain processes within "
+             f"±{100 * LEVEL_GOAL:.0f}% of it" if levels else "")  # fmt: skip
     if not checks:
-        return ""
+        return level
     proven = [c for c in checks if c.get("proof_vs_patched") is not None]
     agree = sum(1 for c in proven if c["proof_agrees"])
     reach = sum(1 for c in checks if (c.get("share_of_expert_by_proof") or 0) >= GOAL)
@@ -521,7 +529,7 @@ def _proof_status(current: list[dict[str, Any]]) -> str:
     return (f"; {len(checks)} with a proof, {patched} timed with their patched copy (none where the proof "
             f"recommends nothing: no fix.diff), {agree} of the {len(proven)} with both "
             f"within ±{100 * checks[0]['agreement_goal']:.0f}% of it, {reach} reach {100 * GOAL:.0f}% of the "
-            "expert's gain by the proof's figure")  # fmt: skip
+            "expert's gain by the proof's figure" + level)  # fmt: skip
 
 
 def rescore(path: Path) -> None:
@@ -605,6 +613,8 @@ def summarize_fix(fix_dir: Path) -> dict[str, Any]:
         "complete": report["complete"],
         "proof": report.get("proof"),  # the patched copy against the script, plain processes (issue 44)
         "headline": report.get("headline"),
+        # the harness's baseline beside plain processes of the script: the proof's, or the script alone
+        "harness_level": report.get("harness_level"),
     }
 
 
@@ -797,6 +807,9 @@ def _proof_words(r: dict[str, Any]) -> str:
         words.append(f"{agrees} ({100 * check['proof_vs_patched']:+.1f}%)")
     if check.get("share_of_expert_by_proof") is not None:
         words.append(f"{100 * check['share_of_expert_by_proof']:.0f}% of the expert's gain by the proof")
+    level = r["fix"].get("harness_level")
+    if level:
+        words.append(f"the harness's level {level['ratio']:.2f}× plain")
     return ", ".join(words) + "; " if words else ""
 
 

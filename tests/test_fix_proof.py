@@ -30,6 +30,7 @@ from gpudoctor.fixes.proof import (
     disagreement,
     harness_level,
     headline_of,
+    script_means,
 )
 from gpudoctor.fixes.prove import PlainProver, Target
 from gpudoctor.fixes.result import FixReport
@@ -228,23 +229,52 @@ def test_where_no_proof_can_be_made_it_says_why(
     assert not plain.runs
 
 
+def test_the_script_alone_is_timed_for_the_harnesss_level_where_nothing_was_proven(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plain = Plain(20_000.0, 10_000.0)
+    p = prover(project, plain, monkeypatch)
+    alone = p.script_alone(request(diff=""), 3)
+    assert [side for side, *_ in plain.runs] == ["script"] * 3 and len(alone) == 3
+    assert all(a.side == "script" and a.mean_step_us == pytest.approx(20_000.0, rel=0.05) for a in alone)
+    _, argv, env, _ = plain.runs[0]
+    assert argv == (sys.executable, "train.py", "--epochs", "1") and "stopwatch" in env["PYTHONPATH"]
+    assert (project / "train.py").read_text() == TRAIN  # nothing copied, nothing changed
+    # a step a plain process cannot count, or a module: none
+    plain.runs.clear()
+    assert p.script_alone(request(step=None), 3) == () and not plain.runs
+    # the first failure ends them
+    failing = Plain(20_000.0, 10_000.0)
+    failing.fail["script"] = (1, None, "Traceback ...\nRuntimeError: boom")
+    alone = prover(project, failing, monkeypatch).script_alone(request(), 3)
+    assert len(alone) == 1 and alone[0].failure is not None and "boom" in alone[0].failure
+
+
 # -- the harness beside the proof ------------------------------------------------------------------------
 def a_proof(
     speedup: float, low: float, high: float, script_us: float = 20_000.0, recommended: bool = True
 ) -> Proof:
+    script = (PlainProcess("script", script_us, 20, 0, 5, 10.0, 0, None, "script.log"),)
     return Proof("faster" if recommended else "same", recommended, "the patched copy ran faster", speedup, low, high,
-                 0.001, script_us, script_us / speedup, (), (), "t-test", 4.0, 5.0, "one step", ("python", "train.py"),
-                 ("python", "copy/train.py"), "/work", {}, "fix/proof/copy", (0, 1), 30.0)  # fmt: skip
+                 0.001, script_us, script_us / speedup, (), script, "t-test", 4.0, 5.0, "one step",
+                 ("python", "train.py"), ("python", "copy/train.py"), "/work", {}, "fix/proof/copy", (0, 1),
+                 30.0)  # fmt: skip
 
 
 def test_the_harness_baseline_beside_plain_processes_warns_past_ten_percent() -> None:
-    assert harness_level(21_000.0, a_proof(2.0, 1.9, 2.1)).warning is None  # 5%
-    level = harness_level(36_400.0, a_proof(2.0, 1.9, 2.1))
+    proof = a_proof(2.0, 1.9, 2.1)
+    assert script_means(proof) == [20_000.0] and script_means(None) == []
+    assert harness_level(21_000.0, script_means(proof)).warning is None  # 5%
+    level = harness_level(36_400.0, script_means(proof))
     assert level is not None and level.ratio == pytest.approx(1.82)
     assert level.warning is not None and level.warning.startswith(
         "the harness's baseline ran 82% slower than"
     )
-    assert harness_level(None, a_proof(2.0, 1.9, 2.1)) is None and harness_level(20_000.0, None) is None
+    assert level.warning.endswith("the proof's figure is the one you get")
+    # nothing proven (the script alone timed for the level): its verdicts stand on that level
+    alone = harness_level(36_400.0, [20_000.0], proven=False)
+    assert alone is not None and "no proof timed a change as you run it" in (alone.warning or "")
+    assert harness_level(None, [20_000.0]) is None and harness_level(20_000.0, []) is None
 
 
 def with_script_processes(proof: Proof, means: list[float]) -> Proof:
@@ -256,19 +286,19 @@ def test_a_harness_level_off_by_more_than_its_processes_can_tell_says_so() -> No
     # the DCGAN at 10 minutes on an H200: four baseline rounds 34-48 ms, four plain processes 31-34 ms
     proof = with_script_processes(a_proof(1.34, 1.15, 1.56), [32_957.0, 31_178.0, 33_073.0, 34_471.0])
     harness = [33_600.0, 48_200.0, 41_300.0, 36_200.0]
-    level = harness_level(statistics.fmean(harness), proof, harness_processes=harness)
+    level = harness_level(statistics.fmean(harness), script_means(proof), harness_processes=harness)
     assert level is not None and level.ratio == pytest.approx(1.21, abs=0.01)
     assert level.ratio_low is not None and level.ratio_low < 1 < (level.ratio_high or 0)
     assert level.warning is not None and "not told from the noise of so few processes" in level.warning
     assert "the harness's 4 up to 38% apart, the script's 4 up to 10%" in level.warning
     # processes close together: the same gap is told, with its interval
     tight = [36_000.0, 36_400.0, 36_200.0, 36_600.0]
-    level = harness_level(statistics.fmean(tight), proof, harness_processes=tight)
+    level = harness_level(statistics.fmean(tight), script_means(proof), harness_processes=tight)
     assert level is not None and level.ratio_low is not None and level.ratio_low > 1
     assert level.warning is not None and "its savings were measured against that level" in level.warning
     assert "95% CI of the ratio" in level.warning
     # one process a side: no interval, the plain warning
-    level = harness_level(36_400.0, a_proof(2.0, 1.9, 2.1), harness_processes=[36_400.0])
+    level = harness_level(36_400.0, [20_000.0], harness_processes=[36_400.0])
     assert (
         level is not None
         and level.ratio_low is None
@@ -310,6 +340,8 @@ class FakeProver:
         self.proof = proof
         self.requests: list[ProofRequest] = []
         self.round_s: list[float] = []
+        self.alone: list[int] = []
+        self.plain = [21_000.0, 20_000.0, 22_000.0]  # the script alone, as plain processes
 
     def reserve_s(self, round_s: float) -> float:
         self.round_s.append(round_s)
@@ -318,6 +350,10 @@ class FakeProver:
     def __call__(self, request: ProofRequest) -> Proof:
         self.requests.append(request)
         return self.proof
+
+    def script_alone(self, request: ProofRequest, count: int) -> tuple[PlainProcess, ...]:
+        self.alone.append(count)
+        return tuple(PlainProcess("script", m, 20, 0, 5, 10.0, 0, None, "s.log") for m in self.plain[:count])
 
 
 def test_the_session_keeps_the_proofs_time_back_and_heads_its_report_with_it() -> None:
@@ -353,13 +389,24 @@ def test_no_proof_where_the_options_say_so_or_nothing_was_kept() -> None:
     fake = FakeProver(a_proof(2.0, 1.9, 2.1))
     s = session(launcher, clock, "workers:4", blocks=0)
     s.prover = fake
-    assert s.run().proof is None and not fake.requests  # nothing kept: nothing to prove
+    report = s.run()
+    assert report.proof is None and not fake.requests  # nothing kept: nothing to prove
+    # but the script alone, as plain processes, for the harness's level beside them
+    assert fake.alone == [3] and len(report.plain_script) == 3
+    assert report.harness_level is not None and report.harness_level.plain_us == pytest.approx(21_000.0)
+    assert (
+        report.harness_level.ratio == pytest.approx(20_000 / 21_000, rel=0.01)
+        and report.harness_level.warning is None
+    )
+    again = FixReport.from_json(json.loads(json.dumps(report.to_json())))
+    assert again.plain_script == report.plain_script and again.harness_level == report.harness_level
     launcher = FakeLauncher(clock, {"baseline": 20_000.0, "workers:4": 10_000.0})
-    options = FixOptions(only=("workers:4",), blocks=0, proof=False)  # --no-proof
+    options = FixOptions(only=("workers:4",), blocks=0, proof=False)  # --no-proof: no plain process at all
+    fake.alone.clear()
     report = FixSession(
         launcher, options, None, argv=("train.py",), started_at="now", clock=clock, prover=fake
     ).run()
-    assert report.final == ("workers:4",) and report.proof is None and not fake.requests
+    assert report.final == ("workers:4",) and report.proof is None and not fake.requests and not fake.alone
     assert report.headline is not None and report.headline.source == "harness" and report.recommended
 
 
@@ -368,7 +415,7 @@ def reported(proof: Proof | None, diff: str = DIFF) -> FixReport:
 
     from test_fix_view import REPORT
 
-    level = harness_level(REPORT.baseline_us, proof)
+    level = harness_level(REPORT.baseline_us, script_means(proof))
     return replace(REPORT, diff=diff, proof=proof, harness_level=level,
                    headline=headline_of(proof, REPORT.final, REPORT.final_saving_pct))  # fmt: skip
 
@@ -430,3 +477,17 @@ def test_a_proof_not_made_says_why_under_the_harnesss_figure() -> None:
     text = terminal(reported(not_made, diff=""))
     assert "saves 81.5% of the step, 5.41× faster by the harness, not proven as you run it." in text
     assert "proof not made: the kept change has no call site in your files" in text
+
+
+def test_with_nothing_proven_the_report_still_sets_the_harness_beside_the_script_alone() -> None:
+    from gpudoctor.report.fix_view import render_fix_markdown
+
+    alone = tuple(PlainProcess("script", m, 20, 0, 5, 10.0, 0, None, "s.log") for m in (19_000.0, 21_000.0))
+    report = reported(None, diff="")
+    level = harness_level(report.baseline_us, [p.mean_step_us or 0 for p in alone], proven=False)
+    report = replace(report, final=(), plain_script=alone, harness_level=level)
+    line = (
+        "the harness's baseline: 12.35 ms a step in its rounds, 20 ms as a plain process (the script alone, 2"
+    )
+    assert line in terminal(report) and line in render_fix_markdown(report)
+    assert level is not None and "no proof timed a change as you run it" in (level.warning or "")

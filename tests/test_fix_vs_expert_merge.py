@@ -35,8 +35,11 @@ def workload(name: str, budget: str, *, device: str = "NVIDIA H200", meets: bool
 def test_merge_routes_by_budget_and_records_where_it_was_measured(tmp_path: Path) -> None:
     runs = tmp_path / "runs" / "fve_gpu0"
     runs.mkdir(parents=True)
-    for w in (workload("gpt2_train", "10m"), workload("vit_train", "10m", meets=False),
-              workload("item_logging", "5m"), workload("convnet_nchw", "10m", device="cpu")):  # fmt: skip
+    gpt2, vit = workload("gpt2_train", "10m"), workload("vit_train", "10m", meets=False)
+    # the harness's baseline beside plain processes: one within ±10%, one 18% slower
+    gpt2["fix"] = FIX | {"harness_level": {"ratio": 1.04, "harness_us": 20_800.0, "plain_us": 20_000.0}}
+    vit["fix"] = FIX | {"harness_level": {"ratio": 1.18, "harness_us": 23_600.0, "plain_us": 20_000.0}}
+    for w in (gpt2, vit, workload("item_logging", "5m"), workload("convnet_nchw", "10m", device="cpu")):
         (runs / f"fix_vs_expert_{w['workload']}.json").write_text(json.dumps(w))
     into = tmp_path / "fix_vs_expert.json"
     into.write_text(json.dumps({"workloads": [{"workload": "lightning_fit", "fix": FIX, "timing": {}}]}))
@@ -53,6 +56,8 @@ def test_merge_routes_by_budget_and_records_where_it_was_measured(tmp_path: Path
     assert ten["status"].startswith("2 of the 18 workloads measured with this harness; 1 reach 80%")
     assert "2 got a verdict on each of their first four candidates" in ten["status"]
     assert "convnet_nchw" in ten["status"] and "a smoke or CPU run, left out" in done.stdout
+    assert "1 of the 2 with the harness's level beside plain processes within ±10% of it" in ten["status"]
+    assert "gpt2_train: kept autocast" in done.stdout and "the harness's level 1.04× plain" in done.stdout
 
 
 def test_merge_needs_the_commit_that_measured(tmp_path: Path) -> None:

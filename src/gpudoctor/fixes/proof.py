@@ -19,6 +19,7 @@ MIN_PAIRS = 3  # process pairs before the proof may stop (df 2)
 MAX_PAIRS = 10  # without a time budget, at most
 TARGET_HALF_WIDTH = 0.05  # the 95% interval of the speedup, ±5% of it: tight enough to state
 LEVEL_WARN = 0.10  # the harness's baseline this far from plain processes of the script: a warning
+LEVEL_PROCESSES = 3  # plain processes of the script alone, for the level, where no proof timed it
 COUNTABLE = ("optimizer", "module", "dataloader")  # step sources the stopwatch counts plainly
 UNIT = "process pair"
 
@@ -95,6 +96,12 @@ class Prover(Protocol):
 
     def __call__(self, request: ProofRequest) -> Proof: ...
 
+    def script_alone(self, request: ProofRequest, count: int) -> tuple[PlainProcess, ...]:
+        """The script as written, `count` plain processes, for the harness's level where no proof timed
+        it (nothing kept, or a diff that does not apply); none where a plain process cannot count
+        the step."""
+        ...
+
 
 @dataclass(frozen=True)
 class HarnessLevel:
@@ -152,17 +159,20 @@ def timed_reason(c: PairedComparison) -> tuple[bool, str]:
 
 def harness_level(
     harness_us: float | None,
-    proof: Proof | None,
+    plain: Sequence[float],
     warn: float = LEVEL_WARN,
     harness_processes: Sequence[float] = (),
+    proven: bool = True,
 ) -> HarnessLevel | None:
-    """The harness's baseline against the plain processes of the script, where both were timed; with the
-    harness's processes' own means, how sure the difference is (a loader-paced loop's processes can differ
-    by a third: a level 20% off from four of them may be noise)."""
-    if harness_us is None or proof is None or not proof.script_us:
+    """The harness's baseline against plain processes of the script (their mean steps: the proof's A
+    side, or the script alone where nothing was proven), where both were timed; with the harness's
+    processes' own means, how sure the difference is (a loader-paced loop's processes can differ by a
+    third: a level 20% off from four of them may be noise). `proven`: a proof's figure stands beside."""
+    plain = [v for v in plain if v and v > 0]
+    if harness_us is None or not plain:
         return None
-    ratio = harness_us / proof.script_us
-    plain = [p.mean_step_us for p in proof.processes if p.side == "script" and p.mean_step_us]
+    plain_us = statistics.fmean(plain)
+    ratio = harness_us / plain_us
     interval = level_interval(harness_processes, plain)
     low, high = interval if interval else (None, None)
     warning = None
@@ -170,21 +180,32 @@ def harness_level(
         way = "slower" if ratio > 1 else "faster"
         said = (
             f"the harness's baseline ran {100 * abs(ratio - 1):.0f}% {way} than the script as a plain "
-            f"process ({harness_us / 1e3:.3g} ms against {proof.script_us / 1e3:.3g} ms a step"
+            f"process ({harness_us / 1e3:.3g} ms against {plain_us / 1e3:.3g} ms a step"
         )
         ci = f"95% CI of the ratio {low:.2f}–{high:.2f}×" if low is not None and high is not None else None
+        then = (
+            "the proof's figure is the one you get"
+            if proven
+            else "no proof timed a change as you run it, so its verdicts stand on that level"
+        )
         if low is not None and high is not None and low <= 1 <= high:
             warning = (
                 f"{said}), not told from the noise of so few processes ({ci}; the harness's "
                 f"{len(harness_processes)} up to {spread_pct(harness_processes) or 0:.0f}% apart, the script's "
-                f"{len(plain)} up to {spread_pct(plain) or 0:.0f}%): the proof's figure is the one you get"
+                f"{len(plain)} up to {spread_pct(plain) or 0:.0f}%): {then}"
             )
         else:
             warning = (
-                f"{said}{'; ' + ci if ci else ''}): its savings were measured against that level; the "
-                "proof's figure is the one you get"
+                f"{said}{'; ' + ci if ci else ''}): its savings were measured against that level; {then}"
             )
-    return HarnessLevel(harness_us, proof.script_us, ratio, warning, low, high)
+    return HarnessLevel(harness_us, plain_us, ratio, warning, low, high)
+
+
+def script_means(proof: Proof | None) -> list[float]:
+    """The mean steps of the proof's processes of the script as written."""
+    if proof is None:
+        return []
+    return [p.mean_step_us for p in proof.processes if p.side == "script" and p.mean_step_us]
 
 
 def level_interval(harness: Sequence[float], plain: Sequence[float]) -> tuple[float, float] | None:

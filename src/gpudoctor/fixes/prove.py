@@ -98,14 +98,29 @@ class PlainProver:
             copy = build_shadow(self.cwd / script, patched, copy_dir)
         except (ShadowError, OSError) as err:
             return stated.proof("not made", None, f"the patched copy could not be made: {err}")
-        boot = write_stopwatch(self.out, Path(stopwatch.__file__).read_text(encoding="utf-8")).resolve()
         b_cmd = (*self._python(), str(copy.script), *self.target.args)
-        return self._pairs(request, stated, a_cmd, b_cmd, boot, str(copy.root))
+        return self._pairs(request, stated, a_cmd, b_cmd, str(copy.root))
 
     def _python(self) -> tuple[str, ...]:
         """How the user starts the script: python, or torchrun for a group of ranks."""
         o = self.options
         return tuple(torchrun(o.nproc, o.numa_binding)) if o.nproc > 1 else (sys.executable,)
+
+    def script_alone(self, request: ProofRequest, count: int) -> tuple[PlainProcess, ...]:
+        """The script as written, `count` plain processes (the first failure ends them), for the
+        harness's level where no proof timed it; none where a plain process cannot count the step."""
+        if self.target.module or self._uncountable(request.step):
+            return ()
+        a_cmd = (*self._python(), self.target.script, *self.target.args)
+        settings, added = self._stopwatch(request)
+        processes: list[PlainProcess] = []
+        for k in range(1, count + 1):
+            self.say(f"the harness's level: the script as written, plain process {k} of {count}")
+            p = self._run("script", k, a_cmd, dict(settings), added, processes)
+            processes.append(p)
+            if p.failure is not None or p.mean_step_us is None:
+                break
+        return tuple(processes)
 
     def _cannot(self, request: ProofRequest) -> str | None:
         """Why no proof can be made of this recommendation, or None."""
@@ -113,21 +128,19 @@ class PlainProver:
             return "the script runs as a module (-m): the proof runs scripts by their path"
         if not request.diff:
             return "the kept change has no call site in your files (a snippet to add), so no diff to run"
-        step = request.step
+        return self._uncountable(request.step)
+
+    @staticmethod
+    def _uncountable(step: StepFound | None) -> str | None:
+        """Why a plain process cannot count this step, or None."""
         if step is None or step.source not in COUNTABLE:
             what = "no step was found" if step is None else f"the step is {step.description}"
             return f"{what}: a plain process counts optimizer steps, top-level module calls or DataLoader batches"
         return None
 
-    def _pairs(
-        self,
-        request: ProofRequest,
-        known: Stated,
-        a_cmd: tuple[str, ...],
-        b_cmd: tuple[str, ...],
-        boot: Path,
-        copy: str,
-    ) -> Proof:
+    def _stopwatch(self, request: ProofRequest) -> tuple[dict[str, object], dict[str, str]]:
+        """The stopwatch's settings (the step the harness's baseline counted, the warm-up and timed span
+        the options ask), and what it adds to the user's environment."""
         step = request.step
         assert step is not None
         o = self.options
@@ -135,8 +148,19 @@ class PlainProver:
                     "steps": o.steps, "steps_s": o.steps_s, "window_s": max(o.steps_s / WINDOWS, 0.05)}  # fmt: skip
         if o.nproc > 1:
             settings.update(lockstep_steps(o, request.step_us))
+        boot = write_stopwatch(self.out, Path(stopwatch.__file__).read_text(encoding="utf-8")).resolve()
         path = os.pathsep.join(p for p in (str(boot), self.env.get("PYTHONPATH", "")) if p)
-        added = {"PYTHONPATH": path, stopwatch.ENV: json.dumps(settings)}
+        return settings, {"PYTHONPATH": path, stopwatch.ENV: json.dumps(settings)}
+
+    def _pairs(
+        self,
+        request: ProofRequest,
+        known: Stated,
+        a_cmd: tuple[str, ...],
+        b_cmd: tuple[str, ...],
+        copy: str,
+    ) -> Proof:
+        settings, added = self._stopwatch(request)
         stated = replace(known, patched_command=b_cmd, env=tuple(added.items()), copy=copy)
         processes: list[PlainProcess] = []
         pairs: list[ProofPair] = []

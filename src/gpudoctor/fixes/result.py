@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from gpudoctor.fixes.candidates import ManualFix
 from gpudoctor.fixes.observe import Observations
-from gpudoctor.fixes.proof import HarnessLevel, Headline, Proof
+from gpudoctor.fixes.proof import HarnessLevel, Headline, PlainProcess, Proof
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.runner.userfiles import WrittenFiles
 from gpudoctor.util.serial import Serialized, to_jsonable
@@ -126,8 +126,11 @@ class FixReport(Serialized):
     # (`fixes.prove`); the headline figure is the proof's where it timed pairs, else the harness's
     proof: Proof | None = None
     headline: Headline | None = None
-    # the harness's baseline beside plain processes of the script (the proof's A side)
+    # the harness's baseline beside plain processes of the script (the proof's A side, or else these)
     harness_level: HarnessLevel | None = None
+    # the script alone as plain processes, where no proof timed it (nothing kept, a diff that does not
+    # apply): the harness's level beside them
+    plain_script: tuple[PlainProcess, ...] = ()
     schema: str = SCHEMA
 
     @property

@@ -54,12 +54,15 @@ from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
 from gpudoctor.fixes.patches.loader import PREFETCH
 from gpudoctor.fixes.proof import (
+    LEVEL_PROCESSES,
+    PlainProcess,
     Proof,
     ProofRequest,
     Prover,
     disagreement,
     harness_level,
     headline_of,
+    script_means,
     spread_pct,
 )
 from gpudoctor.fixes.result import FixReport
@@ -91,6 +94,7 @@ class FixSession:
         self.launch, self.options, self.diagnosis = launcher, options, diagnosis
         self.prover = prover if options.proof else None
         self.proof: Proof | None = None
+        self.plain_script: tuple[PlainProcess, ...] = ()  # the script alone, where no proof timed it
         self.argv, self.started_at, self.clock = argv, started_at, clock
         self.on_progress, self.on_update = on_progress, on_update
         self.start = clock()
@@ -183,9 +187,11 @@ class FixSession:
         self._prove()
 
     def _prove(self) -> None:
-        """The recommendation's diff applied to a copy and timed against the script as plain processes."""
+        """The recommendation's diff applied to a copy and timed against the script as plain processes;
+        where that timed no process of the script (nothing kept, a diff that does not apply), the script
+        alone as a few plain processes, for the harness's level beside them."""
         self.budget.proof_s = 0.0
-        if self.prover is None or not self.final or self.reference is None:
+        if self.prover is None or self.reference is None:
             return
         report = self.report()
         request = ProofRequest(
@@ -196,7 +202,16 @@ class FixSession:
             self.budget.left_s(),
             self.reference.mean_step_us,
         )
-        self.proof = self.prover(request)
+        if self.final:
+            self.proof = self.prover(request)
+        if script_means(self.proof):
+            return
+        left, round_s = self.budget.left_s(), self.budget.typical_s(())
+        count = (
+            LEVEL_PROCESSES if left is None or round_s <= 0 else min(LEVEL_PROCESSES, int(left // round_s))
+        )
+        if count >= 1:
+            self.plain_script = self.prover.script_alone(request, count)
 
     def _loader_first(
         self, queue: list[tuple[int, Candidate]], ref: RoundResult
@@ -741,7 +756,9 @@ class FixSession:
         means = [r.mean_step_us for r in timed if r.mean_step_us]
         baseline_us = statistics.fmean(means) if means else None
         final_saving = self._final_saving()
-        level = harness_level(baseline_us, self.proof, harness_processes=means)
+        plain = script_means(self.proof) or [p.mean_step_us for p in self.plain_script if p.mean_step_us]
+        proven = self.proof is not None and self.proof.speedup is not None
+        level = harness_level(baseline_us, plain, harness_processes=means, proven=proven)
         notes += [n for n in (level.warning if level else None, self._disagreement(final_saving)) if n]
         return FixReport(
             argv=self.argv,
@@ -770,6 +787,7 @@ class FixSession:
             proof=self.proof,
             headline=headline_of(self.proof, self.final, final_saving),
             harness_level=level,
+            plain_script=self.plain_script,
         )
 
     def _disagreement(self, saving: float | None) -> str | None:

@@ -124,10 +124,10 @@ def proof_lines(report: FixReport) -> list[str]:
     """The proof under the headline: what ran, what it measured or why it was not made, and the
     harness's baseline beside the plain processes of the script."""
     proof = report.proof
-    if proof is None:
-        return []
     out = []
-    if proof.speedup is not None:
+    if proof is None:
+        pass
+    elif proof.speedup is not None:
         out.append(
             f"proof: {proof.script_us / 1e3:.4g} ms a step as written, {proof.patched_us / 1e3:.4g} ms patched "
             f"({len(proof.pairs)} process pairs, A B, B A, …; {proof.test}; p {proof.p_value:.2g}); "
@@ -138,11 +138,12 @@ def proof_lines(report: FixReport) -> list[str]:
         out.append(f"proof not made: {proof.reason}")
     elif not (report.headline and report.headline.source == "proof"):
         out.append(f"proof: {proof.reason}")
-    level = report.harness_level
+    level, alone = report.harness_level, [p for p in report.plain_script if p.mean_step_us]
     if level is not None:
+        how = f" (the script alone, {len(alone)} plain processes: nothing proven)" if alone else ""
         out.append(
             f"the harness's baseline: {level.harness_us / 1e3:.4g} ms a step in its rounds, "
-            f"{level.plain_us / 1e3:.4g} ms as a plain process ({level.ratio:.2f}×"
+            f"{level.plain_us / 1e3:.4g} ms as a plain process{how} ({level.ratio:.2f}×"
             + (
                 f", 95% CI {level.ratio_low:.2f}–{level.ratio_high:.2f}×)"
                 if level.ratio_low is not None and level.ratio_high is not None
@@ -328,7 +329,7 @@ def render_fix_markdown(report: FixReport) -> str:
         f"**{md_text(headline(report))}**",
         "",
         *[f"- {md_text(line)}" for line in proof_lines(report)],
-        *([""] if report.proof else []),
+        *([""] if proof_lines(report) else []),
     ]
     if rows(report):
         out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
