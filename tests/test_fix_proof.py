@@ -410,6 +410,18 @@ def test_no_proof_where_the_options_say_so_or_nothing_was_kept() -> None:
     assert report.headline is not None and report.headline.source == "harness" and report.recommended
 
 
+def test_a_script_that_failed_plainly_in_the_proof_is_not_run_again_for_the_level() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 20_000.0, "workers:4": 10_000.0})
+    failed = PlainProcess("script", None, 0, 0, 0, 60.0, 1, "exit status 1: boom", "script-1.log")
+    fake = FakeProver(replace(a_proof(2.0, 1.9, 2.1), verdict="not made", recommended=None, speedup=None,
+                              speedup_low=None, speedup_high=None, script_us=None, processes=(failed,)))  # fmt: skip
+    s = session(launcher, clock, "workers:4", blocks=0)
+    s.prover = fake
+    report = s.run()
+    assert len(fake.requests) == 1 and not fake.alone and report.harness_level is None
+
+
 # -- the report -----------------------------------------------------------------------------------------
 def reported(proof: Proof | None, diff: str = DIFF) -> FixReport:
 

@@ -204,8 +204,8 @@ class FixSession:
         )
         if self.final:
             self.proof = self.prover(request)
-        if script_means(self.proof):
-            return
+        if self.proof is not None and any(p.side == "script" for p in self.proof.processes):
+            return  # the script ran plainly already (where it failed, it would fail again)
         left, round_s = self.budget.left_s(), self.budget.typical_s(())
         count = (
             LEVEL_PROCESSES if left is None or round_s <= 0 else min(LEVEL_PROCESSES, int(left // round_s))

@@ -125,18 +125,16 @@ def proof_lines(report: FixReport) -> list[str]:
     harness's baseline beside the plain processes of the script."""
     proof = report.proof
     out = []
-    if proof is None:
-        pass
-    elif proof.speedup is not None:
+    if proof is not None and proof.speedup is not None:
         out.append(
             f"proof: {proof.script_us / 1e3:.4g} ms a step as written, {proof.patched_us / 1e3:.4g} ms patched "
             f"({len(proof.pairs)} process pairs, A B, B A, …; {proof.test}; p {proof.p_value:.2g}); "
             f"steps: {proof.step}"
         )
         out.append(f"proof commands: {' '.join(proof.script_command)}  |  {' '.join(proof.patched_command)}")
-    elif proof.recommended is None:
+    elif proof is not None and proof.recommended is None:
         out.append(f"proof not made: {proof.reason}")
-    elif not (report.headline and report.headline.source == "proof"):
+    elif proof is not None and not (report.headline and report.headline.source == "proof"):
         out.append(f"proof: {proof.reason}")
     level, alone = report.harness_level, [p for p in report.plain_script if p.mean_step_us]
     if level is not None:
