@@ -287,9 +287,9 @@ def judged(name: str, final: list[str], expert: float, ours: float) -> tuple[flo
     """(gpudoctor's share of the expert's gain, whether the goal is met): the share against GOAL; the
     control meets it by keeping nothing; where the expert's recipe gains nothing (within NO_GAIN: its
     fixes do not fit the workload) there is no share, and the goal is met where gpudoctor is no slower."""
+    if name in CONTROLS:  # an expert's noise around 1× is no gain to take a share of
+        return None, not final
     share = (ours - 1) / (expert - 1) if expert > 1 + NO_GAIN else None
-    if name in CONTROLS:
-        return share, not final
     if share is None:
         return None, ours >= expert - NO_GAIN
     return share, share >= GOAL
@@ -759,18 +759,17 @@ def _line(r: dict[str, Any]) -> str:
         return f"{r['workload']}: failed: {r['error'][:300]}"
     t = r.get("timing") or {}
     fix = r["fix"]
+    control = r["workload"] in CONTROLS
     share = (
-        f"{100 * t['share_of_expert']:.0f}% of the expert's gain"
+        "a control"
+        if control
+        else f"{100 * t['share_of_expert']:.0f}% of the expert's gain"
         if t.get("share_of_expert") is not None
-        else (
-            "a control"
-            if r["workload"] in CONTROLS
-            else "the expert gains nothing"
-            if t.get("expert_speedup")
-            else "not timed"
-        )
+        else "the expert gains nothing"
+        if t.get("expert_speedup")
+        else "not timed"
     )
-    if t.get("share_of_expert_ci"):
+    if t.get("share_of_expert_ci") and not control:
         share += ", 95% CI {:.0f}–{:.0f}%".format(*(100 * x for x in t["share_of_expert_ci"]))
     if t.get("speedup_ratio_ci"):
         share += "; {:.2f}× the expert's speed, 95% CI {:.2f}–{:.2f}".format(
