@@ -84,7 +84,7 @@ class PlainProver:
     def __call__(self, request: ProofRequest) -> Proof:
         t0 = self.clock()
         script = Path(self.target.script)
-        a_cmd = (*self._python(), self.target.script, *self.target.args)
+        a_cmd = self._script_command()
         stated = Stated(a_cmd, str(self.cwd), t0, self.clock, request.step)
         why = self._cannot(request)
         if why is not None:
@@ -101,6 +101,10 @@ class PlainProver:
         b_cmd = (*self._python(), str(copy.script), *self.target.args)
         return self._pairs(request, stated, a_cmd, b_cmd, str(copy.root))
 
+    def _script_command(self) -> tuple[str, ...]:
+        """The script as the user runs it: its interpreter (or torchrun), path and arguments."""
+        return (*self._python(), self.target.script, *self.target.args)
+
     def _python(self) -> tuple[str, ...]:
         """How the user starts the script: python, or torchrun for a group of ranks."""
         o = self.options
@@ -111,7 +115,7 @@ class PlainProver:
         harness's level where no proof timed it; none where a plain process cannot count the step."""
         if self.target.module or self._uncountable(request.step):
             return ()
-        a_cmd = (*self._python(), self.target.script, *self.target.args)
+        a_cmd = self._script_command()
         settings, added = self._stopwatch(request)
         processes: list[PlainProcess] = []
         for k in range(1, count + 1):

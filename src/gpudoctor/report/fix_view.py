@@ -125,17 +125,20 @@ def proof_lines(report: FixReport) -> list[str]:
     harness's baseline beside the plain processes of the script."""
     proof = report.proof
     out = []
-    if proof is not None and proof.speedup is not None:
-        out.append(
-            f"proof: {proof.script_us / 1e3:.4g} ms a step as written, {proof.patched_us / 1e3:.4g} ms patched "
-            f"({len(proof.pairs)} process pairs, A B, B A, …; {proof.test}; p {proof.p_value:.2g}); "
-            f"steps: {proof.step}"
-        )
-        out.append(f"proof commands: {' '.join(proof.script_command)}  |  {' '.join(proof.patched_command)}")
-    elif proof is not None and proof.recommended is None:
-        out.append(f"proof not made: {proof.reason}")
-    elif proof is not None and not (report.headline and report.headline.source == "proof"):
-        out.append(f"proof: {proof.reason}")
+    if proof is not None:  # none where nothing was kept, or --no-proof: the harness's level alone
+        if proof.speedup is not None:
+            out.append(
+                f"proof: {proof.script_us / 1e3:.4g} ms a step as written, {proof.patched_us / 1e3:.4g} ms "
+                f"patched ({len(proof.pairs)} process pairs, A B, B A, …; {proof.test}; p {proof.p_value:.2g}); "
+                f"steps: {proof.step}"
+            )
+            out.append(
+                f"proof commands: {' '.join(proof.script_command)}  |  {' '.join(proof.patched_command)}"
+            )
+        elif proof.recommended is None:
+            out.append(f"proof not made: {proof.reason}")
+        elif not (report.headline and report.headline.source == "proof"):
+            out.append(f"proof: {proof.reason}")
     level, alone = report.harness_level, [p for p in report.plain_script if p.mean_step_us]
     if level is not None:
         how = f" (the script alone, {len(alone)} plain processes: nothing proven)" if alone else ""
@@ -320,14 +323,15 @@ def render_fix_terminal(report: FixReport, console: Console) -> None:
 # -- Markdown ------------------------------------------------------------------------------------------
 def render_fix_markdown(report: FixReport) -> str:
     meta = [md_text(" · ".join(machine(report))), ""] if machine(report) else []
+    proof = proof_lines(report)
     out = [
         f"## gpudoctor fix: `{_code(' '.join(report.argv))}`",
         "",
         *meta,
         f"**{md_text(headline(report))}**",
         "",
-        *[f"- {md_text(line)}" for line in proof_lines(report)],
-        *([""] if proof_lines(report) else []),
+        *[f"- {md_text(line)}" for line in proof],
+        *([""] if proof else []),
     ]
     if rows(report):
         out += ["| " + " | ".join(h or "kept" for h in HEAD) + " |", "|---|--:|--:|--:|---|---|"]
