@@ -80,6 +80,7 @@ class FakeLauncher:
         self.extends: list[int] = []  # each round's `extend` (block pairs it may add)
         self.losses: dict[str, tuple[tuple[float, ...], ...]] = {}
         self.failures: dict[str, str] = {}
+        self.fail_all_on: set[str] = set()  # of `failures`, those failing in one process before any switch
         self.not_applicable: set[str] = set()
         self.cannot_switch: set[str] = set()
         self.interrupt_at: int | None = None
@@ -146,6 +147,8 @@ class FakeLauncher:
             return r
         if set(switch) & self.cannot_switch:
             return replace(r, switch=switch, switch_error="NotSwitchable: cannot be switched")
+        if key in self.fail_all_on:
+            return replace(r, switch=switch, step_times_us=(), steps_seen=3)
         # the A side: without the switched fixes among `fixes`, with those that are not (replaced)
         a_side = [f for f in fixes if f not in switch] + [f for f in switch if f not in fixes]
         off = "+".join(a_side) or "baseline"
@@ -161,7 +164,8 @@ class FakeLauncher:
         timed(abba(added))
         layout = BlockLayout((), 1, False, 10, (), 0, extended=added)
         steps = tuple(t for b in blocks for t in b.step_times_us)
-        return replace(r, switch=switch, blocks=tuple(blocks), step_times_us=steps, block_layout=layout)
+        return replace(r, switch=switch, blocks=tuple(blocks), step_times_us=steps, block_layout=layout,
+                       switches=1 + len(blocks))  # fmt: skip
 
 
 def session(launcher: FakeLauncher, clock: FakeClock, only: str, **options: object) -> FixSession:

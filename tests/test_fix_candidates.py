@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpudoctor.fixes.candidates import choose, defer_answered, defer_under_compile
+from gpudoctor.fixes.candidates import alternative_next, choose, defer_answered, defer_under_compile
 from gpudoctor.fixes.loaders import worker_values
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
@@ -90,6 +90,26 @@ def test_a_host_bound_loop_with_static_shapes_tries_cuda_graphs_first(rule: str)
     assert "compile:reduce-overhead" not in [
         c.fix for c in choose(diagnosis(finding(rule, 40.0)), varying)[0]
     ]
+
+
+def test_a_step_of_several_modules_tries_plain_compile_before_cuda_graphs() -> None:
+    # GIVEN a host-bound step that calls a text encoder and a UNet, as the diffusion fine-tune does
+    o = obs()
+    roots = (replace(o.root, cls="CLIPTextModel", training=False), replace(o.root, cls="UNet"))
+    cands, _ = choose(diagnosis(finding("launch_overhead", 40.0)), replace(o, roots=roots))
+    fixes = [c.fix for c in cands]
+    # THEN plain compile is the group's first (CUDA graphs of several modules overwrite each other's
+    # outputs), and CUDA graphs its alternative, after one of every other group
+    assert fixes[0] == "compile" and fixes[-1] == "compile:reduce-overhead" and "autocast" in fixes[1:-1]
+    assert next(c for c in cands if c.fix == "compile").why == "the 2 modules the step calls can be compiled"
+
+
+def test_a_failed_candidate_gives_its_place_to_the_next_of_its_group() -> None:
+    cands, _ = choose(diagnosis(finding("launch_overhead", 40.0)), obs())
+    queue = list(enumerate(cands, 1))[1:]  # CUDA graphs, tried first, failed
+    moved = [c.fix for _, c in alternative_next(queue, "compile:reduce-overhead")]
+    assert moved[0] == "compile" and sorted(moved) == sorted(c.fix for _, c in queue)
+    assert alternative_next(queue, "sdpa") == queue  # none of its group left
 
 
 def test_bfloat16_for_tf32_convolutions_is_not_taken_as_answered_by_cuda_graphs() -> None:

@@ -4,6 +4,7 @@ observed, and every change undone — also when the script or a patch fails."""
 
 from __future__ import annotations
 
+import itertools
 import sys
 import warnings
 from collections.abc import Iterator
@@ -187,7 +188,21 @@ def test_an_in_process_ab_switches_the_fix_in_blocks_and_times_each(tmp_path: Pa
     assert all(b.steps == layout.steps >= 2 and b.elapsed_us > 0 for b in r.blocks)
     assert len(r.step_times_us) == sum(b.steps for b in r.blocks)
     assert r.outputs_kind == "loss" and len(r.outputs) == 3  # recorded with the fix on, from step one
+    # on from the start, off for the calibration, then each block's side where it differs
+    run = [True, False, *sides(layout.b_first)]
+    assert r.switches == sum(a != b for a, b in itertools.pairwise(run))
     assert RoundResult.from_json(r.to_json()) == r
+
+
+def test_a_round_that_fails_before_its_first_switch_says_it_never_switched(tmp_path: Path) -> None:
+    # the session does not run it again in fresh processes: every fix was on, as there
+    script = TRAIN.format(
+        extra="steps = globals().get('steps', 0) + 1\n"
+        "        if steps == 2:\n            raise RuntimeError('the second step')"
+    )
+    r = child(tmp_path, script, "--fixes", "fused_optimizer", "--switch", "fused_optimizer", *BLOCKS)
+    assert r.failure is not None and "the second step" in r.failure
+    assert r.steps_seen <= 2 and r.switches == 0
 
 
 def test_added_pairs_reach_the_block_plan_and_their_orders_are_recorded(tmp_path: Path) -> None:

@@ -323,6 +323,37 @@ def test_a_fix_that_raises_or_does_not_apply_when_run_is_reverted_with_the_reaso
     assert not fused.kept and fused.reason == "does not apply: no optimizer"
 
 
+def test_a_fix_that_failed_in_one_process_before_any_switch_is_not_run_again_in_fresh_processes() -> None:
+    # GIVEN CUDA graphs over three modules that fail in their third step, every fix on (the UNet's
+    # "output of CUDAGraphs overwritten by a subsequent run"), and TF32 whose process fails after switching
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0})
+    launcher.failures["compile:reduce-overhead"] = "RuntimeError: accessing tensor output of CUDAGraphs"
+    launcher.fail_all_on.add("compile:reduce-overhead")
+    launcher.failures["tf32"] = "RuntimeError: failed beside eager steps"
+    report = session(launcher, clock, "compile:reduce-overhead,tf32").run()
+    graphs, tf32 = report.verdicts
+    # THEN the one that failed before any switch failed as a fresh process would: it is not run again
+    ran = [fixes for _, fixes, *_ in launcher.calls]
+    assert ran.count(("compile:reduce-overhead",)) == 1
+    assert not graphs.kept and "before any switch" in graphs.reason and "CUDAGraphs" in graphs.reason
+    assert not any(n.startswith("compile:reduce-overhead: its A/B") for n in report.notes)
+    # the one that failed after switching may have failed for it: fresh processes tell
+    assert ran.count(("tf32",)) == 2 and not tf32.kept
+
+
+def test_where_cuda_graphs_fail_plain_compile_is_tried_next() -> None:
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "compile": 80.0, "tf32": 99.0})
+    launcher.failures["compile:reduce-overhead"] = "RuntimeError: accessing tensor output of CUDAGraphs"
+    launcher.fail_all_on.add("compile:reduce-overhead")
+    report = session(launcher, clock, "compile:reduce-overhead,tf32,compile").run()
+    ran = list(dict.fromkeys(fixes for _, fixes, *_ in launcher.calls if fixes))
+    # the group's alternative takes its place, ahead of the other groups
+    assert ran[:3] == [("compile:reduce-overhead",), ("compile",), ("compile", "tf32")]
+    assert report.final == ("compile",)
+
+
 @pytest.mark.parametrize("calls", [0, 1])
 def test_a_fix_whose_call_site_the_loop_never_reaches_does_not_apply_and_is_not_run(calls: int) -> None:
     # GIVEN a script that calls empty_cache() never, or once (at the end of training, say), in 25 steps

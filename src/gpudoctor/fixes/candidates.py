@@ -224,3 +224,12 @@ def larger_worker_counts(queue: list[tuple[int, Candidate]], have: int) -> list[
 def worker_count(fix: str) -> int:
     """N of a `workers:N` fix."""
     return int(fix.split(":", 1)[1])
+
+
+def alternative_next(queue: list[tuple[int, Candidate]], failed: str) -> list[tuple[int, Candidate]]:
+    """The candidates left, the next of `failed`'s group moved to the front: where a group's first
+    failed, its alternative has the group's place (plain compile after CUDA graphs failed on a UNet,
+    where `breadth_first` had put it behind every other group, and a 10-minute budget ran out first)."""
+    group = SPECS[failed.split(":")[0]].group
+    alt = next((qc for qc in queue if SPECS[qc[1].fix.split(":")[0]].group == group), None)
+    return queue if alt is None else [alt] + [qc for qc in queue if qc is not alt]

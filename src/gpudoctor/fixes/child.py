@@ -139,8 +139,10 @@ class Switcher:
     def __init__(self, switched: Sequence[Switched]) -> None:
         self.switched = sorted(switched, key=lambda s: s.order)
         self.error: str | None = None
+        self.count = 0  # switches begun
 
     def __call__(self, on: bool) -> None:
+        self.count += 1
         try:
             for s in self.switched if on else reversed(self.switched):
                 s.switch(on)
@@ -260,6 +262,7 @@ def run_round(args: argparse.Namespace) -> RoundResult:
         restarted_s=tuple(capture.restarted_s),
         block_layout=capture.block_layout,
         switch_error=switcher.error,
+        switches=switcher.count,
         outputs_kind=kind,
         outputs=tuple(tuple(v) for v in values),
         patches={p.name: p.outcome() for p in patches},

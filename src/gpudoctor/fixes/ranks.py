@@ -96,6 +96,7 @@ def merge_rounds(results: Sequence[RoundResult | None], fixes: tuple[str, ...]) 
         blocks=slowest.blocks,
         block_layout=slowest.block_layout,
         switch_error=next((res.switch_error for _, res in got if res.switch_error), None),
+        switches=max(res.switches for _, res in got),
         steps_seen=min(res.steps_seen for _, res in got),
         compile_s=max(res.compile_s for _, res in got),
         compile_timed_s=max(res.compile_timed_s for _, res in got),

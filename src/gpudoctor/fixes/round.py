@@ -47,6 +47,7 @@ class RoundResult(Serialized):
     blocks: tuple[Block, ...] = ()
     block_layout: BlockLayout | None = None
     switch_error: str | None = None  # a fix that could not be switched (its A/B needs fresh processes)
+    switches: int = 0  # times the switched fixes were turned off or on (0: every fix stayed on throughout)
     redone: tuple[Redone, ...] = ()  # blocks set aside and timed again: the process compiled inside them
     restarted_s: tuple[float, ...] = ()  # without blocks: each restart of the light phase, seconds compiled
     leftover_processes: int = 0  # left running in its process group when it ended (then killed)

@@ -40,6 +40,7 @@ from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
 from gpudoctor.fixes.candidates import (
     Candidate,
     ManualFix,
+    alternative_next,
     choose,
     defer_answered,
     defer_under_compile,
@@ -172,6 +173,8 @@ class FixSession:
             else:
                 tried = self._try_candidate(cand, i, len(self.candidates))
                 self.tried.append(tried)
+                if tried.failure is not None and not tried.failure.startswith(RAN_OUT):
+                    queue = alternative_next(queue, cand.fix)
                 if tried.verdict.kept and o.stack:
                     queue = defer_answered(queue, answered(self.chain, ref.mean_step_us), FIRST_VERDICTS)
                     queue = defer_under_compile(queue, self.final, FIRST_VERDICTS)
@@ -350,6 +353,11 @@ class FixSession:
         missing = not_applied(r, moving)
         if missing is not None:
             at.failure = missing
+            return self._tried(at)
+        if r.failure is not None and not r.switches and not r.oom:
+            # it failed with every fix on, before the first switch, as a fresh process runs them: its
+            # rounds there would fail alike (CUDA graphs' outputs overwritten: 60 s more on a UNet)
+            at.failure = f"{r.failure} (with every fix on, before any switch)"
             return self._tried(at)
         if r.failure is not None:
             # switching may be what broke it (CUDA graphs beside eager steps, say): fresh processes tell

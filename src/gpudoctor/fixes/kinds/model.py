@@ -57,14 +57,18 @@ class CompileFix(Fix):
             return []
         mode = f":{p.compile_mode}" if p.compile_mode and p.compile_mode != "default" else ""
         modules = "the model" if len(roots) == 1 else f"the {len(roots)} modules the step calls"
-        out = []
+        plain = (f"compile{mode}", f"{modules} can be compiled")
         # the GPU waits on the host (launches, Python between ops) and the shapes never change: CUDA
         # graphs replay the whole step in one launch, the expert's first choice, so tried first
         host_bound = bool({"launch_overhead", "host_python"} & set(p.found)) or not p.found
-        if not mode and p.obs.cuda and p.obs.static_shapes and host_bound:
-            out.append(("compile:reduce-overhead", "host-bound with static input shapes: CUDA graphs"))
-        out.append((f"compile{mode}", f"{modules} can be compiled"))
-        return out
+        if mode or not (p.obs.cuda and p.obs.static_shapes and host_bound):
+            return [plain]
+        graphs = ("compile:reduce-overhead", "host-bound with static input shapes: CUDA graphs")
+        # but not over several modules: their graphs share one memory pool, and an output of one that
+        # another keeps is overwritten by a later replay ("accessing tensor output of CUDAGraphs that
+        # has been overwritten by a subsequent run": a DCGAN's, a diffusion UNet's on the H200, and
+        # both patterns in small in lab/cudagraph_modules.py)
+        return [graphs, plain] if len(roots) == 1 else [plain, graphs]
 
     def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
         roots = obs.step_roots
