@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpudoctor.fixes.candidates import alternative_next, choose, defer_answered, defer_under_compile
+from gpudoctor.fixes.candidates import choose
 from gpudoctor.fixes.loaders import worker_values
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
+from gpudoctor.fixes.order import alternative_next, defer_answered, defer_under_compile
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
 from gpudoctor.runner.hooks import CallSite
 from gpudoctor.util.errors import UsageError

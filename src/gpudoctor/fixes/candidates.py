@@ -8,7 +8,6 @@ safely become `ManualFix`es: the source line and the change to make, never silen
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -172,64 +171,6 @@ def _manual(rule: str, title: str, site: CallSite | None, change: str) -> Manual
     return ManualFix(rule, title, where, source, change)
 
 
-def defer_answered(
-    queue: list[tuple[int, Candidate]], done: set[str], first: int = 0
-) -> list[tuple[int, Candidate]]:
-    """The candidates left, those answering only findings the kept fixes already answered (`done`)
-    moved behind the rest, each part in its order: pinned memory after 32 loader workers took the
-    starved loop from 609 to 106 ms is no longer the most promising fix, and on top of them its process
-    pairs would take minutes (47 s a round there) before a GPU fix is tried. The first `first`
-    candidates (numbered from 1: the most promising, whose verdicts come first) stay ahead of the others."""
-    spent = [qc for qc in queue if qc[1].rules and set(qc[1].rules) <= done]
-    return _first_ahead([qc for qc in queue if qc not in spent] + spent, first)
-
-
-def defer_under_compile(
-    queue: list[tuple[int, Candidate]], kept: Sequence[str], first: int = 0
-) -> list[tuple[int, Candidate]]:
-    """Once torch.compile is kept, channels_last moved behind the other candidates (the first `first`
-    staying ahead): Inductor lays out a graph's convolutions itself, so little is left for it, while each
-    of its rounds compiles the model again and can spend the budget of the fixes behind it."""
-    if not any(f.startswith("compile") for f in kept):
-        return queue
-    layout = [qc for qc in queue if qc[1].fix == "channels_last"]
-    return _first_ahead([qc for qc in queue if qc not in layout] + layout, first)
-
-
-def _first_ahead(queue: list[tuple[int, Candidate]], first: int) -> list[tuple[int, Candidate]]:
-    """`queue` with its candidates numbered `first` or lower ahead of the others, each part in its order
-    (TF32 deferred behind compile, channels_last and cuDNN's autotuner lost its verdict to a 5-minute
-    budget on timm's ConvNeXt: it is one of the four most promising, they are not)."""
-    return sorted(queue, key=lambda qc: qc[0] > first)
-
-
-def more_workers_first(queue: list[tuple[int, Candidate]], have: int) -> list[tuple[int, Candidate]]:
-    """The candidates left, the largest worker count above `have` (the kept one, else the script's
-    own) moved to the front: where the loader still paces the loop on top of what is kept, it is still
-    the bottleneck, and a GPU fix timed on top of it shows little (it is not timed again). The smaller
-    counts keep their places: each is a minute or more of process pairs, which a 5-minute budget
-    spends on the four most promising fixes instead."""
-    more = larger_worker_counts(queue, have)
-    if not more:
-        return queue
-    top = max(more, key=lambda qc: worker_count(qc[1].fix))
-    return [top] + [qc for qc in queue if qc is not top]
-
-
-def larger_worker_counts(queue: list[tuple[int, Candidate]], have: int) -> list[tuple[int, Candidate]]:
-    """The worker counts left in `queue` above `have`."""
-    return [qc for qc in queue if qc[1].fix.startswith("workers:") and worker_count(qc[1].fix) > have]
-
-
 def worker_count(fix: str) -> int:
     """N of a `workers:N` fix."""
     return int(fix.split(":", 1)[1])
-
-
-def alternative_next(queue: list[tuple[int, Candidate]], failed: str) -> list[tuple[int, Candidate]]:
-    """The candidates left, the next of `failed`'s group moved to the front: where a group's first
-    failed, its alternative has the group's place (plain compile after CUDA graphs failed on a UNet,
-    where `breadth_first` had put it behind every other group, and a 10-minute budget ran out first)."""
-    group = SPECS[failed.split(":")[0]].group
-    alt = next((qc for qc in queue if SPECS[qc[1].fix.split(":")[0]].group == group), None)
-    return queue if alt is None else [alt] + [qc for qc in queue if qc is not alt]

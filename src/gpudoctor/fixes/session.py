@@ -37,22 +37,13 @@ from gpudoctor.fixes.attempt import (
     verdict_of,
 )
 from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
-from gpudoctor.fixes.candidates import (
-    Candidate,
-    ManualFix,
-    alternative_next,
-    choose,
-    defer_answered,
-    defer_under_compile,
-    larger_worker_counts,
-    more_workers_first,
-    worker_count,
-)
+from gpudoctor.fixes.candidates import Candidate, ManualFix, choose, worker_count
 from gpudoctor.fixes.catalog import can_switch, in_users_idiom, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.guard import numerics_of
-from gpudoctor.fixes.loaders import LOADER_PACES, loader_wait_share
+from gpudoctor.fixes.loaders import loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
+from gpudoctor.fixes.order import FIRST_VERDICTS, after_kept, alternative_next, loader_first
 from gpudoctor.fixes.patches.loader import PREFETCH
 from gpudoctor.fixes.proof import (
     LEVEL_PROCESSES,
@@ -72,7 +63,6 @@ from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.signals import interruption
 
-FIRST_VERDICTS = 4  # candidates judged before time is kept back for the check against the script
 NOISY_SPREAD_PCT = 10.0  # the baseline's processes further apart than this: the report says so
 LEFTOVER = "rounds left processes running after they ended"
 
@@ -159,7 +149,9 @@ class FixSession:
             ]
             self.notes.append(on_the_cpu(applying))
         together: list[tuple[int, Candidate]] = []
-        queue = self._loader_first(list(enumerate(self.candidates, 1)), ref)
+        share = loader_wait_share([ref]) if o.stack else None
+        queue, note = loader_first(list(enumerate(self.candidates, 1)), share)
+        self.notes += [note] if note else []
         while queue:
             i, cand = queue.pop(0)
             why = why_not(cand.fix, ref.observations, ref.steps_seen)
@@ -176,9 +168,8 @@ class FixSession:
                 if tried.failure is not None and not tried.failure.startswith(RAN_OUT):
                     queue = alternative_next(queue, cand.fix)
                 if tried.verdict.kept and o.stack:
-                    queue = defer_answered(queue, answered(self.chain, ref.mean_step_us), FIRST_VERDICTS)
-                    queue = defer_under_compile(queue, self.final, FIRST_VERDICTS)
-                    queue = self._while_the_loader_paces(queue, tried)
+                    done = answered(self.chain, ref.mean_step_us)
+                    queue, self.notes = after_kept(queue, tried, self.final, done, self.notes)
             self._update(self.report())
         if len(together) > 1:
             self._try_together(together)
@@ -215,52 +206,6 @@ class FixSession:
         )
         if count >= 1:
             self.plain_script = self.prover.script_alone(request, count)
-
-    def _loader_first(
-        self, queue: list[tuple[int, Candidate]], ref: RoundResult
-    ) -> list[tuple[int, Candidate]]:
-        """Where the script's training thread spends a fifth of its step or more on its loader's
-        batches, a worker count goes first (the group's first, as ranked): until the loader is off the
-        training thread, a GPU fix timed against the script shows little even where the GPU bounds the
-        step."""
-        share = loader_wait_share([ref]) if self.options.stack else None
-        first = next((qc for qc in queue if qc[1].fix.startswith("workers:")), None)
-        if share is None or share < LOADER_PACES or first is None or queue[0] is first:
-            return queue
-        self.notes.append(
-            f"the training thread spent {100 * share:.0f}% of the script's step on its DataLoader's batches: "
-            f"{_workers(worker_count(first[1].fix))} tried first"
-        )
-        return [first] + [qc for qc in queue if qc is not first]
-
-    def _while_the_loader_paces(
-        self, queue: list[tuple[int, Candidate]], kept: Tried
-    ) -> list[tuple[int, Candidate]]:
-        """Where the kept configuration's processes still spend a fifth of the step or more on their
-        loader's batches (waiting for its workers, or making them on the training thread), the loader
-        is still the bottleneck: the largest worker count left goes first (`more_workers_first`). Where
-        none larger is left, the report says that the fixes on top can show little, and why."""
-        share = loader_wait_share(kept.candidate)
-        if share is None or share < LOADER_PACES:
-            return queue
-        kept_workers = [worker_count(f) for f in self.final if f.startswith("workers:")]
-        own = [lo.num_workers for r in kept.candidate if r.observations for lo in r.observations.loaders]
-        have = max(kept_workers or own or [0])
-        doing = "waiting for its DataLoader's workers" if have else "making its batches"
-        if not larger_worker_counts(queue, have):
-            self.notes = [n for n in self.notes if not n.endswith(STILL_PACED)]  # the latest kept says it
-            self.notes.append(
-                f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step {doing}, "
-                f"and no larger worker count is left to try: {STILL_PACED}"
-            )
-            return queue
-        ahead = more_workers_first(queue, have)
-        if ahead[:1] != queue[:1]:  # the largest count left, moved to the front
-            self.notes.append(
-                f"with {'+'.join(self.final)} the loop still spent {100 * share:.0f}% of its step "
-                f"{doing}: {_workers(worker_count(ahead[0][1].fix))} in place of {have} tried next"
-            )
-        return ahead
 
     def _try_candidate(self, cand: Candidate, index: int, count: int) -> Tried:
         """A candidate alone against the script while nothing is kept; after that, on top of what is
@@ -807,15 +752,6 @@ class FixSession:
         return disagreement(self.proof, saving, lo, hi)
 
 
-# the end of the note for a loop its loader still paces with every worker count tried: what such a loop
-# looks like, an accelerate loop over timm's ResNet-50 on FakeData with PIL transforms, 15 workers on a
-# 16-core H100 host: 43 ms a step with or without bfloat16 autocast or compile on top
-STILL_PACED = (
-    "fixes of the GPU's work show little on top until the batches come faster (less work per item in "
-    "the Dataset, augmentation on the GPU, more CPU cores)"
-)
-
-
 def against(base: tuple[str, ...], fixes: tuple[str, ...]) -> str:
     """What a configuration was timed against, said as it was: "on top of A + B", or where it takes a
     kept fix's place (plain compile for compile:reduce-overhead) "in place of C, on top of A"."""
@@ -825,10 +761,6 @@ def against(base: tuple[str, ...], fixes: tuple[str, ...]) -> str:
         return f"on top of {kept}"
     instead = f"in place of {' + '.join(title_of(f) for f in out)}"
     return f"{instead}, on top of {kept}" if kept else instead
-
-
-def _workers(n: int) -> str:
-    return f"{n} worker" if n == 1 else f"{n} workers"
 
 
 GPU_FIXES = ("tf32", "autocast", "compile", "channels_last", "cudnn_benchmark", "pin_memory")
