@@ -717,6 +717,6 @@ def test_pinned_batches_switched_on_top_of_many_workers_count_their_lag_before_t
     s.run()
     assert s.final == ("workers:32",)
     # THEN its A/B is expected to take (2 × 8 + 1) × 129 steps of ~106 ms more than a flag's
-    lag = s._lag_s(("workers:32", "pin_memory"), ("pin_memory",))
+    lag = s.trials.lag_s(("workers:32", "pin_memory"), ("pin_memory",))
     assert lag == pytest.approx(17 * 129 * 0.106, rel=0.1)
-    assert s._lag_s(("workers:32", "tf32"), ("tf32",)) == 0.0
+    assert s.trials.lag_s(("workers:32", "tf32"), ("tf32",)) == 0.0

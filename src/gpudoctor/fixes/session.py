@@ -1,14 +1,14 @@
-"""`gpudoctor fix`'s A/B: a baseline round that also observes the script, the candidate fixes chosen from
-the findings and what it saw (a fix with nothing to change "does not apply" and is not run), then per
-fix, most promising first, an A/B where drift cancels — in blocks of one process (each pair A B or B A at
-random) where its fixes can be switched in a running process, else fresh processes side by side (A B,
-B A, …) from a `Launcher` — the verdict from the paired test. Once a fix is kept, each fix after it is
-tried on top of what is kept so far (its A side), as one removes bottlenecks one at a time: a loop starved
-by its loader shows no gain from bfloat16 until the loader keeps up, and every later A/B runs at the
-faster step. The kept configuration is checked against the script as written in fresh processes (two
-pairs at least, more while the budget lasts and the verdict is not yet decisive), fixes without gain
-alone tried on top, and the permanent change. Within a time budget; a Ctrl-C ends it with the results
-so far.
+"""`gpudoctor fix`'s search over fixes: a baseline round that also observes the script, the candidate
+fixes chosen from the findings and what it saw (a fix with nothing to change "does not apply" and is not
+run), then per fix, in the order `fixes.order` keeps, an A/B where drift cancels (`fixes.trials`: in
+blocks of one process where its fixes switch, else fresh processes side by side) and the verdict from
+the paired test. Once a fix is kept, each fix after it is tried on top of what is kept so far (its A
+side), as one removes bottlenecks one at a time: a loop starved by its loader shows no gain from
+bfloat16 until the loader keeps up, and every later A/B runs at the faster step. The kept configuration
+is checked against the script as written in fresh processes (two pairs at least, more while the budget
+lasts and the verdict is not yet decisive), fixes without gain alone tried on top, then the proof: the
+change applied to a copy and timed as the user runs it. Within a time budget; a Ctrl-C ends it with the
+results so far.
 Progress and the report so far go to callbacks after every round (the CLI draws bars and writes files)."""
 
 from __future__ import annotations
@@ -20,31 +20,21 @@ from dataclasses import replace
 
 from gpudoctor.fixes.applies import why_not, why_not_on_top
 from gpudoctor.fixes.attempt import (
-    Attempt,
     Tried,
     answered,
-    beyond_early_effect,
     calibration,
-    going,
-    looks_faster,
-    no_effect,
-    not_applied,
     not_run,
-    random_differs,
     saving,
     stackable,
-    timing_of,
-    verdict_of,
 )
-from gpudoctor.fixes.budget import FINAL_MIN_PAIRS, RAN_OUT, RESERVED, Budget
-from gpudoctor.fixes.candidates import Candidate, ManualFix, choose, worker_count
-from gpudoctor.fixes.catalog import can_switch, in_users_idiom, spec_of, title_of
+from gpudoctor.fixes.budget import RAN_OUT, Budget
+from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
+from gpudoctor.fixes.catalog import in_users_idiom, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
 from gpudoctor.fixes.guard import numerics_of
 from gpudoctor.fixes.loaders import loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
 from gpudoctor.fixes.order import FIRST_VERDICTS, after_kept, alternative_next, loader_first
-from gpudoctor.fixes.patches.loader import PREFETCH
 from gpudoctor.fixes.proof import (
     LEVEL_PROCESSES,
     PlainProcess,
@@ -59,12 +49,12 @@ from gpudoctor.fixes.proof import (
 )
 from gpudoctor.fixes.result import FixReport
 from gpudoctor.fixes.round import RoundResult
+from gpudoctor.fixes.trials import Trials
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.rules.finding import Diagnosis
 from gpudoctor.util.signals import interruption
 
 NOISY_SPREAD_PCT = 10.0  # the baseline's processes further apart than this: the report says so
-LEFTOVER = "rounds left processes running after they ended"
 
 
 class FixSession:
@@ -89,8 +79,6 @@ class FixSession:
         self.argv, self.started_at, self.clock = argv, started_at, clock
         self.on_progress, self.on_update = on_progress, on_update
         self.start = clock()
-        self.reference: RoundResult | None = None
-        self.baselines: list[RoundResult] = []
         self.candidates: list[Candidate] = []
         self.manual: list[ManualFix] = []
         self.tried: list[Tried] = []
@@ -99,10 +87,23 @@ class FixSession:
         self.final: tuple[str, ...] = ()
         self.chain: list[Tried] = []  # the kept A/Bs in order: the first against the script, each next on top
         self.notes: list[str] = []
-        self.fell_back: set[tuple[str, ...]] = set()  # fixes whose A/B in one process could not run
         self.complete = self.interrupted = False
         self.budget = Budget(options, clock, self.start)
-        self._open: list[Attempt] = []  # the configurations being tried now
+        self.trials = Trials(
+            launcher, options, self.budget, clock, progress=self._progress, notes=self.notes,
+            keep_back=self._kept_with, kept_step_s=self._kept_step_s, numerics=self._numerics,
+            on_pending=lambda pending: self._update(self.report(pending=pending)),
+        )  # fmt: skip
+
+    @property
+    def reference(self) -> RoundResult | None:
+        """The first baseline round, which observed the script."""
+        return self.trials.reference
+
+    @property
+    def baselines(self) -> list[RoundResult]:
+        """Every timed round of the script as written."""
+        return self.trials.baselines
 
     # -- the run ---------------------------------------------------------------------------------------
     def run(self) -> FixReport:
@@ -113,28 +114,28 @@ class FixSession:
             self.interrupted = True
             how = interruption(err)
             self.notes.append(f"interrupted ({how}): the results so far")
-            for at in self._open:
+            for at in self.trials.open:
                 at.failure = at.failure or f"interrupted ({how}) after {len(at.runs)} rounds"
-                tried = self._tried(at)
+                tried = self.trials.tried_of(at)
                 if at.cand is not None:
                     self.tried.append(tried)
                 elif at.on_top is not None:
                     self.stacked.append(tried)
                 else:
                     self.combination = tried
-            self._open = []
+            self.trials.open = []
         report = self.report()
         self._update(report)
         return report
 
     def _run(self) -> None:
         self._progress("baseline", None, 0, 1, "baseline")
-        ref = self._round("baseline-0", ())
-        self.reference = ref
+        ref = self.trials.round("baseline-0", ())
+        self.trials.reference = ref
         if ref.failure is not None or ref.observations is None:
             self.notes.append(baseline_failure(ref, self.options))
             return
-        self.baselines.append(ref)
+        self.trials.baselines.append(ref)
         if self.prover is not None:  # the budget keeps the proof's time back from the fixes
             self.budget.proof_s = self.prover.reserve_s(self.budget.typical_s(()))
         o = self.options
@@ -159,7 +160,7 @@ class FixSession:
                 why = why_not_on_top(cand.fix, self.final)
             if why is not None:
                 self.tried.append(not_run(cand, why))
-            elif o.shared_baseline and not self._in_blocks((cand.fix,)):
+            elif o.shared_baseline and not self.trials.in_blocks((cand.fix,)):
                 together.append((i, cand))  # in fresh processes, beside one baseline per round
                 continue
             else:
@@ -169,12 +170,13 @@ class FixSession:
                     queue = alternative_next(queue, cand.fix)
                 if tried.verdict.kept and o.stack:
                     done = answered(self.chain, ref.mean_step_us)
-                    queue, self.notes = after_kept(queue, tried, self.final, done, self.notes)
+                    queue, notes = after_kept(queue, tried, self.final, done, self.notes)
+                    self.notes[:] = notes  # the list the trials add to
             self._update(self.report())
         if len(together) > 1:
-            self._try_together(together)
+            self.tried += self.trials.together(together, len(self.candidates))
         else:
-            self.tried += [self._try((c.fix,), c, i, len(self.candidates)) for i, c in together]
+            self.tried += [self.trials.try_((c.fix,), c, i, len(self.candidates)) for i, c in together]
         self._combine()
         self._stack()
         self._budget_note()
@@ -215,7 +217,7 @@ class FixSession:
         if base:
             group = spec_of(cand.fix).group
             fixes = (*(f for f in base if spec_of(f).group != group), cand.fix)
-            tried = self._try(fixes, cand, index, count, on_top=base)
+            tried = self.trials.try_(fixes, cand, index, count, on_top=base)
             v = tried.verdict
             on = " + ".join(title_of(f) for f in base)
             if v.kept and v.measured_saving_pct is not None:
@@ -227,106 +229,11 @@ class FixSession:
             # its row names the candidate; the reason, what it was timed against
             tried.verdict = replace(v, reason=reason, title=title_of(cand.fix))
         else:
-            tried = self._try((cand.fix,), cand, index, count)
+            tried = self.trials.try_((cand.fix,), cand, index, count)
         if tried.verdict.kept and self.options.stack:
             self.final = tried.fixes
             self.chain.append(tried)
         return tried
-
-    def _in_blocks(self, fixes: tuple[str, ...], replaced: tuple[str, ...] = ()) -> bool:
-        return self.options.blocks >= 2 and can_switch(fixes, replaced)
-
-    def _try(
-        self,
-        fixes: tuple[str, ...],
-        cand: Candidate | None,
-        index: int,
-        count: int,
-        on_top: tuple[str, ...] | None = None,
-    ) -> Tried:
-        """The A/B of one configuration: in blocks of one process where its fixes switch (those not
-        in `on_top`, the configuration it is tried on top of, switched on; those of `on_top` it
-        replaces, an alternative in a kept fix's place, switched off), else in fresh processes."""
-        moving = tuple(f for f in fixes if f not in (on_top or ()))
-        replaced = tuple(f for f in on_top or () if f not in fixes)  # compile:reduce-overhead for compile
-        if self._in_blocks(moving, replaced):
-            tried = self._try_blocks(fixes, moving, replaced, cand, index, count, on_top)
-            if tried is not None:
-                return tried
-        return self._try_processes(fixes, cand, index, count, on_top)
-
-    def _try_blocks(
-        self,
-        fixes: tuple[str, ...],
-        moving: tuple[str, ...],
-        replaced: tuple[str, ...],
-        cand: Candidate | None,
-        index: int,
-        count: int,
-        on_top: tuple[str, ...] | None,
-    ) -> Tried | None:
-        """One process: every fix on from the start (its first losses recorded so), then `moving`
-        switched off and on in blocks (each pair in a random order), `replaced` on where they are off
-        (the A side is `on_top`: each side's forward built from its own wrappers, both held at once).
-        None when a fix could not be switched there (the caller then tries it in fresh processes)."""
-        label = "+".join(moving)
-        at = Attempt(fixes, cand, on_top=on_top, in_blocks=True)
-        self._open = [at]
-        stage = "fix" if on_top is None else "stack"
-        round_s = self.budget.block_round_s() + self._lag_s(fixes, moving)
-        if not self.budget.fits_s(round_s + self.budget.reserve_s(self._kept_with(fixes, cand))):
-            at.failure = f"{RAN_OUT} before its A/B in one process" + (
-                RESERVED if self.budget.fits_s(round_s) else ""
-            )
-            self._open = []
-            return self._tried(at)
-        self._progress(stage, label, index, count, "blocks", 1, rounds=1)
-        obs = self.reference.observations if self.reference else None
-        t0 = self.clock()
-        exact = random_differs((*fixes, *replaced), obs)
-        extend = self._extension(fixes, moving, round_s, cand)
-        r = self._round(
-            f"{index:02d}-{label}-blocks", fixes, exact, switch=(*moving, *replaced), extend=extend
-        )
-        if not self._lag_s(fixes, moving):  # the typical A/B in one process: a lagging one is longer
-            self.budget.block_s.append(self.clock() - t0)
-        self._open = []
-        if r.switch_error is not None:
-            self.notes.append(f"{label}: {r.switch_error}; its A/B ran in fresh processes")
-            self.fell_back.add(fixes)
-            return None
-        missing = not_applied(r, moving)
-        if missing is not None:
-            at.failure = missing
-            return self._tried(at)
-        if r.failure is not None and not r.switches and not r.oom:
-            # it failed with every fix on, before the first switch, as a fresh process runs them: its
-            # rounds there would fail alike (CUDA graphs' outputs overwritten: 60 s more on a UNet)
-            at.failure = f"{r.failure} (with every fix on, before any switch)"
-            return self._tried(at)
-        if r.failure is not None:
-            # switching may be what broke it (CUDA graphs beside eager steps, say): fresh processes tell
-            self.notes.append(
-                f"{label}: its A/B in one process failed ({r.failure}); it ran in fresh processes"
-            )
-            self.fell_back.add(fixes)
-            return None
-        at.runs.append(r)
-        at.failure = no_effect(r, moving)
-        at.numerics = self._numerics(fixes, r)
-        return self._tried(at)
-
-    def _lag_s(self, fixes: tuple[str, ...], moving: tuple[str, ...]) -> float:
-        """The untimed steps an A/B in one process spends on its switch's lag, in seconds: pinned
-        batches switched with the loader's batches in flight (its workers × prefetch_factor, and one)
-        settled out before every block and the calibration — 129 steps of 106 ms with 32 workers."""
-        if "pin_memory" not in moving or self.reference is None or self.reference.observations is None:
-            return 0.0
-        own = [lo.num_workers for lo in self.reference.observations.loaders]
-        workers = max([worker_count(f) for f in fixes if f.startswith("workers:")] + own + [0])
-        if not workers:
-            return 0.0
-        return (2 * self.options.blocks + 1) * (workers * PREFETCH + 1) * self._kept_step_s()
 
     def _kept_step_s(self) -> float:
         """The mean step of the configuration kept so far (the script's where none is), in seconds."""
@@ -336,153 +243,6 @@ class FixSession:
         steps = [r.mean_step_us for r in kept if r.mean_step_us]
         return (statistics.median(steps) if steps else 0.0) / 1e6
 
-    def _extension(
-        self, fixes: tuple[str, ...], moving: tuple[str, ...], round_s: float, cand: Candidate | None
-    ) -> int:
-        """Block pairs an A/B in one process may add where its planned pairs lean to a saving undecided
-        (`timing.blocks`): `extend_blocks`, where the budget has room for them beside the round and the
-        time kept back — each block at least `block_s` and two steps, a settling step, and its share of
-        the switch's lag. Blocks are cheap beside the process start and the compilation they follow;
-        where they are not (pinned batches behind 16 workers settle 65 steps before every block: 16
-        pairs would add about 2 minutes to a 90 s round), fewer pairs are added, at most what the
-        round itself costs, and none where that is under two."""
-        more = self.options.extend_blocks
-        if not more:
-            return 0
-        step_s = self._kept_step_s()
-        o = self.options
-        per_pair = 2 * (max(o.block_s, 2 * step_s) + step_s)
-        per_pair += self._lag_s(fixes, moving) * 2 / (2 * o.blocks + 1)
-        if per_pair > 0:
-            more = min(more, int(round_s // per_pair))
-        if more < 2:
-            return 0
-        reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
-        return more if self.budget.fits_s(round_s + more * per_pair + reserve) else 0
-
-    def _try_processes(
-        self,
-        fixes: tuple[str, ...],
-        cand: Candidate | None,
-        index: int,
-        count: int,
-        on_top: tuple[str, ...] | None = None,
-        final_check: bool = False,
-    ) -> Tried:
-        """A B, B A, A B, … in fresh processes (the order turns each pair, so drift cancels over two);
-        stops early on a failure or results out of tolerance. `final_check`: the kept configuration
-        against the script — FINAL_MIN_PAIRS pairs, then more only while the verdict is not decisive
-        and the budget has room for another pair."""
-        label = "+".join(fixes)
-        moving = tuple(f for f in fixes if f not in (on_top or ()))
-        stage = "stack" if on_top is not None else "fix" if cand is not None else "combination"
-        obs = self.reference.observations if self.reference else None
-        at = Attempt(fixes, cand, on_top=on_top)
-        self._open = [at]
-        exact = random_differs(fixes, obs)
-        base_fixes = on_top or ()
-        least = min(FINAL_MIN_PAIRS, self.options.rounds) if final_check else self.options.rounds
-        for k in range(1, self.options.rounds + 1):
-            if not going(at):
-                break
-            timing = timing_of(at, self.options.same_within) if k > FINAL_MIN_PAIRS else None
-            if k > least:  # the final check, past its least pairs: on while undecided and the time lasts
-                if (timing is not None and timing.verdict != "ambiguous") or not self.budget.has(2):
-                    break
-            elif timing is not None and beyond_early_effect(timing):
-                break  # two pairs settle a change this large: the rest would only narrow its interval
-            else:
-                # its rounds left (a baseline and a candidate each), then the time kept back
-                left = 2 * (least - k + 1)
-                reserve = self.budget.reserve_s(self._kept_with(fixes, cand))
-                if not self.budget.has(left, reserve):
-                    at.failure = self.budget.ran_out(k, reserved=self.budget.has(left))
-                    break
-            b_first = k % 2 == 0
-            for side in ("candidate", "baseline") if b_first else ("baseline", "candidate"):
-                self._progress(stage, label, index, count, side, k)
-                if side == "baseline":
-                    a = self._round(f"{index:02d}-{label}-a{k}", base_fixes, random_differs(base_fixes, obs))
-                    if a.failure:
-                        at.failure = f"the baseline failed: {a.failure}"
-                        break
-                    if not base_fixes:
-                        self.baselines.append(a)
-                    at.base.append(a)
-                else:
-                    b = self._round(f"{index:02d}-{label}-b{k}", fixes, exact_random=exact)
-                    at.failure = b.failure or not_applied(b, fixes) or no_effect(b, moving)
-                    if at.failure:
-                        break
-                    at.runs.append(b)
-                    at.numerics = at.numerics or self._numerics(fixes, b)
-            if at.failure is None:
-                at.b_first.append(b_first)
-        self._open = []  # a pair cut short (one side failed) is left out: pairs are zipped in order
-        return self._tried(at)
-
-    def _try_together(self, members: list[tuple[int, Candidate]]) -> None:
-        """Every fresh-process fix in each round, beside one baseline process: A B C D, then D C B A
-        with the baseline last, … (each fix's pair with the baseline turns its order, so drift cancels).
-        A fix that fails or changes the results leaves the rounds after it."""
-        obs = self.reference.observations if self.reference else None
-        count, rounds = len(self.candidates), self.options.rounds
-        attempts = [(i, Attempt((c.fix,), c)) for i, c in members]
-        self._open = [at for _, at in attempts]
-        for k in range(1, rounds + 1):
-            live = [(i, at) for i, at in attempts if going(at)]
-            left = rounds - k + 1
-            fit = self._fitting([at for _, at in live], left)
-            for _, at in live[fit:]:  # the last chosen (least promising) give way first
-                at.failure = self.budget.ran_out(k, reserved=self.budget.has((1 + len(live)) * left))
-            live = live[:fit]
-            if not live:
-                break
-            b_first = k % 2 == 0
-            order = live[::-1] if b_first else live
-            base: RoundResult | None = None
-            if not b_first:
-                base = self._shared_base(k, live, count)
-            for i, at in order:
-                if base is None and not b_first:
-                    break
-                label = "+".join(at.fixes)
-                self._progress("fix", label, i, count, "candidate", k, together=True)
-                b = self._round(f"{i:02d}-{label}-b{k}", at.fixes, exact_random=random_differs(at.fixes, obs))
-                at.failure = b.failure or not_applied(b, at.fixes) or no_effect(b, at.fixes)
-                if at.failure is None:
-                    at.runs.append(b)
-                    at.numerics = at.numerics or self._numerics(at.fixes, b)
-            if b_first:
-                base = self._shared_base(k, live, count)
-            for _, at in live:
-                if base is not None and at.failure is None and len(at.runs) > len(at.base):
-                    at.base.append(base)
-                    at.b_first.append(b_first)
-            self._update(self.report(pending=[self._tried(at) for _, at in attempts]))
-        self._open = []
-        self.tried.extend(self._tried(at) for _, at in attempts)
-
-    def _shared_base(self, k: int, live: list[tuple[int, Attempt]], count: int) -> RoundResult | None:
-        self._progress("fix", None, 0, count, "baseline", k, together=True)
-        a = self._round(f"base-a{k}", ())
-        if a.failure:
-            for _, at in live:
-                at.failure = at.failure or f"the baseline failed: {a.failure}"
-            return None
-        self.baselines.append(a)
-        return a
-
-    def _fitting(self, live: list[Attempt], left: int) -> int:
-        """How many of `live` (the most promising first) fit their `left` rounds, a baseline and each
-        of them per round, with the time kept back to verify those looking faster together."""
-        faster = [at.fixes for at in live if looks_faster(at)]
-        for n in range(len(live), 0, -1):
-            together = [f for f in faster if f in {at.fixes for at in live[:n]}]
-            if self.budget.has((1 + n) * left, self.budget.reserve_s(together)):
-                return n
-        return 0
-
     def _kept_with(self, fixes: tuple[str, ...], cand: Candidate | None) -> list[tuple[str, ...]]:
         """A candidate keeps back the time to check it, with those kept before it, against the script —
         from the fifth on: the most promising get their verdicts first (each kept one was faster than
@@ -490,9 +250,6 @@ class FixSession:
         if cand is None or len(self.tried) < FIRST_VERDICTS:
             return []
         return [*(t.fixes for t in self.chain), fixes]
-
-    def _tried(self, at: Attempt) -> Tried:
-        return Tried(at.fixes, at.base, at.runs, verdict_of(at, self.options.same_within), at.failure)
 
     def _combine(self) -> None:
         """The recommendation: the configuration kept fix by fix (each faster on top of those before
@@ -520,7 +277,7 @@ class FixSession:
             return
         fixes, first = self.final, self.chain[0]
         n = len(self.candidates) + 1
-        self.combination = self._try_processes(fixes, None, n, n, final_check=True)
+        self.combination = self.trials.processes(fixes, None, n, n, final_check=True)
         combo = self.combination.verdict
         alone = f"{first.verdict.title} alone is recommended"
         if combo.ci_high_pct is not None and combo.ci_high_pct < saving(first):
@@ -558,7 +315,7 @@ class FixSession:
                 continue
             seen.add(group)
             fixes = (*self.final, *t.fixes)
-            blocks = self._in_blocks(t.fixes)
+            blocks = self.trials.in_blocks(t.fixes)
             fits = (
                 self.budget.fits_s(self.budget.block_round_s())
                 if blocks
@@ -568,7 +325,7 @@ class FixSession:
                 left.append(t.verdict.fix)
                 continue
             index = len(self.candidates) + 2 + len(self.stacked)
-            tried = self._try(fixes, None, index, index, on_top=self.final)
+            tried = self.trials.try_(fixes, None, index, index, on_top=self.final)
             title = " + ".join(title_of(f) for f in t.fixes)
             on = " + ".join(title_of(f) for f in self.final)
             v = tried.verdict
@@ -621,34 +378,10 @@ class FixSession:
         return 100 * (1 - left) if self.chain else None
 
     # -- one round ---------------------------------------------------------------------------------------
-    def _round(
-        self,
-        label: str,
-        fixes: tuple[str, ...],
-        exact_random: bool = False,
-        switch: tuple[str, ...] = (),
-        extend: int = 0,
-    ) -> RoundResult:
-        t0 = self.clock()
-        if switch and extend:
-            result = self.launch(label, fixes, exact_random, switch, extend)
-        elif switch:
-            result = self.launch(label, fixes, exact_random, switch)
-        else:
-            result = self.launch(label, fixes, exact_random)
-        if not switch:
-            self.budget.record(fixes, self.clock() - t0)
-        if result.leftover_processes and not any(n.startswith(LEFTOVER) for n in self.notes):
-            self.notes.append(
-                f"{LEFTOVER} ({result.leftover_processes} after {label}: the script's DataLoader workers or "
-                "others it started); they were killed, so as not to run beside the next round"
-            )
-        return result
-
     def _budget_note(self) -> None:
         # a fix whose A/B in one process failed needs its rounds in fresh processes
         note = self.budget.note(
-            self.tried, lambda fixes: self._in_blocks(fixes) and fixes not in self.fell_back
+            self.tried, lambda fixes: self.trials.in_blocks(fixes) and fixes not in self.trials.fell_back
         )
         if note:
             self.notes.append(note)
