@@ -81,6 +81,7 @@ class FakeLauncher:
         self.losses: dict[str, tuple[tuple[float, ...], ...]] = {}
         self.failures: dict[str, str] = {}
         self.fail_all_on: set[str] = set()  # of `failures`, those failing in one process before any switch
+        self.crash: set[str] = set()  # of `failures`, those whose process crashes (no result written)
         self.not_applicable: set[str] = set()
         self.cannot_switch: set[str] = set()
         self.interrupt_at: int | None = None
@@ -136,7 +137,7 @@ class FakeLauncher:
                            wait_s=None if wait is None else wait / 1e6, fetch_s=fetch, **self.seen)  # fmt: skip
         if key in self.work and obs.root is not None:
             obs = replace(obs, roots=(replace(obs.root, work=self.work[key]),))
-        outcome = "exception" if key in self.failures else "stopped"
+        outcome = ("crashed" if key in self.crash else "exception") if key in self.failures else "stopped"
         times = self.steps(key)
         if not switch and key in self.fresh_step_us:
             times = tuple(self.fresh_step_us[key] * (1 + self.noise * self.rng.standard_normal(len(times))))

@@ -342,6 +342,17 @@ def test_a_fix_that_failed_in_one_process_before_any_switch_is_not_run_again_in_
     assert ran.count(("tf32",)) == 2 and not tf32.kept
 
 
+def test_a_process_that_crashed_in_its_ab_in_one_process_is_tried_again_in_fresh_ones() -> None:
+    # a crash (a segfault, a timeout) writes no count of the switches: switching may be what broke it
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0})
+    launcher.failures["tf32"] = "SIGSEGV"
+    launcher.fail_all_on.add("tf32")
+    launcher.crash.add("tf32")
+    (v,) = session(launcher, clock, "tf32").run().verdicts
+    assert [fixes for _, fixes, *_ in launcher.calls].count(("tf32",)) == 2 and not v.kept
+
+
 def test_where_cuda_graphs_fail_plain_compile_is_tried_next() -> None:
     clock = FakeClock()
     launcher = FakeLauncher(clock, {"baseline": 100.0, "compile": 80.0, "tf32": 99.0})

@@ -127,9 +127,10 @@ class Trials:
         if missing is not None:
             at.failure = missing
             return self.tried_of(at)
-        if r.failure is not None and not r.switches and not r.oom:
-            # it failed with every fix on, before the first switch, as a fresh process runs them: its
-            # rounds there would fail alike (CUDA graphs' outputs overwritten: 60 s more on a UNet)
+        if r.outcome == "exception" and not r.switches and not r.oom:
+            # the script raised with every fix on, before the first switch, as a fresh process runs them:
+            # its rounds there would fail alike (CUDA graphs' outputs overwritten: 60 s more on a UNet).
+            # A process that crashed or timed out wrote no count of its switches: fresh processes tell
             at.failure = f"{r.failure} (with every fix on, before any switch)"
             return self.tried_of(at)
         if r.failure is not None:
