@@ -72,7 +72,7 @@ class FixSession:
         prover: Prover | None = None,
     ) -> None:
         """`prover`: the proof of the recommendation as the user runs it (`fixes.prove`); None: none."""
-        self.launch, self.options, self.diagnosis = launcher, options, diagnosis
+        self.options, self.diagnosis = options, diagnosis
         self.prover = prover if options.proof else None
         self.proof: Proof | None = None
         self.plain_script: tuple[PlainProcess, ...] = ()  # the script alone, where no proof timed it
