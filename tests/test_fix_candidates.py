@@ -15,7 +15,7 @@ from gpudoctor.fixes.loaders import worker_values
 from gpudoctor.fixes.observe import LoaderInfo, Observations, OptimizerInfo, RootInfo, SiteCount
 from gpudoctor.fixes.order import alternative_next, defer_answered, defer_under_compile
 from gpudoctor.rules.finding import SCHEMA, Diagnosis, Finding, Fix, Severity
-from gpudoctor.runner.hooks import CallSite
+from gpudoctor.runner.hooks import CallSite, StepFunction
 from gpudoctor.util.errors import UsageError
 
 SITE = CallSite("train.py", 3, "<module>")
@@ -103,6 +103,23 @@ def test_a_step_of_several_modules_tries_plain_compile_before_cuda_graphs() -> N
     # outputs), and CUDA graphs its alternative, after one of every other group
     assert fixes[0] == "compile" and fixes[-1] == "compile:reduce-overhead" and "autocast" in fixes[1:-1]
     assert next(c for c in cands if c.fix == "compile").why == "the 2 modules the step calls can be compiled"
+
+
+def test_modules_called_from_a_plain_function_have_it_compiled_first_then_each_module() -> None:
+    # GIVEN an actor and a critic the rollout calls from `def act(obs)`, a host-bound step
+    o = obs()
+    roots = (replace(o.root, cls="Actor"), replace(o.root, cls="Critic"))
+    act = StepFunction("rl.py", "act", 12)
+    cands, _ = choose(
+        diagnosis(finding("launch_overhead", 40.0)), replace(o, roots=roots, step_functions=(act,))
+    )
+    fixes = [c.fix for c in cands]
+    # THEN the function is the compile group's first; the modules' compile and CUDA graphs its alternatives
+    assert fixes[0] == "compile_fn" and fixes[-2:] == ["compile", "compile:reduce-overhead"]
+    assert "act()" in cands[0].why
+    # AND a failure of it brings the modules' own compile next
+    queue = list(enumerate(cands, 1))[1:]
+    assert next(c.fix for _, c in alternative_next(queue, "compile_fn")) == "compile"
 
 
 def test_a_failed_candidate_gives_its_place_to_the_next_of_its_group() -> None:

@@ -112,6 +112,31 @@ def test_a_line_that_names_torch_brings_its_import_where_the_file_has_none() -> 
     assert new.count("import torch") == 1 and "head.forward = torch.compile(head.forward)\nout" in new
 
 
+def test_a_step_function_is_compiled_after_its_definition_decorated_or_not() -> None:
+    # GIVEN the function a rollout calls its actor and critic from, once plain and once decorated
+    text = (
+        "import torch\n"
+        "def act(obs):\n"
+        "    return actor(obs), critic(obs)\n"
+        "\n"
+        "for t in range(8):\n"
+        "    act(obs)\n"
+    )
+    form = ("{name} = torch.compile({name})",)
+    new, unplaced = apply(edit("after_definition", 2, name="act", code=form), text=text)
+    # THEN its name is bound to the compiled one right after its body, before anything calls it
+    assert not unplaced
+    assert "    return actor(obs), critic(obs)\nact = torch.compile(act)\n\nfor t" in new
+    decorated = "import functools\n@functools.lru_cache\ndef act(obs):\n    return actor(obs)\nact(obs)\n"
+    new, unplaced = apply(edit("after_definition", 2, name="act", code=form), text=decorated)
+    assert not unplaced
+    # (a file without torch's import gets it beside the line, as the modules' compile does)
+    assert "    return actor(obs)\nimport torch\nact = torch.compile(act)\nact(obs)\n" in new
+    # a function of that name that is not at the top level, or on another line, is not this one
+    _, unplaced = apply(edit("after_definition", 4, name="act", code=form), text=text)
+    assert unplaced and "no top-level function act defined on line 4" in unplaced[0][1]
+
+
 def test_compile_skips_an_assignment_in_a_branch_the_call_lies_outside() -> None:
     text = (
         "import torch\n"

@@ -6,15 +6,17 @@ convolutions fed channels_last, the graphs torch.compile made. On the CPU, on re
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pytest
 import torch
 from torch.nn.modules import module as nn_module
 
-from gpudoctor.fixes.attempt import no_effect
+from gpudoctor.fixes.attempt import no_effect, random_differs
 from gpudoctor.fixes.catalog import SPECS, build_patch
 from gpudoctor.fixes.evidence import CompileCounts, RoundWork, WorkTally, op_flops
+from gpudoctor.fixes.kinds.base import Proposing
 from gpudoctor.fixes.observe import Observer
 from gpudoctor.fixes.patches.base import PatchContext
 from gpudoctor.fixes.round import RoundResult
@@ -196,3 +198,87 @@ def test_flops_are_counted_from_shapes() -> None:
     args = (t, wt, None, [1, 1], [0, 0], [1, 1], True, [0, 0], 1)
     assert op_flops("convolution", args, up) == ("conv", 2 * 4 * 6 * 6 * 27)
     assert op_flops("relu", (a,), a) is None
+
+
+# an actor and a critic called from one plain function, as RL code writes its rollout step; a method and a
+# function that takes its own backward call modules too, and are not compiled whole
+ACTOR, CRITIC = torch.nn.Linear(6, 2), torch.nn.Linear(6, 1)
+
+
+def act(obs: torch.Tensor) -> torch.Tensor:
+    return torch.tanh(ACTOR(obs)).sum(-1) + CRITIC(obs).squeeze(-1) * 0.5
+
+
+def learn(obs: torch.Tensor) -> None:
+    CRITIC(obs).sum().backward()
+
+
+class Rollout:
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return CRITIC(obs)
+
+
+def test_the_plain_function_that_calls_the_step_modules_is_compiled_whole_and_written_after_its_def() -> None:
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    start = counters["stats"]["unique_graphs"]
+    steps, graphs = [0], []
+    the_function = act
+
+    def body() -> None:
+        torch.optim.SGD([*ACTOR.parameters(), *CRITIC.parameters()], lr=0.0)  # a training script's
+        for _ in range(6):
+            obs = torch.randn(4, 6)
+            globals()["act"](obs)  # as the script's loop looks the name up at each call
+            learn(obs)
+            Rollout().value(obs)
+            steps[0] += 1
+            graphs.append(counters["stats"]["unique_graphs"] - start)
+
+    finder = RootFinder(until=lambda: steps[0] >= 3)
+    patch = build_patch("compile_fn", PatchContext(finder, __file__), compile_backend="eager")
+    observer = Observer(finder)
+    finder.install()
+    try:
+        with patched([patch, observer]):
+            body()
+            obs = observer.observations()
+            bound = globals()["act"]
+    finally:
+        finder.uninstall()
+    # THEN the one plain function that does not take its own backward is found, and no method
+    assert [(f.name, f.line) for f in obs.step_functions] == [("act", the_function.__code__.co_firstlineno)]
+    # AND its name was bound to the compiled one, which ran once the finder's hooks were out, and back on undo
+    assert bound is not the_function and bound.__wrapped__ is the_function
+    assert graphs[:3] == [0, 0, 0] and graphs[-1] >= 1
+    assert globals()["act"] is the_function
+    outcome = patch.outcome()
+    assert outcome.applied and outcome.changes == ("act() compiled",)
+    assert [(e.op, e.name, e.line) for e in outcome.edits] == [
+        ("after_definition", "act", the_function.__code__.co_firstlineno)
+    ]
+    # AND the search proposes it first of the compile group, the modules' own compile as its alternative
+    spec = SPECS["compile_fn"]
+    assert spec.propose(Proposing({"launch_overhead": None}, obs)) and spec.why_not(obs, "", 6) is None
+    # (its rounds draw random numbers as eager code does, whatever the function samples)
+    assert random_differs(("compile_fn",), None) and not random_differs(("compile",), obs)
+    # (not where no optimizer steps count the step: the modules' calls that would count it run compiled)
+    assert spec.propose(Proposing({"launch_overhead": None}, replace(obs, optimizers=()))) == []
+    assert SPECS["compile"].not_in_effect(RoundWork(None, obs.compiled, 2)) is None
+
+
+def test_a_step_with_no_plain_function_around_its_modules_gets_no_compile_of_functions() -> None:
+    lm = LanguageModel()  # its step is a method
+    steps = [0]
+
+    def body() -> None:
+        for _ in range(4):
+            lm.step(torch.randint(0, 50, (2, 8)))
+            steps[0] += 1
+
+    _, outcomes, obs = run(["compile_fn"], body, steps)
+    assert obs.step_functions == ()
+    assert SPECS["compile_fn"].propose(Proposing({"launch_overhead": None}, obs)) == []
+    assert "no plain function" in (SPECS["compile_fn"].why_not(obs, "", 4) or "")
+    assert not outcomes[0].applied and "no plain function" in (outcomes[0].reason or "")

@@ -18,6 +18,7 @@ from gpudoctor.fixes.kinds.model import (
     AutocastFix,
     ChannelsLastFix,
     CompileFix,
+    CompileFunctionsFix,
     CudnnBenchmarkFix,
     SdpaFix,
     TF32Fix,
@@ -29,6 +30,7 @@ from gpudoctor.util.errors import UsageError
 __all__ = ["FIXES", "HALF_REORDER_TOLERANCE", "SPECS", "TF32_TOLERANCE", "TIGHT", "Fix"]
 
 FIXES: tuple[Fix, ...] = (
+    CompileFunctionsFix(),  # before CompileFix: where it is proposed, the group's first
     CompileFix(),
     AutocastFix(),
     TF32Fix(),

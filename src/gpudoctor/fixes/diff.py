@@ -213,6 +213,8 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
         return at, at, [c + "\n" for c in code]
     if e.op == "wrap_block":
         return _wrapped_block(tree, lines, e)
+    if e.op == "after_definition":
+        return _after_definition(tree, e)
     found = _simple_statement_at(tree, e.line)
     if found is None:
         return f"no statement on line {e.line}"
@@ -249,6 +251,20 @@ def _line_change(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int,
             )  # `X.forward = torch.compile(X.forward)` in a file of `from torch ...`
         return at, at, [t_indent + c + "\n" for c in code]
     return f"unknown edit {e.op!r}"
+
+
+def _after_definition(tree: ast.Module, e: Edit) -> tuple[int, int, list[str]] | str:
+    """`e.code` after the top-level `def e.name` whose decorators or `def` start on `e.line`."""
+    for stmt in tree.body:
+        if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)) and stmt.name == e.name:
+            first = min([stmt.lineno, *(d.lineno for d in stmt.decorator_list)])
+            if first <= e.line <= stmt.lineno:
+                at = stmt.end_lineno or stmt.lineno
+                code = [c.replace("{name}", e.name) for c in e.code]
+                if any("torch." in c for c in code) and not _imports_torch(tree):
+                    code.insert(0, "import torch")
+                return at, at, [c + "\n" for c in code]
+    return f"no top-level function {e.name} defined on line {e.line}"
 
 
 def _wrapped_block(tree: ast.Module, lines: list[str], e: Edit) -> tuple[int, int, list[str]] | str:

@@ -14,6 +14,7 @@ OPS = (
     "delete_statement",  # the statement on `line` (a call to `call`)
     "insert_after_imports",  # `code` after the last top-level import of `file`
     "after_assignment",  # `code` after the last assignment to `name` before `line`, in its scope
+    "after_definition",  # `code` after the top-level `def name` starting on `line` (or its decorators)
     "wrap_statement",  # the statement on `line` under `with <wrap>:`
     "wrap_block",  # the statements of one block from the one starting on `line` to `end_line`, under `with`
     "before_statement",  # `code` before the statement on `line`

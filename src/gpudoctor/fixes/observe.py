@@ -18,7 +18,15 @@ from typing import Any
 
 from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
 from gpudoctor.fixes.patches.layout import conv2d_layers
-from gpudoctor.runner.hooks import CallSite, Restorer, RootFinder, call_site, eager_frame, eager_only
+from gpudoctor.runner.hooks import (
+    CallSite,
+    Restorer,
+    RootFinder,
+    StepFunction,
+    call_site,
+    eager_frame,
+    eager_only,
+)
 from gpudoctor.util.serial import Serialized
 
 INPUT_CALLS = 5  # root calls whose input shapes are recorded
@@ -155,6 +163,8 @@ class Observations(Serialized):
     roots: tuple[RootInfo, ...] = ()
     compiled: CompileCounts | None = None
     ddp: tuple[DdpInfo, ...] = ()  # the DistributedDataParallel wrappers it built
+    # the plain functions of the user's files that call the top-level modules (`def act(obs)`)
+    step_functions: tuple[StepFunction, ...] = ()
 
     @property
     def step_roots(self) -> tuple[RootInfo, ...]:
@@ -445,6 +455,7 @@ class Observer:
             roots=roots,
             compiled=since(compile_counts(), self._compile_start) if self._compile_start else None,
             ddp=tuple(self._ddp_infos()),
+            step_functions=tuple(self.finder.step_functions()),
         )
 
     def _ddp_infos(self) -> list[DdpInfo]:

@@ -111,6 +111,32 @@ class CallSite:
         return f"{self.file}:{self.line} in {self.function}"
 
 
+@dataclass(frozen=True)
+class StepFunction:
+    """A plain function of the user's files that calls a top-level module (`def act(obs): ... actor(obs)
+    ... critic(obs)`): bound to its name at the top level of its module, so that the name can be bound to
+    its compiled form (`act = torch.compile(act)`). `line`: its `def`."""
+
+    file: str
+    name: str
+    line: int
+
+
+def step_function(frame: FrameType) -> StepFunction | None:
+    """The function `frame` runs, where it is a plain function bound to its own name at the top level of
+    its module, and not a training step of its own (it calls `.backward()`: torch.compile breaks its
+    graph there and would trace the optimizer's step, which the step's counting hooks); else None."""
+    code = frame.f_code
+    if code.co_name.startswith("<") or "." in getattr(code, "co_qualname", code.co_name):
+        return None  # the module's top level, a lambda or comprehension; a method or a nested function
+    if (
+        getattr(frame.f_globals.get(code.co_name), "__code__", None) is not code
+        or "backward" in code.co_names
+    ):
+        return None
+    return StepFunction(code.co_filename, code.co_name, code.co_firstlineno)
+
+
 def _library_dirs() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
@@ -223,6 +249,10 @@ class RootFinder:
         self._callbacks: list[RootCallback] = []
         self._contexts: list[FirstCallContext] = []
         self._outputs: list[FirstCallOutput] = []
+        # the plain functions that called a top-level module while the finder watched, by (file, name)
+        # (None: a function seen that is not one), and what is told of each at its first such call
+        self.functions: dict[tuple[str, str], StepFunction | None] = {}
+        self._on_function: list[Callable[[StepFunction, dict[str, Any]], None]] = []
         self._entered: list[contextlib.ExitStack] = []
         self._handles: list[Any] = []
         self._depth = 0
@@ -275,6 +305,14 @@ class RootFinder:
     def on_root(self, callback: RootCallback) -> None:
         self._callbacks.append(callback)
 
+    def on_function(self, callback: Callable[[StepFunction, dict[str, Any]], None]) -> None:
+        """`callback(function, its module's globals)` at the first call of a top-level module from each
+        plain function of the user's files (`step_function`), while the finder watches."""
+        self._on_function.append(callback)
+
+    def step_functions(self) -> list[StepFunction]:
+        return [f for f in self.functions.values() if f is not None]
+
     def around_first_call(self, context: FirstCallContext) -> None:
         self._contexts.append(context)
 
@@ -299,16 +337,17 @@ class RootFinder:
         self._depth += 1
         if self._depth != 1 or next(module.parameters(), None) is None:
             return None
+        frame = user_frame(sys._getframe(1))
+        if frame is not None:
+            self._note_function(frame)
         known = self.seen.get(id(module))
         if known is not None:
             known.calls += 1
             if len(known.other_sites) < MAX_SITES:
-                frame = user_frame(sys._getframe(1))
                 site = frame and CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
                 if site and site != known.site and site not in known.other_sites:
                     known.other_sites.append(site)
             return None
-        frame = user_frame(sys._getframe(1))
         site = names = None
         if frame is not None:
             site = CallSite(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)
@@ -332,6 +371,15 @@ class RootFinder:
             raise
         self._entered.append(stack)
         return new_args
+
+    def _note_function(self, frame: FrameType) -> None:
+        key = (frame.f_code.co_filename, frame.f_code.co_name)
+        if key in self.functions:
+            return
+        found = self.functions[key] = step_function(frame)
+        if found is not None:
+            for callback in self._on_function:
+                callback(found, frame.f_globals)
 
     def _post(self, module: Any, args: Any, output: Any) -> Any:
         self._depth -= 1

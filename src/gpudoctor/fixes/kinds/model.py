@@ -21,7 +21,7 @@ from gpudoctor.fixes.patches.attention import HFSdpa
 from gpudoctor.fixes.patches.autocast import Autocast
 from gpudoctor.fixes.patches.backend import TF32, CudnnBenchmark
 from gpudoctor.fixes.patches.base import FixPatch, PatchContext
-from gpudoctor.fixes.patches.compile import MODES, Compile
+from gpudoctor.fixes.patches.compile import MODES, Compile, CompileFunctions
 from gpudoctor.fixes.patches.layout import ChannelsLast
 
 NO_MODULE = "no nn.Module with parameters was called"
@@ -103,6 +103,54 @@ class CompileFix(Fix):
         if fw.name == "accelerate" and (not arg or arg == "default"):
             return [fw.option(dynamo_backend='"inductor"')]
         return None
+
+
+class CompileFunctionsFix(CompileFix):
+    """torch.compile of the plain functions that call the step's modules, one of the compile group: tried
+    before the modules are compiled one by one where the step calls several from such a function (an
+    actor and a critic from `act()`, an encoder and a head from `forward_step()`), which then becomes the
+    group's alternative. What it shows and how it is written: `patches.compile.CompileFunctions`."""
+
+    kind = "compile_fn"
+    group = "compile"
+    title = "torch.compile of the step's functions"
+    patch: ClassVar[type[FixPatch]] = CompileFunctions
+    example_arg = ""
+
+    def valid_arg(self, arg: str) -> bool:
+        return not arg
+
+    def title_of(self, arg: str) -> str:
+        return self.title
+
+    def build(self, ctx: PatchContext, arg: str, *, compile_backend: str, exact_random: bool) -> FixPatch:
+        return CompileFunctions(ctx, compile_backend, exact_random)
+
+    def propose(self, p: Proposing) -> list[tuple[str, str]]:
+        roots, functions = p.obs.step_roots, p.obs.step_functions
+        # a training step (its optimizer's steps count it): a step counted by its modules' calls would
+        # not be counted where those calls run compiled, inside the function
+        if len(roots) < 2 or not functions or not p.obs.optimizers or not (p.obs.cuda or p.found):
+            return []
+        names = ", ".join(f"{f.name}()" for f in functions)
+        return [
+            (
+                self.kind,
+                f"the step calls its {len(roots)} modules from {names}: compiled with the code between them",
+            )
+        ]
+
+    def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
+        if not obs.step_functions:
+            return (
+                "no plain function of your files calls the step's modules (a loop at the top level, a method)"
+            )
+        if all(r.compiled for r in obs.step_roots):
+            return f"the script compiles {roots_named(obs)} itself (torch.compile)"
+        return None
+
+    def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
+        return None  # the functions are the user's own: the edits after their `def`
 
 
 class AutocastFix(Fix):

@@ -21,7 +21,9 @@ from collections.abc import Callable
 from typing import Any
 
 from gpudoctor.fixes.edits import Edit
+from gpudoctor.fixes.patches.base import FixPatch
 from gpudoctor.fixes.patches.forward import ForwardWrapper, data_parallel_inner
+from gpudoctor.runner.hooks import StepFunction
 
 MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 # said beside the written line where it is not `X.compile()`
@@ -107,3 +109,57 @@ class Compile(ForwardWrapper):
             return compiled(*args, **kwargs)
 
         return gated
+
+
+class CompileFunctions(FixPatch):
+    """`torch.compile` of the plain functions of the user's files that call the step's top-level modules
+    (`act = torch.compile(act)` after `def act`): Dynamo traces the modules and the code between them (an
+    environment's physics, a distribution's sampling, a loss) into one graph where compiling each module
+    leaves that code eager. Each function's name in its module is bound to the compiled one at the first
+    call of a top-level module from it (the call under way finishes eagerly), and bound back on undo;
+    eager while the finder's global hooks are in (compiled then, Dynamo would guard on them)."""
+
+    fix_id = "compile_fn"
+    order = 60
+    switchable = True
+
+    def __init__(self, ctx: Any, backend: str = "inductor", exact_random: bool = False) -> None:
+        super().__init__(ctx)
+        self.backend = backend
+        self.exact_random = exact_random
+        self._on = True
+        self.not_applicable = "no plain function of your files called the step's modules"
+
+    def switch(self, on: bool) -> None:
+        self._on = on
+
+    def _apply(self) -> None:
+        if self.exact_random and self.backend == "inductor":
+            import torch._inductor.config as inductor_config
+
+            self.restorer.set_flag(inductor_config, "fallback_random", True)
+        self.ctx.finder.on_function(self._compile)
+
+    def _compile(self, function: StepFunction, namespace: dict[str, Any]) -> None:
+        import torch
+
+        original = namespace[function.name]
+        compiled = torch.compile(original, backend=self.backend)
+        finder, patch = self.ctx.finder, self
+
+        @functools.wraps(original)
+        def gated(*args: Any, **kwargs: Any) -> Any:
+            if finder.watching or not patch._on:
+                return original(*args, **kwargs)
+            return compiled(*args, **kwargs)
+
+        namespace[function.name] = gated
+
+        def undo() -> None:
+            if namespace.get(function.name) is gated:
+                namespace[function.name] = original
+
+        self.restorer.on_restore(undo)
+        edit = Edit("after_definition", function.file, function.line, name=function.name,
+                    code=("{name} = torch.compile({name})",))  # fmt: skip
+        self.changed(f"{function.name}() compiled", edit)
