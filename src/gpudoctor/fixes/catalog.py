@@ -13,7 +13,13 @@ from gpudoctor.fixes.frameworks import framework_of, in_framework_terms
 from gpudoctor.fixes.kinds.base import HALF_REORDER_TOLERANCE, TF32_TOLERANCE, TIGHT, Fix
 from gpudoctor.fixes.kinds.dist import DdpFix, NoSyncFix
 from gpudoctor.fixes.kinds.loader import LargerBatchFix, PinMemoryFix, WorkersFix
-from gpudoctor.fixes.kinds.loop import FusedOptimizerFix, NoEmptyCacheFix, NoOpFix, ZeroGradNoneFix
+from gpudoctor.fixes.kinds.loop import (
+    FusedOptimizerFix,
+    NoEmptyCacheFix,
+    NoOpFix,
+    NoValidationFix,
+    ZeroGradNoneFix,
+)
 from gpudoctor.fixes.kinds.model import (
     AutocastFix,
     ChannelsLastFix,
@@ -40,6 +46,7 @@ FIXES: tuple[Fix, ...] = (
     FusedOptimizerFix(),
     ZeroGradNoneFix(),
     NoEmptyCacheFix(),
+    NoValidationFix(),
     NoSyncFix(),  # before DDP's knobs, tied on the same finding: it removes (k-1)/k of the all-reduces
     DdpFix(),
     WorkersFix(),

@@ -163,6 +163,8 @@ class Observations(Serialized):
     roots: tuple[RootInfo, ...] = ()
     compiled: CompileCounts | None = None
     ddp: tuple[DdpInfo, ...] = ()  # the DistributedDataParallel wrappers it built
+    # torch.distributions objects built with their arguments validated (which synchronizes), by line
+    validated_distributions: tuple[SiteCount, ...] = ()
     # the plain functions of the user's files that call the top-level modules (`def act(obs)`)
     step_functions: tuple[StepFunction, ...] = ()
 
@@ -234,7 +236,9 @@ class Observer:
         self._optimizers: list[OptimizerInfo] = []
         self._ddp: list[tuple[int, DdpInfo]] = []  # (id of the DDP model, what was seen of its building)
         self._micro_batches: dict[int, _MicroBatches] = {}  # by id of the DDP model
-        self._counts: dict[str, Counter[CallSite | None]] = {k: Counter() for k in ("empty", "zero", "item")}
+        self._counts: dict[str, Counter[CallSite | None]] = {
+            k: Counter() for k in ("empty", "zero", "item", "validated")
+        }
         self._fetch: dict[int, list[float]] = {}  # id(loader) -> [batches, wall s, CPU s]
         self._waits: dict[int, deque[float]] = {}  # id(loader) -> its latest waits for workers, s
         self._taken: dict[int, int] = {}  # id(loader) -> batches taken from it
@@ -400,6 +404,15 @@ class Observer:
             return item(tensor)
 
         r.replace(torch.Tensor, "item", item_call)
+        distribution = torch.distributions.Distribution
+        made = distribution.__init__
+
+        def validated(obj: Any, *args: Any, **kwargs: Any) -> None:
+            made(obj, *args, **kwargs)
+            if obj._validate_args and not torch.compiler.is_compiling():
+                counts["validated"][call_site()] += 1
+
+        r.replace(distribution, "__init__", validated)
 
     def _zero_grad(self, original: Any) -> Any:
         counts = self._counts
@@ -446,6 +459,7 @@ class Observer:
             empty_cache=_site_counts(self._counts["empty"]),
             zero_grad_keep=_site_counts(self._counts["zero"]),
             item_syncs=_site_counts(self._counts["item"]),
+            validated_distributions=_site_counts(self._counts["validated"]),
             float32_matmul_precision=torch.get_float32_matmul_precision(),
             cudnn_benchmark=bool(torch.backends.cudnn.benchmark),
             cuda=torch.cuda.is_available() and torch.cuda.is_initialized(),

@@ -137,6 +137,7 @@ def step_function(frame: FrameType) -> StepFunction | None:
     return StepFunction(code.co_filename, code.co_name, code.co_firstlineno)
 
 
+@functools.cache
 def _library_dirs() -> tuple[str, ...]:
     paths = sysconfig.get_paths()
     dirs = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths}
@@ -148,9 +149,11 @@ _WORKLOADS = _OURS + "workloads/"
 _LIBRARY = re.compile(r"/(site-packages|dist-packages)/")
 
 
+@functools.lru_cache(maxsize=4096)
 def is_user_file(path: str) -> bool:
     """The user's own code: not Python's library, an installed package, or gpudoctor (its workloads
-    excepted, which stand for a user's script)."""
+    excepted, which stand for a user's script). Remembered per path: a frame's file is asked for at
+    every counted call (each `.item()` of the loop), and the library's folders cost 130 µs to list."""
     if not path or path.startswith("<"):
         return False
     if path.startswith(_WORKLOADS):

@@ -1,5 +1,6 @@
 """The fixes of the training loop's own calls: a fused optimizer, zero_grad(set_to_none=True), no
-torch.cuda.empty_cache() per step; and the fix that changes nothing (the A/A's)."""
+torch.cuda.empty_cache() per step, no argument validation in torch.distributions; and the fix that
+changes nothing (the A/A's)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from gpudoctor.fixes.frameworks import Framework
 from gpudoctor.fixes.kinds.base import Fix, Proposing
 from gpudoctor.fixes.observe import Observations, SiteCount
 from gpudoctor.fixes.patches.base import FixPatch
+from gpudoctor.fixes.patches.distributions import NoValidation
 from gpudoctor.fixes.patches.memory import NoEmptyCache
 from gpudoctor.fixes.patches.noop import NoOp
 from gpudoctor.fixes.patches.optimizer import FusedOptimizer, ZeroGradSetToNone
@@ -85,6 +87,30 @@ class NoEmptyCacheFix(Fix):
         if not per_step(obs.empty_cache, steps):
             n = sum(c.count for c in obs.empty_cache)
             return f"torch.cuda.empty_cache() is not called in the loop ({n} call{'s' if n != 1 else ''} in {steps} steps)"
+        return None
+
+
+class NoValidationFix(Fix):
+    kind = "no_validation"
+    title = "no argument validation in torch.distributions"
+    tolerance_note = "the same values, unchecked"
+    patch: ClassVar[type[FixPatch]] = NoValidation
+
+    def propose(self, p: Proposing) -> list[tuple[str, str]]:
+        calls = p.obs.validated_distributions
+        if not p.obs.cuda or not per_step(calls, p.steps):
+            return []
+        n = sum(c.count for c in calls)
+        return [
+            (
+                self.kind,
+                f"{n} distributions built with their arguments checked in {p.steps} steps (each check synchronizes)",
+            )
+        ]
+
+    def why_not(self, obs: Observations, arg: str, steps: int) -> str | None:
+        if not per_step(obs.validated_distributions, steps):
+            return "the loop builds no torch.distributions object that validates its arguments"
         return None
 
 
