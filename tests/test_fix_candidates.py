@@ -360,3 +360,15 @@ def test_what_does_not_apply_is_said_and_why() -> None:
         why_not(f, o, 25) is None
         for f in ("tf32", "autocast", "compile", "fused_optimizer", "workers:4", "noop")
     )
+
+
+def test_a_sync_found_in_a_profilers_frame_names_its_function() -> None:
+    # GIVEN syncs the trace found under two functions of a script, named as the profiler names frames: the
+    # file alone and the line each function starts on (no line of the file to read there)
+    sources = ("rl.py(80): forward", "rl.py(102): act")
+    _, manual = choose(diagnosis(finding("host_sync", 12.0, sources)), obs())
+    # THEN each place says which function it means
+    assert [m.where for m in manual if m.rule == "host_sync"] == [
+        "rl.py:80 in forward()",
+        "rl.py:102 in act()",
+    ]

@@ -174,3 +174,28 @@ def test_a_fix_not_kept_has_no_payback_and_nothing_tried_is_not_nothing_faster()
     bare = replace(nothing, manual=())
     assert headline(bare).endswith("no fix applies to this script (see below for why).") == bool(bare.notes)
     assert headline(replace(bare, notes=())).endswith("no fix applies to this script.")
+
+
+def test_one_change_found_in_several_places_is_listed_once_with_its_places() -> None:
+    from dataclasses import replace
+
+    from gpudoctor.fixes.candidates import ManualFix
+    from gpudoctor.report.fix_view import render_fix_html, render_fix_markdown
+
+    # GIVEN the syncs of an actor-critic loop, found in four functions (the profiler names each by the line
+    # it starts on, its file by name alone: no line to read), one of them twice, and a change of another kind
+    sync = "keep the value on the GPU"
+    places = ("rl.py:80", "rl.py:102", "rl.py:102", "rl.py:121")
+    manual = tuple(ManualFix("host_sync", "Host-device synchronizations", p, None, sync) for p in places)
+    manual += (ManualFix("memory_held", "Tensors held", None, None, "Drop them."),)
+    report = replace(REPORT, manual=manual)
+    out = StringIO()
+    render_fix_terminal(report, Console(file=out, width=120, force_terminal=False, color_system=None))
+    text = out.getvalue()
+    # THEN the advice is given once, with its three places, and the other after it
+    assert text.count("Host-device synchronizations [host_sync]") == 1 and text.count(sync) == 1
+    assert re.search(r"rl\.py:80\n\s+rl\.py:102\n\s+rl\.py:121\n\s+→ keep the value", text)
+    assert "Tensors held [memory_held]\n    → Drop them." in text
+    md = render_fix_markdown(report)
+    assert "(`host_sync`) at `rl.py:80`; `rl.py:102`; `rl.py:121` — keep the value" in md
+    assert render_fix_html(report).count("Host-device synchronizations") == 1

@@ -168,6 +168,10 @@ def _manual(rule: str, title: str, site: CallSite | None, change: str) -> Manual
             source = Path(site.file).read_text(encoding="utf-8").splitlines()[site.line - 1].strip()
         except (OSError, UnicodeDecodeError, IndexError):
             source = None
+        if source is None and site.function and not site.function.startswith("<"):
+            # a profiler's frame (`rl.py(80): forward`): the file by name alone, the line its function
+            # starts on; what is meant is the function
+            where += f" in {site.function}()"
     return ManualFix(rule, title, where, source, change)
 
 

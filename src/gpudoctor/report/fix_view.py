@@ -7,6 +7,7 @@ escaped (HTML, Markdown) or printed as plain text (terminal)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
 
 from rich.cells import cell_len
@@ -16,6 +17,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpudoctor.fixes.budget import RAN_OUT
+from gpudoctor.fixes.candidates import ManualFix
 from gpudoctor.fixes.result import FixReport, FixVerdict
 from gpudoctor.fixes.verify import NumericsCheck
 from gpudoctor.report.html_style import CSS
@@ -312,12 +314,26 @@ def render_fix_terminal(report: FixReport, console: Console) -> None:
         dim_line(console, f"not in the diff: {why}")
     if report.manual:
         section(console, "Left to you (gpudoctor cannot change these safely)")
-        for m in report.manual:
-            where = f"{m.where}: " if m.where else ""
+        for m, places in manual_groups(report.manual):
             console.print(Text(f"  {m.title} [{m.rule}]", style="bold"))
-            if m.source_line:
-                console.print(Text(f"    {where}{m.source_line}"))
+            for place in places:
+                console.print(Text(f"    {place}"))
             console.print(Text(f"    → {m.change}"))
+
+
+def manual_groups(manual: Sequence[ManualFix]) -> list[tuple[ManualFix, list[str]]]:
+    """The changes left to the user, one per kind of change (rule, title and change), each with the
+    places it is found at ("file:line: the line", or "file:line" where the line cannot be read: a
+    profiler's frame names a function by the line it starts on), in the order first seen: a sync found in
+    five functions is one piece of advice with five places, not five."""
+    groups: dict[tuple[str, str, str], tuple[ManualFix, list[str]]] = {}
+    for m in manual:
+        _, places = groups.setdefault((m.rule, m.title, m.change), (m, []))
+        if m.where:
+            place = f"{m.where}: {m.source_line}" if m.source_line else m.where
+            if place not in places:
+                places.append(place)
+    return list(groups.values())
 
 
 # -- Markdown ------------------------------------------------------------------------------------------
@@ -351,10 +367,9 @@ def render_fix_markdown(report: FixReport) -> str:
     out += [f"- not in the diff: {md_text(u)}" for u in report.unplaced]
     if report.manual:
         out += ["", "### Left to you", ""]
-        for m in report.manual:
-            where = f" at `{_code(m.where)}`" if m.where else ""
-            line = f": `{_code(m.source_line)}`" if m.source_line else ""
-            out.append(f"- **{md_text(m.title)}** (`{m.rule}`){where}{line} — {md_text(m.change)}")
+        for m, places in manual_groups(report.manual):
+            where = f" at {'; '.join(f'`{_code(p)}`' for p in places)}" if places else ""
+            out.append(f"- **{md_text(m.title)}** (`{m.rule}`){where} — {md_text(m.change)}")
     return "\n".join(out) + "\n"
 
 
@@ -399,10 +414,9 @@ def render_fix_html(report: FixReport) -> str:
     if report.manual:
         items = "".join(
             f"<li><b>{escape(m.title)}</b> ({escape(m.rule)})"
-            + (f" at <code>{escape(m.where)}</code>" if m.where else "")
-            + (f": <code>{escape(m.source_line)}</code>" if m.source_line else "")
+            + (" at " + "; ".join(f"<code>{escape(p)}</code>" for p in places) if places else "")
             + f" — {escape(m.change)}</li>"
-            for m in report.manual
+            for m, places in manual_groups(report.manual)
         )
         parts.append(f"<section><h2>Left to you</h2><ul>{items}</ul></section>")
     return (
