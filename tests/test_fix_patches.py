@@ -767,3 +767,28 @@ def test_the_users_frame_is_found_without_listing_the_librarys_folders_each_time
         site = hooks.call_site()
     assert site is not None and site.file == __file__
     assert (hooks._library_dirs.cache_info().misses, hooks.is_user_file.cache_info().misses) == before
+
+
+def test_the_reseeded_round_draws_other_masks_from_the_same_weights() -> None:
+    from gpudoctor.fixes.catalog import build_patch
+    from gpudoctor.fixes.patches.base import PatchContext
+
+    def run(fixes: tuple[str, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.manual_seed(0)  # as every round is seeded
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5))
+        x = torch.ones(4, 8)  # made before the first module call, as a batch is
+        finder = RootFinder(until=lambda: True)
+        patches = [build_patch(f, PatchContext(finder, __file__)) for f in fixes]
+        finder.install()
+        try:
+            with patched(patches):
+                out = model(x)
+        finally:
+            finder.uninstall()
+        return model[0].weight.detach().clone(), out.detach()
+
+    w0, out0 = run(())
+    w1, out1 = run(("reseed",))
+    assert torch.equal(w0, w1)  # the same model
+    assert not torch.equal(out0 == 0, out1 == 0)  # other dropout masks
+    assert torch.equal(run(("reseed",))[1], out1)  # and the same ones every time

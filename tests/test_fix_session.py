@@ -291,6 +291,28 @@ def test_a_fix_that_changes_the_losses_is_reverted_after_its_one_process() -> No
     assert v.numerics is not None and v.numerics.tolerance == 5e-2
 
 
+@pytest.mark.parametrize("dropout", [True, False])
+def test_with_dropout_bf16_is_also_held_to_how_far_other_random_draws_move_the_losses(dropout: bool) -> None:
+    # GIVEN bf16 autocast moving the first losses 8% (the allowed 5% past), and the unchanged script moving
+    # them 5% where its step draws anew: dropout's masks, which bfloat16 lays out otherwise
+    clock = FakeClock()
+    launcher = FakeLauncher(clock, {"baseline": 100.0, "autocast": 60.0})
+    launcher.seen = {"dropout": dropout}
+    launcher.losses["autocast"] = tuple((v[0] * 1.08,) for v in LOSSES)
+    launcher.losses["reseed"] = tuple((v[0] * 1.05,) for v in LOSSES)
+    report = session(launcher, clock, "autocast").run()
+    (v,) = report.verdicts
+    reseeded = [c for c in launcher.calls if c[1] == ("reseed",)]
+    assert v.numerics is not None
+    if dropout:
+        # THEN one round of the script reseeded sets the yardstick, and bf16 stays within 3 times its move
+        assert len(reseeded) == 1 and v.kept and v.numerics.ok
+        assert v.numerics.noise_floor == pytest.approx(0.05, rel=1e-3)
+    else:
+        # without dropout no such round: the 8% is bf16's own, and reverted
+        assert not reseeded and not v.kept and v.reason.startswith("changes results")
+
+
 @pytest.mark.parametrize(("cudnn_tf32", "kept"), [(True, True), (False, False)])
 def test_a_conv_fix_is_held_to_tf32_rounding_where_the_script_convolves_in_tf32(
     cudnn_tf32: bool, kept: bool

@@ -18,6 +18,7 @@ from gpudoctor.fixes.kinds.loop import (
     NoEmptyCacheFix,
     NoOpFix,
     NoValidationFix,
+    ReseedFix,
     ZeroGradNoneFix,
 )
 from gpudoctor.fixes.kinds.model import (
@@ -53,6 +54,7 @@ FIXES: tuple[Fix, ...] = (
     PinMemoryFix(),
     LargerBatchFix(),
     NoOpFix(),
+    ReseedFix(),
 )
 SPECS: dict[str, Fix] = {f.kind: f for f in FIXES}
 PATCH_CLASSES: dict[str, type[FixPatch]] = {f.kind: f.patch for f in FIXES}

@@ -18,7 +18,10 @@ def numerics_of(
     ref: RoundResult,
     baselines: list[RoundResult],
     tried: list[Tried],
+    reseeded: RoundResult | None = None,
 ) -> NumericsCheck:
+    """`reseeded`: a round of the unchanged script whose step drew other random numbers (the yardstick
+    for a fix that draws other dropout masks itself): the losses may move as far as its moved them."""
     loader = tuple(f for f in fixes if spec_of(f).speed_only)
     arithmetic = [spec_of(f) for f in fixes if not spec_of(f).speed_only]
     reference, others = list(ref.outputs), [list(b.outputs) for b in baselines[1:]]
@@ -44,6 +47,10 @@ def numerics_of(
         # reordered TF32 products move the results by TF32's rounding, not float32's
         tolerance = TF32_TOLERANCE
         notes.append("the script's own convolutions or matmuls run in TF32")
+    if reseeded is not None and reseeded.outputs and tolerance is not None and not loader:
+        # (beside a loader fix the reference is that fix's round, other batches than the yardstick's)
+        others.append(list(reseeded.outputs))
+        notes.append("with dropout it draws other masks: also held to how far other random draws move them")
     note = "; ".join(dict.fromkeys(notes))
     floor = noise_floor(reference, others)
     return check_numerics(

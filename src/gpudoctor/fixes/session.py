@@ -86,6 +86,7 @@ class FixSession:
         self.stacked: list[Tried] = []  # fixes not faster alone, tried on top of the recommendation
         self.final: tuple[str, ...] = ()
         self.chain: list[Tried] = []  # the kept A/Bs in order: the first against the script, each next on top
+        self._reseed_round: RoundResult | None = None  # the numerics' yardstick, where one was needed
         self.notes: list[str] = []
         self.complete = self.interrupted = False
         self.budget = Budget(options, clock, self.start)
@@ -388,7 +389,20 @@ class FixSession:
 
     def _numerics(self, fixes: tuple[str, ...], run: RoundResult) -> NumericsCheck:
         assert self.reference is not None
-        return numerics_of(fixes, run, self.reference, self.baselines, self.tried)
+        return numerics_of(fixes, run, self.reference, self.baselines, self.tried, self._reseeded(fixes))
+
+    def _reseeded(self, fixes: tuple[str, ...]) -> RoundResult | None:
+        """Where a fix draws other dropout masks than the baseline (bf16 autocast) and the step's modules
+        have dropout: a round of the unchanged script whose step draws anew (once, then kept), the
+        yardstick for how far other draws move the losses; else None."""
+        seen = self.reference.observations if self.reference is not None else None
+        if seen is None or not any(r.dropout for r in seen.step_roots):
+            return None
+        if not any(spec_of(f).draws_differ for f in fixes) or any(spec_of(f).speed_only for f in fixes):
+            return None  # (beside a loader fix the losses are held against that fix's own round)
+        if self._reseed_round is None:
+            self._reseed_round = self.trials.round("reseeded", ("reseed",))
+        return self._reseed_round
 
     # -- reporting ---------------------------------------------------------------------------------------
     def _progress(

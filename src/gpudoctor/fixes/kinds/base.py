@@ -48,6 +48,10 @@ class Fix:
     group: ClassVar[str]  # alternatives: one of a group goes into the combination (its kind, by default)
     # judged on speed alone: where batches are made changes, not the model's arithmetic
     speed_only: ClassVar[bool] = False
+    # draws other dropout masks than the baseline (bfloat16's dropout kernel lays its random numbers out
+    # otherwise: lab/bf16_dropout_numerics.py), so that with dropout its losses are also held to how far
+    # the step's own random draws move them
+    draws_differ: ClassVar[bool] = False
     patch: ClassVar[type[FixPatch]]
     example_arg: ClassVar[str] = ""  # for the one-line error of a bad argument
 

@@ -14,7 +14,7 @@ from gpudoctor.fixes.observe import Observations, SiteCount
 from gpudoctor.fixes.patches.base import FixPatch
 from gpudoctor.fixes.patches.distributions import NoValidation
 from gpudoctor.fixes.patches.memory import NoEmptyCache
-from gpudoctor.fixes.patches.noop import NoOp
+from gpudoctor.fixes.patches.noop import NoOp, Reseed
 from gpudoctor.fixes.patches.optimizer import FusedOptimizer, ZeroGradSetToNone
 
 
@@ -119,3 +119,13 @@ class NoOpFix(Fix):
     title = "nothing (A/A)"
     tolerance_note = "the unchanged script"
     patch: ClassVar[type[FixPatch]] = NoOp
+
+
+class ReseedFix(Fix):
+    """Not a fix: the numerics guard's yardstick round (`patches.noop.Reseed`), never proposed."""
+
+    kind = "reseed"
+    title = "the step's random draws reseeded"
+    tolerance = None
+    tolerance_note = "the unchanged script, other random draws"
+    patch: ClassVar[type[FixPatch]] = Reseed

@@ -156,6 +156,7 @@ class CompileFunctionsFix(CompileFix):
 class AutocastFix(Fix):
     kind = "autocast"
     title = "bfloat16 autocast"
+    draws_differ = True
     rules = ("tensor_cores_unused", "tf32_not_bf16", "unfused_elementwise")
     tolerance = HALF_TOLERANCE
     tolerance_note = "bfloat16 keeps 8 mantissa bits"
