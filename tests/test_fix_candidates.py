@@ -372,3 +372,12 @@ def test_a_sync_found_in_a_profilers_frame_names_its_function() -> None:
         "rl.py:80 in forward()",
         "rl.py:102 in act()",
     ]
+
+
+def test_the_numerics_yardstick_round_is_not_a_fix_to_ask_for() -> None:
+    from gpudoctor.fixes.catalog import asked
+
+    assert asked("compile_fn") == "compile_fn" and asked("no_validation") == "no_validation"
+    with pytest.raises(UsageError, match="unknown fix 'reseed'") as err:
+        asked("reseed")
+    assert "reseed" not in str(err.value).split("known:")[1]

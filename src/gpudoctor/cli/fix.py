@@ -55,9 +55,9 @@ def parse_duration(text: str) -> float:
 
 
 def _ids(text: str | None) -> tuple[str, ...]:
-    from gpudoctor.fixes.catalog import validate
+    from gpudoctor.fixes.catalog import asked
 
-    return tuple(validate(f.strip()) for f in (text or "").split(",") if f.strip())
+    return tuple(asked(f.strip()) for f in (text or "").split(",") if f.strip())
 
 
 def _skipped(text: str | None) -> tuple[str, ...]:

@@ -58,12 +58,23 @@ FIXES: tuple[Fix, ...] = (
 )
 SPECS: dict[str, Fix] = {f.kind: f for f in FIXES}
 PATCH_CLASSES: dict[str, type[FixPatch]] = {f.kind: f.patch for f in FIXES}
+INTERNAL = ("reseed",)  # rounds of the search's own (the numerics' yardstick), not fixes to ask for
+
+
+def asked(fix_id: str) -> str:
+    """A fix id the user gave (`--only`, `--skip`): one of the fixes, not a round of the search's own."""
+    if fix_id.split(":", 1)[0] in INTERNAL:
+        known = ", ".join(k for k in SPECS if k not in INTERNAL)
+        raise UsageError(f"unknown fix {fix_id!r} (known: {known})")
+    return validate(fix_id)
 
 
 def spec_of(fix_id: str) -> Fix:
     kind = fix_id.split(":", 1)[0]
     if kind not in SPECS:
-        raise UsageError(f"unknown fix {fix_id!r} (known: {', '.join(SPECS)})")
+        raise UsageError(
+            f"unknown fix {fix_id!r} (known: {', '.join(k for k in SPECS if k not in INTERNAL)})"
+        )
     return SPECS[kind]
 
 
