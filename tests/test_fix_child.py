@@ -463,3 +463,37 @@ def test_a_stopped_scripts_persistent_loader_workers_end_with_the_round(tmp_path
     assert r.failure is None and r.outcome == "stopped"
     assert r.observations is not None and r.observations.loaders[0].num_workers == 1
     assert multiprocessing.active_children() == []
+
+
+TWO_MODULES_IN_A_FUNCTION = """\
+import torch
+
+body, head = torch.nn.Linear(8, 16), torch.nn.Linear(16, 1)
+optimizer = torch.optim.SGD([*body.parameters(), *head.parameters()], lr=0.01)
+x = torch.randn(32, 8)
+
+
+def forward(x):
+    return head(torch.relu(body(x))).square().mean()
+
+
+for step in range(10_000):
+    loss = forward(x)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_the_function_that_calls_both_modules_is_compiled_in_the_scripts_own_namespace(
+    tmp_path: Path,
+) -> None:
+    r = child(tmp_path, TWO_MODULES_IN_A_FUNCTION, "--fixes", "compile_fn", "--compile-backend", "eager")
+    assert r.failure is None and r.outcome == "stopped"
+    # THEN the script's `forward` was found, bound to its compiled form there, and ran compiled
+    assert r.observations is not None
+    assert [(f.name, f.line) for f in r.observations.step_functions] == [("forward", 8)]
+    outcome = r.patches["compile_fn"]
+    assert outcome.applied and outcome.changes == ("forward() compiled",)
+    assert [(e.op, e.name, e.line) for e in outcome.edits] == [("after_definition", "forward", 8)]
+    assert r.compile_s > 0 and r.observations.compiled is not None and r.observations.compiled.graphs >= 1
