@@ -200,8 +200,9 @@ def test_flops_are_counted_from_shapes() -> None:
     assert op_flops("relu", (a,), a) is None
 
 
-# an actor and a critic called from one plain function, as RL code writes its rollout step; a method and a
-# function that takes its own backward call modules too, and are not compiled whole
+# an actor and a critic called from one plain function, as RL code writes its rollout step; a method, and
+# functions that take their own gradients (`.backward()`, `torch.autograd.grad`), call modules too and are
+# not compiled whole
 ACTOR, CRITIC = torch.nn.Linear(6, 2), torch.nn.Linear(6, 1)
 
 
@@ -211,6 +212,10 @@ def act(obs: torch.Tensor) -> torch.Tensor:
 
 def learn(obs: torch.Tensor) -> None:
     CRITIC(obs).sum().backward()
+
+
+def meta_learn(obs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return torch.autograd.grad(ACTOR(obs).sum(), ACTOR.parameters())
 
 
 class Rollout:
@@ -232,6 +237,7 @@ def test_the_plain_function_that_calls_the_step_modules_is_compiled_whole_and_wr
             obs = torch.randn(4, 6)
             globals()["act"](obs)  # as the script's loop looks the name up at each call
             learn(obs)
+            meta_learn(obs)
             Rollout().value(obs)
             steps[0] += 1
             graphs.append(counters["stats"]["unique_graphs"] - start)

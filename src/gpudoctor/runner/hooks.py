@@ -122,16 +122,19 @@ class StepFunction:
     line: int
 
 
+TRAINS = frozenset({"backward", "grad", "zero_grad"})  # names a training step's own function uses
+
+
 def step_function(frame: FrameType) -> StepFunction | None:
     """The function `frame` runs, where it is a plain function bound to its own name at the top level of
-    its module, and not a training step of its own (it calls `.backward()`: torch.compile breaks its
-    graph there and would trace the optimizer's step, which the step's counting hooks); else None."""
+    its module, and not a training step of its own (it takes gradients — `.backward()`,
+    `torch.autograd.grad` — or zeroes them: torch.compile breaks its graph there and would trace the
+    optimizer's step, whose hooks count the steps); else None."""
     code = frame.f_code
     if code.co_name.startswith("<") or "." in getattr(code, "co_qualname", code.co_name):
         return None  # the module's top level, a lambda or comprehension; a method or a nested function
-    if (
-        getattr(frame.f_globals.get(code.co_name), "__code__", None) is not code
-        or "backward" in code.co_names
+    if getattr(frame.f_globals.get(code.co_name), "__code__", None) is not code or TRAINS & set(
+        code.co_names
     ):
         return None
     return StepFunction(code.co_filename, code.co_name, code.co_firstlineno)
