@@ -44,12 +44,16 @@ class LanguageModel:
         return self.head(self.encoder(self.embed(tokens)))
 
 
-def run(fixes: list[str], body: Any, steps: list[int]) -> tuple[RootFinder, list[Any], Observer]:
+def run(
+    fixes: list[str], body: Any, steps: list[int], compile_backend: str = "inductor"
+) -> tuple[RootFinder, list[Any], Observer]:
     """Apply `fixes` with the observer, as a fix round does (the modules found over the first 3 steps of
     `body`, which bumps steps[0] at each step), run `body()`, undo."""
     finder = RootFinder(until=lambda: steps[0] >= 3)
     ctx = PatchContext(finder, __file__)
-    patches = sorted((build_patch(f, ctx) for f in fixes), key=lambda p: p.order)
+    patches = sorted(
+        (build_patch(f, ctx, compile_backend=compile_backend) for f in fixes), key=lambda p: p.order
+    )
     observer = Observer(finder)
     finder.install()
     try:
@@ -169,17 +173,7 @@ def test_compile_waits_for_the_finder_and_compiles_each_module_once() -> None:
             steps[0] += 1
             compiled_while_watching.append(counters["stats"]["unique_graphs"] - start)
 
-    finder = RootFinder(until=lambda: steps[0] >= 3)
-    ctx = PatchContext(finder, __file__)
-    patch = build_patch("compile", ctx, compile_backend="eager")
-    observer = Observer(finder)
-    finder.install()
-    try:
-        with patched([patch, observer]):
-            body()
-            obs = observer.observations()
-    finally:
-        finder.uninstall()
+    _, _, obs = run(["compile"], body, steps, compile_backend="eager")
     # THEN nothing compiled while the finder's hooks were in (steps 1-3), then each module once
     assert compiled_while_watching[:3] == [0, 0, 0]
     assert obs.compiled is not None and obs.compiled.graphs >= 3
@@ -241,25 +235,16 @@ def test_the_plain_function_that_calls_the_step_modules_is_compiled_whole_and_wr
             Rollout().value(obs)
             steps[0] += 1
             graphs.append(counters["stats"]["unique_graphs"] - start)
+        bound.append(globals()["act"])  # what the name is bound to while the fix is on
 
-    finder = RootFinder(until=lambda: steps[0] >= 3)
-    patch = build_patch("compile_fn", PatchContext(finder, __file__), compile_backend="eager")
-    observer = Observer(finder)
-    finder.install()
-    try:
-        with patched([patch, observer]):
-            body()
-            obs = observer.observations()
-            bound = globals()["act"]
-    finally:
-        finder.uninstall()
+    bound: list[Any] = []
+    _, (outcome,), obs = run(["compile_fn"], body, steps, compile_backend="eager")
     # THEN the one plain function that does not take its own backward is found, and no method
     assert [(f.name, f.line) for f in obs.step_functions] == [("act", the_function.__code__.co_firstlineno)]
     # AND its name was bound to the compiled one, which ran once the finder's hooks were out, and back on undo
-    assert bound is not the_function and bound.__wrapped__ is the_function
+    assert bound[0] is not the_function and bound[0].__wrapped__ is the_function
     assert graphs[:3] == [0, 0, 0] and graphs[-1] >= 1
     assert globals()["act"] is the_function
-    outcome = patch.outcome()
     assert outcome.applied and outcome.changes == ("act() compiled",)
     assert [(e.op, e.name, e.line) for e in outcome.edits] == [
         ("after_definition", "act", the_function.__code__.co_firstlineno)
