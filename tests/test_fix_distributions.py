@@ -79,3 +79,41 @@ def test_the_line_goes_after_the_imports() -> None:
         "import torch\nfrom torch.distributions import Normal\n"
         "torch.distributions.Distribution.set_default_validate_args(False)\n"
     )
+
+
+def test_validation_switches_in_blocks_and_is_back_after_the_run() -> None:
+    # a compiled function over a distribution is guarded on the flag: each setting compiles once and is
+    # reused, so the fix is timed in blocks of one process as TF32 is
+    finder = RootFinder(until=lambda: True)
+    patch = build_patch("no_validation", PatchContext(finder, __file__))
+    assert patch.switchable
+    seen: list[bool] = []
+    with patched([patch]):
+        for on in (False, True, False):
+            patch.switch(on)
+            seen.append(Normal(torch.zeros(2), torch.ones(2))._validate_args)
+    assert seen == [True, False, True] and Distribution._validate_args
+
+
+def test_counting_them_does_not_break_the_graph_of_compiled_code_that_builds_them() -> None:
+    # the observer's wrapped __init__ is inlined by Dynamo where a compiled policy builds its Normal: a
+    # Counter in its closure broke the graph there (actor_critic's compiled rollout: 2 breaks in every
+    # round, 11.6% saved on the CPU against 20.9% without them)
+    from torch._dynamo.utils import counters
+
+    def unchecked(obs: torch.Tensor) -> torch.Tensor:
+        # (without validation: Dynamo's own break at PyTorch's constraint check, whether it traces
+        # into torch.distributions, is not the observer's)
+        return Normal(POLICY(obs), torch.ones(2), validate_args=False).sample()
+
+    torch._dynamo.reset()
+    counters.clear()
+    act = torch.compile(unchecked, backend="eager")
+    finder = RootFinder(until=lambda: True)
+    observer = Observer(finder)
+    with patched([observer]):
+        for _ in range(2):
+            act(torch.randn(3, 4))
+    assert sum(counters["graph_break"].values()) == 0, list(counters["graph_break"])
+    # (built inside compiled code they are not counted: the observer counts those built eagerly)
+    assert not observer.observations().validated_distributions

@@ -792,3 +792,29 @@ def test_the_reseeded_round_draws_other_masks_from_the_same_weights() -> None:
     assert torch.equal(w0, w1)  # the same model
     assert not torch.equal(out0 == 0, out1 == 0)  # other dropout masks
     assert torch.equal(run(("reseed",))[1], out1)  # and the same ones every time
+
+
+def test_the_nudged_round_moves_every_weight_by_one_ulp_once() -> None:
+    from gpudoctor.fixes.catalog import build_patch
+    from gpudoctor.fixes.patches.base import PatchContext
+
+    torch.manual_seed(0)
+    shared = torch.nn.Linear(8, 8)
+    actor, critic = (
+        torch.nn.Sequential(shared, torch.nn.Tanh()),
+        torch.nn.Sequential(shared, torch.nn.Linear(8, 1)),
+    )
+    before = shared.weight.detach().clone()
+    finder = RootFinder(until=lambda: False)  # watching: both modules are the step's
+    patch = build_patch("nudge", PatchContext(finder, __file__))
+    finder.install()
+    try:
+        with patched([patch]):
+            for _ in range(3):  # the step's two modules, called every step
+                critic(actor(torch.ones(4, 8)))
+    finally:
+        finder.uninstall()
+    # every weight one unit in its last place further from zero, the one both modules share once
+    step = (shared.weight.detach() - before).abs()
+    ulp = before.abs() * torch.finfo(torch.float32).eps
+    assert bool((step > 0.4 * ulp).all()) and bool((step < 2.1 * ulp).all())

@@ -18,6 +18,7 @@ from gpudoctor.fixes.kinds.loop import (
     NoEmptyCacheFix,
     NoOpFix,
     NoValidationFix,
+    NudgeFix,
     ReseedFix,
     ZeroGradNoneFix,
 )
@@ -55,10 +56,11 @@ FIXES: tuple[Fix, ...] = (
     LargerBatchFix(),
     NoOpFix(),
     ReseedFix(),
+    NudgeFix(),
 )
 SPECS: dict[str, Fix] = {f.kind: f for f in FIXES}
 PATCH_CLASSES: dict[str, type[FixPatch]] = {f.kind: f.patch for f in FIXES}
-INTERNAL = ("reseed",)  # rounds of the search's own (the numerics' yardstick), not fixes to ask for
+INTERNAL = ("reseed", "nudge")  # rounds of the search's own (the numerics' yardsticks), not fixes to ask for
 
 
 def asked(fix_id: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from gpudoctor.fixes.attempt import Tried
 from gpudoctor.fixes.catalog import HALF_REORDER_TOLERANCE, TF32_TOLERANCE, spec_of
 from gpudoctor.fixes.round import RoundResult
-from gpudoctor.fixes.verify import NumericsCheck, check_numerics, noise_floor
+from gpudoctor.fixes.verify import NOISE_FACTOR, NumericsCheck, check_numerics, noise_floor, rel_diff
 
 
 def numerics_of(
@@ -19,9 +19,12 @@ def numerics_of(
     baselines: list[RoundResult],
     tried: list[Tried],
     reseeded: RoundResult | None = None,
+    nudged: RoundResult | None = None,
 ) -> NumericsCheck:
     """`reseeded`: a round of the unchanged script whose step drew other random numbers (the yardstick
-    for a fix that draws other dropout masks itself): the losses may move as far as its moved them."""
+    for a fix that draws other dropout masks itself): the losses may move as far as its moved them.
+    `nudged`: a round of the unchanged script whose weights were one ulp off (the yardstick for fixes
+    that only reorder float arithmetic, where the loop amplifies rounding): likewise."""
     loader = tuple(f for f in fixes if spec_of(f).speed_only)
     arithmetic = [spec_of(f) for f in fixes if not spec_of(f).speed_only]
     reference, others = list(ref.outputs), [list(b.outputs) for b in baselines[1:]]
@@ -51,8 +54,18 @@ def numerics_of(
         # (beside a loader fix the reference is that fix's round, other batches than the yardstick's)
         others.append(list(reseeded.outputs))
         notes.append("with dropout it draws other masks: also held to how far other random draws move them")
+    if nudged is not None and nudged.outputs and tolerance is not None and not loader and reorders(fixes):
+        moved = rel_diff(reference, list(nudged.outputs))
+        if NOISE_FACTOR * moved > tolerance:  # (where it moves them less, it allows nothing more)
+            others.append(list(nudged.outputs))
+            notes.append(f"weights one ulp off move this loop's losses {100 * moved:.2g}%")
     note = "; ".join(dict.fromkeys(notes))
     floor = noise_floor(reference, others)
     return check_numerics(
         ref.outputs_kind, reference, run.outputs_kind, list(run.outputs), tolerance, floor, note
     )
+
+
+def reorders(fixes: tuple[str, ...]) -> bool:
+    """A fix of `fixes` reorders float arithmetic (`Fix.reorders`): compiled or fused kernels."""
+    return any(spec_of(f).reorders for f in fixes)

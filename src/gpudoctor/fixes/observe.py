@@ -220,6 +220,11 @@ def free_cores() -> int:
     return max(n - 1, 0)
 
 
+# where the Observer installed counts the torch.distributions built with their arguments validated (a
+# module global, not a closure: see `validated` in `Observer._count_calls`)
+_VALIDATED: list[Counter[CallSite | None]] = []
+
+
 class Observer:
     name = "observer"
 
@@ -406,11 +411,15 @@ class Observer:
         r.replace(torch.Tensor, "item", item_call)
         distribution = torch.distributions.Distribution
         made = distribution.__init__
+        _VALIDATED.append(counts["validated"])
+        r.on_restore(lambda: _VALIDATED.remove(counts["validated"]))
 
         def validated(obj: Any, *args: Any, **kwargs: Any) -> None:
+            # (no Counter in its closure: Dynamo inlines it where compiled code builds a distribution,
+            # and a closure it cannot wrap would break the graph there)
             made(obj, *args, **kwargs)
             if obj._validate_args and not torch.compiler.is_compiling():
-                counts["validated"][call_site()] += 1
+                _VALIDATED[-1][call_site()] += 1
 
         r.replace(distribution, "__init__", validated)
 

@@ -31,7 +31,7 @@ from gpudoctor.fixes.budget import RAN_OUT, Budget
 from gpudoctor.fixes.candidates import Candidate, ManualFix, choose
 from gpudoctor.fixes.catalog import in_users_idiom, spec_of, title_of
 from gpudoctor.fixes.diff import unified_diff
-from gpudoctor.fixes.guard import numerics_of
+from gpudoctor.fixes.guard import numerics_of, reorders
 from gpudoctor.fixes.loaders import loader_wait_share
 from gpudoctor.fixes.options import FixOptions, Launcher, Progress
 from gpudoctor.fixes.order import FIRST_VERDICTS, after_kept, alternative_next, loader_first
@@ -86,7 +86,8 @@ class FixSession:
         self.stacked: list[Tried] = []  # fixes not faster alone, tried on top of the recommendation
         self.final: tuple[str, ...] = ()
         self.chain: list[Tried] = []  # the kept A/Bs in order: the first against the script, each next on top
-        self._reseed_round: RoundResult | None = None  # the numerics' yardstick, where one was needed
+        self._reseed_round: RoundResult | None = None  # the numerics' yardsticks, where one was needed
+        self._nudge_round: RoundResult | None = None
         self.notes: list[str] = []
         self.complete = self.interrupted = False
         self.budget = Budget(options, clock, self.start)
@@ -389,7 +390,16 @@ class FixSession:
 
     def _numerics(self, fixes: tuple[str, ...], run: RoundResult) -> NumericsCheck:
         assert self.reference is not None
-        return numerics_of(fixes, run, self.reference, self.baselines, self.tried, self._reseeded(fixes))
+        reseeded = self._reseeded(fixes)
+        check = numerics_of(fixes, run, self.reference, self.baselines, self.tried, reseeded)
+        if check.ok or check.tolerance is None or not reorders(fixes):
+            return check
+        # past its tolerance: how far does rounding alone move this loop's losses (once, then kept)?
+        if self._nudge_round is None:
+            self._nudge_round = self.trials.round("nudged", ("nudge",))
+        return numerics_of(
+            fixes, run, self.reference, self.baselines, self.tried, reseeded, self._nudge_round
+        )
 
     def _reseeded(self, fixes: tuple[str, ...]) -> RoundResult | None:
         """Where a fix draws other dropout masks than the baseline (bf16 autocast) and the step's modules

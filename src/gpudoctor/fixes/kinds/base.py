@@ -52,6 +52,10 @@ class Fix:
     # otherwise: lab/bf16_dropout_numerics.py), so that with dropout its losses are also held to how far
     # the step's own random draws move them
     draws_differ: ClassVar[bool] = False
+    # changes only the order (and the kernels) of float arithmetic, not its precision: in a loop that
+    # amplifies rounding (thresholds that flip, a loss that is a small difference of large terms) its
+    # losses are also held to how far a one-ulp change of the weights moves them
+    reorders: ClassVar[bool] = False
     patch: ClassVar[type[FixPatch]]
     example_arg: ClassVar[str] = ""  # for the one-line error of a bad argument
 

@@ -1,6 +1,6 @@
 """The fixes of the training loop's own calls: a fused optimizer, zero_grad(set_to_none=True), no
 torch.cuda.empty_cache() per step, no argument validation in torch.distributions; and the fix that
-changes nothing (the A/A's)."""
+changes nothing (the A/A's) and the rounds of the numerics guard's yardsticks."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from gpudoctor.fixes.observe import Observations, SiteCount
 from gpudoctor.fixes.patches.base import FixPatch
 from gpudoctor.fixes.patches.distributions import NoValidation
 from gpudoctor.fixes.patches.memory import NoEmptyCache
-from gpudoctor.fixes.patches.noop import NoOp, Reseed
+from gpudoctor.fixes.patches.noop import NoOp, Nudge, Reseed
 from gpudoctor.fixes.patches.optimizer import FusedOptimizer, ZeroGradSetToNone
 
 
@@ -29,6 +29,7 @@ class FusedOptimizerFix(Fix):
     title = "fused optimizer"
     rules = ("optimizer_unfused",)
     tolerance_note = "the same update in fewer kernels"
+    reorders = True
     patch: ClassVar[type[FixPatch]] = FusedOptimizer
 
     def propose(self, p: Proposing) -> list[tuple[str, str]]:
@@ -129,3 +130,14 @@ class ReseedFix(Fix):
     tolerance = None
     tolerance_note = "the unchanged script, other random draws"
     patch: ClassVar[type[FixPatch]] = Reseed
+
+
+class NudgeFix(Fix):
+    """Not a fix: the numerics guard's yardstick round for fixes that reorder float arithmetic
+    (`patches.noop.Nudge`), never proposed."""
+
+    kind = "nudge"
+    title = "the step's parameters moved by one ulp"
+    tolerance = None
+    tolerance_note = "the unchanged script, its weights one ulp off"
+    patch: ClassVar[type[FixPatch]] = Nudge

@@ -39,6 +39,7 @@ class CompileFix(Fix):
     title = "torch.compile"
     rules = ("launch_overhead", "unfused_elementwise", "host_python")
     tolerance_note = "fused kernels reorder float arithmetic"
+    reorders = True
     patch: ClassVar[type[FixPatch]] = Compile
     example_arg = "compile:reduce-overhead"
 
@@ -87,8 +88,12 @@ class CompileFix(Fix):
         c = seen.compiled
         if c is None:
             return None
-        breaks = f", {c.graph_breaks} graph breaks" if c.graph_breaks else ""
-        return f"{c.graphs} graphs compiled from {c.frames} frames ({c.ops} ops){breaks}"
+
+        def n(count: int, noun: str) -> str:
+            return f"{count} {noun}{'' if count == 1 else 's'}"
+
+        breaks = f", {n(c.graph_breaks, 'graph break')}" if c.graph_breaks else ""
+        return f"{n(c.graphs, 'graph')} compiled from {n(c.frames, 'frame')} ({n(c.ops, 'op')}){breaks}"
 
     def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
         if fw.name == "transformers":
@@ -258,6 +263,7 @@ class ChannelsLastFix(Fix):
     title = "channels_last memory format"
     rules = ("conv_layout",)
     tolerance_note = "other convolution algorithms"
+    reorders = True
     patch: ClassVar[type[FixPatch]] = ChannelsLast
 
     def propose(self, p: Proposing) -> list[tuple[str, str]]:
@@ -335,6 +341,7 @@ class SdpaFix(Fix):
     title = "scaled_dot_product_attention"
     rules = ("attention_materialized",)
     tolerance_note = "fused attention kernels reorder float arithmetic"
+    reorders = True
     patch: ClassVar[type[FixPatch]] = HFSdpa
 
     def propose(self, p: Proposing) -> list[tuple[str, str]]:

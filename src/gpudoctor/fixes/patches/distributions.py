@@ -3,13 +3,14 @@ parameter against its constraint (`constraint.check(value).all()`) and `log_prob
 host-device synchronization on the GPU and a graph break under torch.compile — twice for every `Normal`
 a policy builds per environment step. PyTorch validates by default (`__debug__`); the fix sets the class's
 default off, as `torch.distributions.Distribution.set_default_validate_args(False)` does, after the
-imports. A distribution the script builds with `validate_args=True` stays validated. Not switched in a
-running process: code compiled with the check would be guarded on the flag and compiled again."""
+imports. A distribution the script builds with `validate_args=True` stays validated. Switched in a
+running process as TF32 is: code compiled over a distribution is guarded on the flag, so each setting
+compiles once (the blocks' prewarm compiles the other) and is then reused."""
 
 from __future__ import annotations
 
 from gpudoctor.fixes.edits import Edit
-from gpudoctor.fixes.patches.base import FixPatch
+from gpudoctor.fixes.patches.base import FixPatch, PatchContext
 
 LINE = "torch.distributions.Distribution.set_default_validate_args(False)"
 
@@ -17,6 +18,11 @@ LINE = "torch.distributions.Distribution.set_default_validate_args(False)"
 class NoValidation(FixPatch):
     fix_id = "no_validation"
     order = 10
+    switchable = True
+
+    def __init__(self, ctx: PatchContext) -> None:
+        super().__init__(ctx)
+        self._applied = False
 
     def _apply(self) -> None:
         import torch
@@ -26,6 +32,13 @@ class NoValidation(FixPatch):
             self.not_applicable = "torch.distributions already skip validating their arguments"
             return
         self.restorer.replace(distribution, "_validate_args", False)
+        self._applied = True
         edit = Edit("insert_after_imports", self.ctx.script, code=(LINE,)) if self.ctx.script else None
         self.snippet = LINE
         self.changed("torch.distributions' argument validation off", edit)
+
+    def switch(self, on: bool) -> None:
+        import torch
+
+        if self._applied:
+            torch.distributions.Distribution._validate_args = not on

@@ -41,3 +41,28 @@ class Reseed(FixPatch):
 
         torch.manual_seed(self.SEED)  # every device's generator
         self._done = True
+
+
+class Nudge(FixPatch):
+    """The unchanged script with every floating-point parameter of the step's modules moved by one unit
+    in its last place (×(1 + eps) of its dtype) at their first call: the rounding a reordered sum makes,
+    once. How far its first losses land from the baseline's is the numerics guard's yardstick for a fix
+    that reorders float arithmetic (compiled or fused kernels) in a loop that amplifies rounding — a
+    simulation whose thresholds flip, a loss that is a small difference of large terms."""
+
+    fix_id = "nudge"
+    order = 90
+
+    def _apply(self) -> None:
+        self._moved: set[int] = set()  # parameters shared between modules move once
+        self.ctx.finder.on_root(self._nudge)
+        self.changed("the step's parameters moved by one unit in their last place at its first module call")
+
+    def _nudge(self, module: object, args: tuple[object, ...]) -> None:
+        import torch
+
+        with torch.no_grad():
+            for p in module.parameters():  # type: ignore[attr-defined]
+                if id(p) not in self._moved and p.is_floating_point():
+                    self._moved.add(id(p))
+                    p.mul_(1 + torch.finfo(p.dtype).eps)
