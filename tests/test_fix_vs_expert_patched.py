@@ -233,3 +233,19 @@ def test_merged_timings_keep_the_patched_copy_and_the_proof_and_the_status_count
         and "1 of the 1 with both within ±10%" in status
     )
     assert "1 reach 80% of the expert's gain by the proof's figure" in status
+
+
+@pytest.mark.parametrize(
+    ("ci", "more"),
+    [((1.40, 1.80), True), ((1.90, 2.10), False), ((2.10, 2.40), True), ((1.00, 1.50), False)],
+)
+def test_the_patched_copy_is_timed_again_while_its_interval_holds_an_end_of_the_agreement_band(
+    ci: tuple[float, float], more: bool
+) -> None:
+    # a proof of 1.98×: the patched copy agrees within ±10% between 1.80× and 2.20×. Its processes 20%
+    # apart (a compiled, host-bound step), an interval across 1.80× or 2.20× cannot yet tell agreement
+    # from disagreement; one wholly inside or wholly outside the band can
+    result = {"proof_check": {"proof": {"speedup": 1.98}}, "patched_speedup_ci": list(ci)}
+    assert fve.proof_undecided(result) is more
+    assert fve.undecided("tuned_control", [], result) is more  # whatever the share says
+    assert not fve.proof_undecided({"patched_speedup_ci": list(ci)})  # no proof: nothing to agree with
