@@ -167,3 +167,46 @@ def test_pinned_batches_switch_in_blocks_and_reach_the_loop_after_their_lag(
     assert runs[: len(expected)] == expected, (runs, expected)
     c = paired_compare(block_pairs(r.blocks))
     print("pin_memory", c.verdict, f"{100 * c.saving:.1f}%", c.test)
+
+
+POLICY = """\
+import torch
+from torch.distributions import Normal
+
+actor = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.Tanh(), torch.nn.Linear(256, 2)).cuda()
+critic = torch.nn.Sequential(torch.nn.Linear(8, 256), torch.nn.Tanh(), torch.nn.Linear(256, 1)).cuda()
+optimizer = torch.optim.Adam([*actor.parameters(), *critic.parameters()], lr=1e-4)
+obs = torch.randn(4096, 8, device="cuda")
+
+
+def act(obs):
+    policy = Normal(actor(obs), torch.ones(2, device="cuda"))
+    action = policy.sample()
+    return action, policy.log_prob(action).sum(-1), critic(obs).squeeze(-1)
+
+
+for step in range(100_000):
+    for t in range(8):
+        action, log_prob, value = act(obs)
+    loss = -(log_prob * value.detach()).mean() + value.pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_no_validation_switches_in_blocks_beneath_a_compiled_step_function(tmp_path: Path) -> None:
+    # a compiled function over a distribution is guarded on the validation flag: each setting compiled
+    # once before the blocks (B's in the warm-up, A's in the prewarm), none inside a timed one
+    script = tmp_path / "rl.py"
+    script.write_text(POLICY)
+    r = run_round(parse(["--out", str(tmp_path / "r.json"), "--fixes", "compile_fn,no_validation", "--switch",
+                         "no_validation", "--warmup", "5", "--pairs", "6", "--block-s", "0.2", "--exact-random",
+                         "--", str(script)]))  # fmt: skip
+    assert r.failure is None and r.switch_error is None, r.failure
+    assert r.patches["compile_fn"].applied and r.patches["no_validation"].applied
+    assert len(r.blocks) == 12 and all(b.clock == "cuda_events" for b in r.blocks)
+    assert r.compile_s > 0 and r.compile_timed_s == 0.0, r.compile_timed_s
+    assert r.outputs_kind == "loss" and all(math.isfinite(v) for step in r.outputs for v in step)
+    c = paired_compare(block_pairs(r.blocks))
+    print("no_validation beneath compile_fn", c.verdict, f"{100 * c.saving:.1f}%", c.test)
