@@ -3,7 +3,8 @@ process, A B B A … — for the fixes whose switching touches CUDA state: chann
 and Adam's state converted back and forth), bfloat16 autocast, TF32, the fused optimizer (its step
 counts moved between the GPU and the CPU with the flag), and torch.compile with CUDA graphs
 (the graphs' memory pool beside eager steps); and two compiled forwards held in one process, each with
-CUDA graphs of its own — autocast beneath a compile that stays, plain compile in CUDA graphs' place. Each
+CUDA graphs of its own — autocast beneath a compile that stays, plain compile in CUDA graphs' place; and
+torch.distributions' validation switched beneath a compiled function that builds a `Normal`. Each
 round must time every block on CUDA events, leave the loss finite, and find what it should. Marked `gpu`;
 skipped where torch sees no CUDA device (CI)."""
 
