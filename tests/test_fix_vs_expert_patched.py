@@ -249,3 +249,29 @@ def test_the_patched_copy_is_timed_again_while_its_interval_holds_an_end_of_the_
     assert fve.proof_undecided(result) is more
     assert fve.undecided("tuned_control", [], result) is more  # whatever the share says
     assert not fve.proof_undecided({"patched_speedup_ci": list(ci)})  # no proof: nothing to agree with
+
+
+def test_with_no_runtime_the_patched_copy_stands_for_the_kept_fixes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN kept fixes whose diff applied: the patched copy is what the user runs
+    steps = {"plain": 0.100, "expert": 0.040, "gpudoctor": 0.045, "patched": 0.050}
+    timed: list[str] = []
+
+    def time_config(name: str, label: str, *args: object, **kwargs: object) -> dict[str, Any]:
+        timed.append(label)
+        return {"step_s": steps[label], "windows": [[1.0, round(1 / steps[label])]] * 5}
+
+    monkeypatch.setattr(fve, "time_config", time_config)
+    a = argparse.Namespace(timing_rounds=2, timing_max_rounds=2, timing_max_s=600.0, no_runtime=True)
+    # WHEN the benchmark times it with --no-runtime
+    result = fve.measure("gan_dcgan", ["compile"], tmp_path, a, patched=tmp_path / "copy.py", proof=PROOF)
+    # THEN the kept fixes are not also timed applied at runtime: a quarter fewer processes, and the
+    # patched copy's figure is gpudoctor's
+    assert "gpudoctor" not in timed and timed.count("patched") == 2 and len(timed) == 6
+    assert result["gpudoctor_speedup"] == pytest.approx(result["patched_speedup"]) == pytest.approx(2.0)
+    # AND without it, both are timed, as before
+    timed.clear()
+    fve.measure("gan_dcgan", ["compile"], tmp_path, argparse.Namespace(**(vars(a) | {"no_runtime": False})),
+                patched=tmp_path / "copy.py", proof=PROOF)  # fmt: skip
+    assert timed.count("gpudoctor") == 2 and len(timed) == 8
