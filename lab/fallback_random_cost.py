@@ -1,7 +1,8 @@
 """Does Inductor's `fallback_random` (random ops as eager draws them, how `gpudoctor fix` runs a compiled
 function whose numerics must compare) change the speed the user gets without it? `actor_critic`'s
 `act()` compiled as its `fix.diff` writes it, validation off, timed in fresh processes alternating with
-and without the flag: the mean of updates 300 to 1300 of each (one clock read at each end).
+and without the flag: the mean update over `--timed` updates after `--warm` (one CUDA synchronization and
+clock read at each end; defaults: 300 and 1000 with `--small`, 20 and 60 at full size).
 
     PYTHONPATH=src python3 lab/fallback_random_cost.py --out lab/results/fallback_random_cost.json [--small]
 
@@ -29,14 +30,15 @@ src = src.replace("from torch.distributions import Normal\\n",
                   "from torch.distributions import Normal\\ntorch.distributions.Distribution.set_default_validate_args(False)\\n")
 src = src.replace("\\nobs = env.observe()\\nfor update in range(args.updates):",
                   "\\nact = torch.compile(act)\\nobs = env.observe()\\nimport time as _t\\n_t0 = None\\n"
-                  "for update in range(args.updates):\\n    if update == 300:\\n        _sync(); _t0 = _t.perf_counter()\\n")
+                  "for update in range(args.updates):\\n    if update == _warm:\\n        _sync(); _t0 = _t.perf_counter()\\n")
 src = src.replace('        print(f"update', '        pass  #')
 sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
-sys.argv = ["actor_critic.py", "--updates", "1300", *sys.argv[3:]]
-g = {"__name__": "__main__", "_sync": sync}
+warm, timed = int(sys.argv[3]), int(sys.argv[4])
+sys.argv = ["actor_critic.py", "--updates", str(warm + timed), *sys.argv[5:]]
+g = {"__name__": "__main__", "_sync": sync, "_warm": warm}
 exec(compile(src, "actor_critic.py", "exec"), g)
 sync()
-print((time.perf_counter() - g["_t0"]) / 1000 * 1e3)
+print((time.perf_counter() - g["_t0"]) / timed * 1e3)
 """
 
 
@@ -45,12 +47,16 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--small", action="store_true")
+    p.add_argument("--warm", type=int, help="updates before the timed ones (default 300 --small, else 20)")
+    p.add_argument("--timed", type=int, help="updates timed (default 1000 --small, else 60)")
     a = p.parse_args()
     extra = ["--small"] if a.small else []
+    warm = a.warm if a.warm is not None else (300 if a.small else 20)
+    timed = a.timed if a.timed is not None else (1000 if a.small else 60)
     runs: dict[str, list[float]] = {"native": [], "fallback_random": []}
     for k in range(a.rounds):
         for flag, label in (("0", "native"), ("1", "fallback_random"))[:: 1 if k % 2 == 0 else -1]:
-            out = subprocess.run([sys.executable, "-c", CHILD, flag, str(WORKLOAD), *extra],
+            out = subprocess.run([sys.executable, "-c", CHILD, flag, str(WORKLOAD), str(warm), str(timed), *extra],
                                  capture_output=True, text=True, check=True)  # fmt: skip
             runs[label].append(float(out.stdout.split()[-1]))
             print(f"round {k} {label:16s} {runs[label][-1]:.3f} ms an update", flush=True)
@@ -58,7 +64,8 @@ def main() -> None:
 
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else platform.processor() or "cpu"
     doc = {"what": "actor_critic's act() compiled, validation off: ms per update with and without fallback_random",
-           "device": device, "torch": torch.__version__, "args": extra, "ms_per_update": runs,
+           "device": device, "torch": torch.__version__, "args": extra, "warm": warm, "timed": timed,
+           "ms_per_update": runs,
            "mean_ms": {k: statistics.fmean(v) for k, v in runs.items()},
            "fallback_over_native": statistics.fmean(runs["fallback_random"]) / statistics.fmean(runs["native"])}  # fmt: skip
     Path(a.out).write_text(json.dumps(doc, indent=1))
