@@ -66,7 +66,7 @@ def test_the_light_toggle_benchmark_runs_its_cpu_path(tmp_path: Path) -> None:
     cmd = [sys.executable, str(REPO / "benchmarks" / "light_toggle.py"), "--cpu", "--out", str(tmp_path),
            "--pairs", "2", "--cases", "ddp,straggler", "--block-s", "0.2"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     result = json.loads((tmp_path / "light_toggle_2.json").read_text())
     assert result["schema"] == "gpudoctor.bench.light_toggle/1" and result["nproc"] == 2
     assert result["cases_left"] == []  # written after each case too: a run cut short keeps the cases it ended
