@@ -61,8 +61,9 @@ class Nudge(FixPatch):
     def _nudge(self, module: object, args: tuple[object, ...]) -> None:
         import torch
 
+        arithmetic = (torch.float16, torch.bfloat16, torch.float32, torch.float64)  # (not float8's storage)
         with torch.no_grad():
             for p in module.parameters():  # type: ignore[attr-defined]
-                if id(p) not in self._moved and p.is_floating_point():
+                if id(p) not in self._moved and p.dtype in arithmetic:
                     self._moved.add(id(p))
                     p.mul_(1 + torch.finfo(p.dtype).eps)
