@@ -58,7 +58,7 @@ def numerics_of(
         moved = rel_diff(reference, list(nudged.outputs))
         if NOISE_FACTOR * moved > tolerance:  # (where it moves them less, it allows nothing more)
             others.append(list(nudged.outputs))
-            notes.append(f"weights one ulp off move this loop's losses {100 * moved:.2g}%")
+        notes.append(f"weights one ulp off move this loop's losses {100 * moved:.2g}%")
     note = "; ".join(dict.fromkeys(notes))
     floor = noise_floor(reference, others)
     return check_numerics(
