@@ -86,8 +86,7 @@ class FixSession:
         self.stacked: list[Tried] = []  # fixes not faster alone, tried on top of the recommendation
         self.final: tuple[str, ...] = ()
         self.chain: list[Tried] = []  # the kept A/Bs in order: the first against the script, each next on top
-        self._reseed_round: RoundResult | None = None  # the numerics' yardsticks, where one was needed
-        self._nudge_round: RoundResult | None = None
+        self._yardsticks: dict[str, RoundResult] = {}  # the numerics' yardstick rounds, by their patch
         self.notes: list[str] = []
         self.complete = self.interrupted = False
         self.budget = Budget(options, clock, self.start)
@@ -395,11 +394,8 @@ class FixSession:
         if check.ok or check.tolerance is None or not reorders(fixes):
             return check
         # past its tolerance: how far does rounding alone move this loop's losses (once, then kept)?
-        if self._nudge_round is None:
-            self._nudge_round = self.trials.round("nudged", ("nudge",))
-        return numerics_of(
-            fixes, run, self.reference, self.baselines, self.tried, reseeded, self._nudge_round
-        )
+        nudged = self._yardstick("nudge", "nudged")
+        return numerics_of(fixes, run, self.reference, self.baselines, self.tried, reseeded, nudged)
 
     def _reseeded(self, fixes: tuple[str, ...]) -> RoundResult | None:
         """Where a fix draws other dropout masks than the baseline (bf16 autocast) and the step's modules
@@ -410,9 +406,14 @@ class FixSession:
             return None
         if not any(spec_of(f).draws_differ for f in fixes) or any(spec_of(f).speed_only for f in fixes):
             return None  # (beside a loader fix the losses are held against that fix's own round)
-        if self._reseed_round is None:
-            self._reseed_round = self.trials.round("reseeded", ("reseed",))
-        return self._reseed_round
+        return self._yardstick("reseed", "reseeded")
+
+    def _yardstick(self, patch: str, label: str) -> RoundResult:
+        """A round of the unchanged script under `patch` (reseed, nudge), named `label`: run once, then
+        kept."""
+        if patch not in self._yardsticks:
+            self._yardsticks[patch] = self.trials.round(label, (patch,))
+        return self._yardsticks[patch]
 
     # -- reporting ---------------------------------------------------------------------------------------
     def _progress(
