@@ -196,9 +196,14 @@ for step in range(100_000):
 """
 
 
-def test_no_validation_switches_in_blocks_beneath_a_compiled_step_function(tmp_path: Path) -> None:
+def test_no_validation_switches_in_blocks_beneath_a_compiled_step_function(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # a compiled function over a distribution is guarded on the validation flag: each setting compiled
-    # once before the blocks (B's in the warm-up, A's in the prewarm), none inside a timed one
+    # once before the blocks (B's in the warm-up, A's in the prewarm), none inside a timed one. A round is
+    # a fresh process; this one is not: the first torch.compile of an earlier test (dynamo's TorchPatcher)
+    # turned validation off for the whole process, so it is set back as a fresh process has it
+    monkeypatch.setattr(torch.distributions.Distribution, "_validate_args", True)
     script = tmp_path / "rl.py"
     script.write_text(POLICY)
     r = run_round(parse(["--out", str(tmp_path / "r.json"), "--fixes", "compile_fn,no_validation", "--switch",

@@ -117,3 +117,17 @@ def test_counting_them_does_not_break_the_graph_of_compiled_code_that_builds_the
     assert sum(counters["graph_break"].values()) == 0, list(counters["graph_break"])
     # (built inside compiled code they are not counted: the observer counts those built eagerly)
     assert not observer.observations().validated_distributions
+
+
+def test_a_process_that_called_torch_compile_already_skips_validation_and_the_fix_says_why() -> None:
+    # dynamo patches torch once per process, at the first torch.compile call (before anything runs),
+    # and sets the distributions' default validation off: the fix has nothing left to do there. In this
+    # process an earlier test may have had that one call, so its effect is set here as it left it
+    torch.compile(lambda x: x + 1)
+    Distribution.set_default_validate_args(False)
+    finder = RootFinder(until=lambda: True)
+    patch = build_patch("no_validation", PatchContext(finder, "rl.py"))
+    with patched([patch]):
+        pass
+    outcome = patch.outcome()
+    assert not outcome.applied and outcome.reason is not None and "torch.compile" in outcome.reason

@@ -5,7 +5,9 @@ a policy builds per environment step. PyTorch validates by default (`__debug__`)
 default off, as `torch.distributions.Distribution.set_default_validate_args(False)` does, after the
 imports. A distribution the script builds with `validate_args=True` stays validated. Switched in a
 running process as TF32 is: code compiled over a distribution is guarded on the flag, so each setting
-compiles once (the blocks' prewarm compiles the other) and is then reused."""
+compiles once (the blocks' prewarm compiles the other) and is then reused. The first `torch.compile` in a
+process (dynamo's `TorchPatcher.patch`) turns the default off too: a script that compiles anything already
+has it, and a fix that compiles gets it with its diff."""
 
 from __future__ import annotations
 
@@ -29,7 +31,9 @@ class NoValidation(FixPatch):
 
         distribution = torch.distributions.Distribution
         if not distribution._validate_args:
-            self.not_applicable = "torch.distributions already skip validating their arguments"
+            self.not_applicable = "torch.distributions already skip validating their arguments" + (
+                " (torch.compile, once called, turns it off in the whole process)" if _dynamo_patched() else ""
+            )
             return
         self.restorer.replace(distribution, "_validate_args", False)
         self._applied = True
@@ -42,3 +46,14 @@ class NoValidation(FixPatch):
 
         if self._applied:
             torch.distributions.Distribution._validate_args = not on
+
+
+def _dynamo_patched() -> bool:
+    """Whether torch.compile has been called in this process: dynamo's one-time patch of torch, which
+    sets the distributions' default validation off, has run."""
+    import sys
+
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    patch = getattr(getattr(eval_frame, "TorchPatcher", None), "patch", None)
+    info = getattr(patch, "cache_info", None)
+    return bool(info and info().currsize)
