@@ -32,7 +32,9 @@ class NoValidation(FixPatch):
         distribution = torch.distributions.Distribution
         if not distribution._validate_args:
             self.not_applicable = "torch.distributions already skip validating their arguments" + (
-                " (torch.compile, once called, turns it off in the whole process)" if _dynamo_patched() else ""
+                " (torch.compile, once called, turns it off in the whole process)"
+                if _dynamo_patched()
+                else ""
             )
             return
         self.restorer.replace(distribution, "_validate_args", False)
