@@ -124,7 +124,30 @@ def test_module_steps_are_calls_of_the_named_top_level_module(tmp_path: Path) ->
         encoder(x)
         assert w.steps_seen == 3
     finally:
-        calls.remove()
+        calls.uninstall()
+
+
+def test_a_module_the_script_compiles_with_module_compile_is_counted_outside_its_compiled_code(
+    tmp_path: Path,
+) -> None:
+    # `head.compile()` runs head's hooks inside the compiled call (traced, never run): the stopwatch
+    # wraps that call instead, and puts Module.compile back when it leaves
+    clock = Ticks()
+    w = watch(clock, tmp_path, source="module", module="Head")
+    before = torch.nn.Module.compile
+    calls = RootCalls(w, torch).install()
+    encoder, head, x = Encoder(), Head(), torch.ones(2, 4)
+    try:
+        head.compile(backend="eager")
+        for _ in range(3):
+            head(encoder(x))
+        assert w.steps_seen == 3 and calls.root is head
+        assert not torch.nn.modules.module._global_forward_hooks and not head._forward_hooks
+        encoder(x)
+        assert w.steps_seen == 3
+    finally:
+        calls.uninstall()
+    assert torch.nn.Module.compile is before
 
 
 def test_dataloader_batches_and_the_batches_in_flight_then_taken_out(tmp_path: Path) -> None:

@@ -138,3 +138,45 @@ def test_the_observers_ddp_counting_does_not_recompile_a_compiled_ddp(tmp_path: 
         finder.uninstall()
         dist.destroy_process_group()
         torch._dynamo.reset()
+
+
+def test_the_fix_rounds_root_finder_sees_a_module_the_script_compiles_with_module_compile() -> None:
+    # `model.compile()` runs the module's hooks inside its compiled call, where they fold away: the
+    # finder wraps that call instead (Module.compile, while it watches) and sees it as an eager call
+    from gpudoctor.runner.hooks import RootFinder
+
+    torch._dynamo.reset()
+    graphs: list[Any] = []
+
+    def counting(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    before = torch.nn.Module.compile
+    finder = RootFinder(until=lambda: False).install()
+    try:
+        model = _Net()  # a class of the user's: .compile() skips torch's own (pytorch#150915)
+        model.compile(backend=counting)
+
+        def step(x: torch.Tensor) -> torch.Tensor:
+            return model(x)
+
+        for _ in range(3):
+            step(torch.ones(2, 4))
+        [seen] = finder.roots()
+        assert seen.module is model and seen.calls == 3
+        assert seen.site is not None and seen.site.function == "step"
+        assert len(graphs) == 1  # one graph, compiled once: the finder's wrapper stays outside it
+    finally:
+        finder.uninstall()
+    assert torch.nn.Module.compile is before
+    model(torch.ones(2, 4))  # the wrapper left in place passes the call through once the finder is gone
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))

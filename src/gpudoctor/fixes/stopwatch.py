@@ -187,7 +187,7 @@ def hook_torch(watch: Stopwatch, torch: Any) -> Callable[[], None]:
         dataloader._BaseDataLoaderIter.__next__ = batch
         undo.append(lambda: setattr(dataloader._BaseDataLoaderIter, "__next__", take))
     else:
-        undo.append(RootCalls(watch, torch).install().remove)
+        undo.append(RootCalls(watch, torch).install().uninstall)
 
     def take_out() -> None:
         while undo:
@@ -201,13 +201,16 @@ def hook_torch(watch: Stopwatch, torch: Any) -> Callable[[], None]:
 class RootCalls:
     """Steps as calls of the top-level module: the first module with parameters called while no other
     module's forward runs (of the class the harness named); global hooks find it, then leave for a
-    hook on that module alone (global ones slow every module call)."""
+    hook on that module alone (global ones slow every module call). A module the script compiles with
+    `module.compile()` runs its hooks inside the compiled code, where they are traced and never run:
+    its compiled call is wrapped (`Module.compile`, while installed) and counted outside it."""
 
     def __init__(self, watch: Stopwatch, torch: Any) -> None:
         self.watch, self.torch = watch, torch
         self.depth = 0
         self.handles: list[Any] = []
         self.root: Any = None
+        self.module_compile: Any = None  # Module.compile as torch has it, while ours stands in
 
     def install(self) -> RootCalls:
         from torch.nn.modules import module as nn_module
@@ -222,24 +225,69 @@ class RootCalls:
             if compiling():
                 return
             self.depth -= 1
-            if self.depth == 0 and self.root is None and self.is_root(mod):
-                self.root = mod
-                self.remove()
-                self.handles = [
-                    mod.register_forward_hook(lambda *a: None if compiling() else self.watch.on_step())
-                ]
-                self.watch.on_step()
+            self.found(mod)
 
         self.handles = [
             nn_module.register_module_forward_pre_hook(before),
             nn_module.register_module_forward_hook(after, always_call=True),
         ]
+        module_compile = getattr(nn_module.Module, "compile", None)
+        if module_compile is not None:
+            self.module_compile = module_compile
+
+            def compile_counted(mod: Any, *args: Any, **kwargs: Any) -> Any:
+                out = module_compile(mod, *args, **kwargs)
+                call = getattr(mod, "_compiled_call_impl", None)
+                if call is not None:
+                    mod._compiled_call_impl = self.counted(mod, call)
+                return out
+
+            nn_module.Module.compile = compile_counted
         return self
+
+    def counted(self, mod: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+        """`mod`'s compiled call, counted as its hooks would count it in eager code."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if self.root is not None:
+                out = call(*args, **kwargs)
+                if mod is self.root:
+                    self.watch.on_step()
+                return out
+            self.depth += 1
+            try:
+                return call(*args, **kwargs)
+            finally:
+                self.depth -= 1
+                self.found(mod)
+
+        return run
+
+    def found(self, mod: Any) -> None:
+        """A module's call ended: the root, if it is the first top-level one of its class (then counted)."""
+        if self.depth != 0 or self.root is not None or not self.is_root(mod):
+            return
+        self.root = mod
+        self.remove()
+        compiling = self.torch.compiler.is_compiling
+        if getattr(mod, "_compiled_call_impl", None) is None:  # a compiled one is counted by `counted`
+            self.handles = [
+                mod.register_forward_hook(lambda *a: None if compiling() else self.watch.on_step())
+            ]
+        self.watch.on_step()
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
+
+    def uninstall(self) -> None:
+        self.remove()
+        if self.module_compile is not None:
+            from torch.nn.modules import module as nn_module
+
+            nn_module.Module.compile = self.module_compile
+            self.module_compile = None
 
     def is_root(self, mod: Any) -> bool:
         inner = getattr(mod, "_orig_mod", mod)  # a module the script compiled

@@ -263,6 +263,7 @@ class RootFinder:
         self._handles: list[Any] = []
         self._depth = 0
         self._since: float | None = None
+        self._module_compile: Any = None  # torch's Module.compile, while the finder's stands in
 
     # -- the first module (what a single-model script calls) ---------------------------------------------
     @property
@@ -332,12 +333,46 @@ class RootFinder:
             module.register_module_forward_pre_hook(eager_only(self._pre)),
             module.register_module_forward_hook(eager_only(self._post), always_call=True),
         ]
+        module_compile = getattr(module.Module, "compile", None)
+        if module_compile is not None:  # `model.compile()`: the hooks run inside its compiled call, traced
+
+            def compile_watched(mod: Any, *args: Any, **kwargs: Any) -> Any:
+                out = module_compile(mod, *args, **kwargs)
+                call = getattr(mod, "_compiled_call_impl", None)
+                if call is not None:
+                    mod._compiled_call_impl = self._watched(mod, call)
+                return out
+
+            module.Module.compile = compile_watched
+            self._module_compile = module_compile
         return self
+
+    def _watched(self, mod: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+        """`mod.compile()`'s compiled call, seen by the finder as its global hooks see an eager call."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not self._handles:
+                return call(*args, **kwargs)
+            new_args = self._pre(mod, args)
+            try:
+                out = call(*(args if new_args is None else new_args), **kwargs)
+            except BaseException:
+                self._post(mod, args, None)
+                raise
+            result = self._post(mod, args, out)
+            return out if result is None else result
+
+        return run
 
     def uninstall(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._module_compile is not None:
+            from torch.nn.modules import module
+
+            module.Module.compile = self._module_compile
+            self._module_compile = None
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         self._depth += 1
