@@ -156,10 +156,13 @@ def time_config(
            str(script or WORKLOADS_DIR / f"{name}.py"), *WORKLOADS[name][0], *(["--expert"] if expert else []),
            *(["--small"] if a.smoke else [])]  # fmt: skip
     limit = getattr(a, "timer_timeout_s", None)
-    proc = run_timer(cmd, limit)
+    watch = clock_watch()
+    with watch or contextlib.nullcontext():
+        proc = run_timer(cmd, limit)
     target.with_suffix(".log").write_text(proc.stdout + proc.stderr)
     try:
-        return json.loads(target.read_text())
+        result = json.loads(target.read_text())
+        return {**result, "clocks": timed_clocks(watch, result)}
     # none written, or not whole: this round has no figure, the others go on
     except (OSError, ValueError) as err:
         why = f"{type(err).__name__}: {err}; exit {proc.returncode}"
@@ -169,6 +172,28 @@ def time_config(
 
 
 TIMED_OUT = 124
+
+
+def clock_watch() -> Any:
+    """gpudoctor's NVML clock watch on the GPU the timer runs on, or None (no NVML, no GPU, gpudoctor
+    not importable here)."""
+    try:
+        from gpudoctor.runner.samplers import child_clock_watch
+    except ImportError:
+        return None
+    return child_clock_watch(env())
+
+
+def timed_clocks(watch: Any, result: dict[str, Any]) -> dict[str, Any] | None:
+    """The GPU's clocks over a timer process's windows (read from here, by NVML), as the proof reads
+    them for its plain processes: beside the proof's, they tell a clock held down from a timer's fault."""
+    seconds = sum(w[0] for w in result.get("windows") or [])
+    if watch is None or not seconds or not result.get("monotonic"):
+        return None
+    r = watch.report_between(result["monotonic"] - seconds, result["monotonic"])
+    return {"samples": r.samples, "sm_mean_mhz": r.sm_mean_mhz, "sm_min_mhz": r.sm_min_mhz,
+            "sm_max_mhz": r.sm_max_mhz, "slowdowns": r.slowdown_shares, "temp_max_c": r.temp_max_c,
+            "power_mean_w": r.power_mean_w}  # fmt: skip
 
 
 def run_timer(cmd: list[str], limit: float | None, lead_s: float = 20.0) -> subprocess.CompletedProcess[str]:

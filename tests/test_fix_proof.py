@@ -25,8 +25,10 @@ from gpudoctor.fixes.proof import (
     MAX_PAIRS,
     MIN_PAIRS,
     PlainProcess,
+    ProcessClocks,
     Proof,
     ProofRequest,
+    clocks_note,
     disagreement,
     harness_level,
     headline_of,
@@ -503,3 +505,49 @@ def test_with_nothing_proven_the_report_still_sets_the_harness_beside_the_script
     )
     assert line in terminal(report) and line in render_fix_markdown(report)
     assert level is not None and "no proof timed a change as you run it" in (level.warning or "")
+
+
+def clocked(side: str, sm: float, slowdowns: tuple[tuple[str, float], ...] = ()) -> PlainProcess:
+    clocks = ProcessClocks(
+        samples=10, sm_mean_mhz=sm, sm_min_mhz=int(sm), sm_max_mhz=1980, slowdowns=slowdowns
+    )
+    return PlainProcess(side, 1000.0, 50, 0, 5, 3.0, 0, None, "x.log", clocks)
+
+
+def test_the_proof_says_when_the_gpu_held_its_clocks_down_while_a_side_was_timed() -> None:
+    steady = [clocked("script", 1980), clocked("patched", 1975)]
+    assert clocks_note(steady) is None  # clocks held and alike: nothing to say
+    assert clocks_note([replace(p, clocks=None) for p in steady]) is None  # no NVML: nothing read
+    capped = [clocked("script", 1980), clocked("patched", 1600, (("sw_power_cap", 0.6),)),
+              clocked("patched", 1700, (("sw_power_cap", 0.2), ("hw_thermal", 0.05)))]  # fmt: skip
+    note = clocks_note(capped)
+    # the capped side's reason with its share of the side's samples (rare ones left out), the two
+    # sides' mean SM clocks, and the GPU's maximum
+    assert note is not None and "the patched copy: sw_power_cap in 40% of its samples" in note
+    assert "hw_thermal" not in note and "1,980 MHz under the script, 1,650 under the patched copy" in note
+    assert "maximum 1,980 MHz" in note
+
+
+class Watched:
+    """A ClockWatch's stand-in: what span the prover asked the clocks of."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[float, float]] = []
+
+    def report_between(self, start: float, end: float) -> object:
+        from gpudoctor.monitor.clocks import ClockReport
+
+        self.asked.append((start, end))
+        return ClockReport(0, 4, 1980, 1500, 1700.0, {"sw_power_cap": 0.5}, None, None, 61, 650.0)
+
+
+def test_a_plain_process_gets_the_clocks_of_its_timed_windows_alone() -> None:
+    watch = Watched()
+    doc = {"outcome": "timed", "mean_step_us": 1e3, "windows": [[0.5, 50], [0.5, 50]], "set_aside": [[1.0, 9, 0.8]],
+           "monotonic": 100.0}  # fmt: skip
+    clocks = prove.timed_clocks(watch, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0)
+    # the two timed windows and the one set aside end at the stopwatch's last reading: 2 s before it
+    assert watch.asked == [(98.0, 100.0)]
+    assert clocks == ProcessClocks(4, 1700.0, 1500, 1980, (("sw_power_cap", 0.5),), 61, 650.0)
+    assert prove.timed_clocks(None, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0) is None
+    assert prove.timed_clocks(watch, ChildRun(0, {"windows": []}, None, "", 0, 3.0), ended=101.0) is None

@@ -395,6 +395,9 @@ def test_read_clocks_and_clock_watch_on_a_backend() -> None:
         time.sleep(0.05)
     assert watch.report.samples >= 3 and watch.report.slowdown_shares == {"sw_power_cap": 1.0}
     assert watch.report.sm_min_share == pytest.approx(1700 / 1980)
+    # part of the region by time.monotonic(): what another process timed in it
+    assert watch.report_between(0.0, time.monotonic()).samples == watch.report.samples
+    assert watch.report_between(time.monotonic(), time.monotonic() + 1).samples == 0
 
 
 # --- process ownership -----------------------------------------------------------------------------

@@ -185,6 +185,7 @@ def main() -> int:
         "warmup_steps": state["warmup_steps"],
         "modules": None if modules is None else modules.result(),
         "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+        "monotonic": time.monotonic(),  # system-wide: the benchmark reads the GPU's clocks up to it
     }
     out = Path(args.out)
     partial = out.with_name(out.name + ".partial")  # whole or not there: never an empty file read back

@@ -22,6 +22,22 @@ LEVEL_WARN = 0.10  # the harness's baseline this far from plain processes of the
 LEVEL_PROCESSES = 3  # plain processes of the script alone, for the level, where no proof timed it
 COUNTABLE = ("optimizer", "module", "dataloader")  # step sources the stopwatch counts plainly
 UNIT = "process pair"
+CLOCK_GAP = 0.03  # the two sides' mean SM clocks this far apart while timed: said beside the proof
+SLOWDOWN_SHARE = 0.10  # a clock-lowering reason active in this share of a side's samples: said
+
+
+@dataclass(frozen=True)
+class ProcessClocks:
+    """The GPU's clocks while a plain process's steps were timed, read by NVML from the proof's own
+    process (nothing in the timed one)."""
+
+    samples: int
+    sm_mean_mhz: float | None
+    sm_min_mhz: int | None
+    sm_max_mhz: int | None  # the GPU's maximum
+    slowdowns: tuple[tuple[str, float], ...] = ()  # a reason that lowers clocks, the share of samples
+    temp_max_c: int | None = None
+    power_mean_w: float | None = None
 
 
 @dataclass(frozen=True)
@@ -37,6 +53,7 @@ class PlainProcess:
     exit_code: int | None  # None: ended at its time limit
     failure: str | None
     log: str
+    clocks: ProcessClocks | None = None  # None: no NVML (or ranks on several GPUs)
 
 
 @dataclass(frozen=True)
@@ -71,6 +88,7 @@ class Proof:
     copy: str | None  # the patched copy's folder
     cores: tuple[int, ...]  # the cores the processes ran on (the rounds' too)
     elapsed_s: float
+    clocks: str | None = None  # what the GPU's clocks did while the sides were timed, where worth saying
 
     @property
     def saving_pct(self) -> float | None:
@@ -265,3 +283,34 @@ def headline_of(proof: Proof | None, final: tuple[str, ...], saving_pct: float |
     if not final:
         return None
     return Headline("harness", True, harness, None, None, harness)
+
+
+def clocks_note(processes: Sequence[PlainProcess]) -> str | None:
+    """What the GPU's clocks did while the two sides were timed, where it could bend the proof: a
+    reason that lowers clocks (power cap, heat) active in a side's samples, or the two sides' mean SM
+    clocks apart. None where the clocks held, or were not read."""
+    parts: list[str] = []
+    means: dict[str, float] = {}
+    top = None
+    for side, label in (("script", "the script"), ("patched", "the patched copy")):
+        read = [p.clocks for p in processes if p.side == side and p.clocks is not None and p.clocks.samples]
+        n = sum(c.samples for c in read)
+        if not n:
+            continue
+        shares: dict[str, float] = {}
+        for c in read:
+            for reason, share in c.slowdowns:
+                shares[reason] = shares.get(reason, 0.0) + share * c.samples / n
+        held = sorted(((v, k) for k, v in shares.items() if v >= SLOWDOWN_SHARE), reverse=True)
+        if held:
+            parts.append(f"{label}: " + ", ".join(f"{k} in {v:.0%} of its samples" for v, k in held))
+        weighted = [(c.sm_mean_mhz, c.samples) for c in read if c.sm_mean_mhz is not None]
+        if weighted:
+            means[side] = sum(m * k for m, k in weighted) / sum(k for _, k in weighted)
+        top = top or next((c.sm_max_mhz for c in read if c.sm_max_mhz), None)
+    if len(means) == 2 and abs(means["script"] - means["patched"]) > CLOCK_GAP * max(means.values()):
+        parts.append(
+            f"SM clock {means['script']:,.0f} MHz under the script, {means['patched']:,.0f} under the patched "
+            f"copy" + (f" (its maximum {top:,} MHz)" if top else "")
+        )
+    return "the GPU's clocks while the steps were timed: " + "; ".join(parts) if parts else None

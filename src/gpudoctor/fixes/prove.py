@@ -9,6 +9,7 @@ least; at most 10, or what the time budget leaves). Every process runs through t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gpudoctor.fixes import stopwatch
 from gpudoctor.fixes.options import FixOptions
@@ -28,9 +30,11 @@ from gpudoctor.fixes.proof import (
     MIN_PAIRS,
     TARGET_HALF_WIDTH,
     PlainProcess,
+    ProcessClocks,
     Proof,
     ProofPair,
     ProofRequest,
+    clocks_note,
     compare,
     enough,
     half_width,
@@ -41,6 +45,7 @@ from gpudoctor.fixes.shadow import ShadowError, build_shadow
 from gpudoctor.runner.child import ChildRun, log_tail, read_result, run_plain
 from gpudoctor.runner.record import StepFound
 from gpudoctor.runner.rundir import proof_files, proof_folders, write_stopwatch
+from gpudoctor.runner.samplers import child_clock_watch
 from gpudoctor.timing.paired import PairedComparison
 
 TIMEOUT_FACTOR = 3.0  # a side's processes after its first: this many times its longest so far, and at least
@@ -76,6 +81,7 @@ class PlainProver:
         self.env = dict(os.environ if env is None else env)
         self.say = on_stage or (lambda s: None)
         self.clock = clock
+        self._no_clocks = False  # NVML could not read the GPU once: not asked again
 
     def reserve_s(self, round_s: float) -> float:
         """MIN_PAIRS pairs of plain processes, each a baseline round and an interpreter's start."""
@@ -225,9 +231,13 @@ class PlainProver:
                 cmd, env=env, cwd=str(self.cwd), result=rank_path(result, 0), log=log, timeout_s=limit
             )
             run = slowest_rank(run, result, self.options.nproc, log)
-        else:
+            return plain_process(side, run, str(log), self.options)
+        watch = None if self._no_clocks else child_clock_watch(env)
+        self._no_clocks = watch is None
+        with watch or contextlib.nullcontext():
             run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
-        return plain_process(side, run, str(log), self.options)
+            ended = time.monotonic()
+        return plain_process(side, run, str(log), self.options, timed_clocks(watch, run, ended))
 
     def _failed(
         self, stated: Stated, p: PlainProcess, processes: list[PlainProcess], pairs: list[ProofPair]
@@ -268,7 +278,31 @@ def slowest_rank(run: ChildRun, result: Path, nproc: int, log: Path) -> ChildRun
     return replace(run, result=max(timed, key=lambda d: float(d["mean_step_us"])))
 
 
-def plain_process(side: str, run: ChildRun, log: str, o: FixOptions) -> PlainProcess:
+def timed_clocks(watch: Any, run: ChildRun, ended: float) -> ProcessClocks | None:
+    """The GPU's clocks over a plain process's timed windows: the seconds they took, up to the
+    stopwatch's last reading (`monotonic`: system-wide; else when the process was seen to end)."""
+    if watch is None or not run.result:
+        return None
+    timed_s = sum(float(w[0]) for w in run.result.get("windows") or [])
+    timed_s += sum(float(w[0]) for w in run.result.get("set_aside") or [])
+    if timed_s <= 0:
+        return None
+    end = float(run.result.get("monotonic") or ended)
+    r = watch.report_between(end - timed_s, end)
+    return ProcessClocks(
+        samples=r.samples,
+        sm_mean_mhz=r.sm_mean_mhz,
+        sm_min_mhz=r.sm_min_mhz,
+        sm_max_mhz=r.sm_max_mhz,
+        slowdowns=tuple(sorted(r.slowdown_shares.items())),
+        temp_max_c=r.temp_max_c,
+        power_mean_w=r.power_mean_w,
+    )
+
+
+def plain_process(
+    side: str, run: ChildRun, log: str, o: FixOptions, clocks: ProcessClocks | None = None
+) -> PlainProcess:
     """What one plain process measured, or why it measured nothing, in one line."""
     doc = run.result or {}
     mean = doc.get("mean_step_us")
@@ -296,6 +330,7 @@ def plain_process(side: str, run: ChildRun, log: str, o: FixOptions) -> PlainPro
         exit_code=run.exit_code,
         failure=failure,
         log=log,
+        clocks=clocks,
     )
 
 
@@ -352,4 +387,5 @@ class Stated:
             copy=self.copy,
             cores=tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else (),
             elapsed_s=self.clock() - self.t0,
+            clocks=clocks_note(processes),
         )

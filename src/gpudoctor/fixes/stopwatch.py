@@ -112,6 +112,7 @@ class Stopwatch:
             "mean_step_us": 1e6 * seconds / steps if outcome == "timed" and steps else None,
             "error": self.error,
             "pid": os.getpid(),
+            "monotonic": time.monotonic(),  # system-wide on Linux: the prover reads the GPU's clocks to it
         }
 
     def write(self, outcome: str) -> None:

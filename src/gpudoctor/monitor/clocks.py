@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import statistics
 import threading
+import time
 from dataclasses import dataclass
 
 from gpudoctor.monitor.backend import NvmlBackend, open_backend
@@ -65,6 +66,8 @@ class ClockReport:
     slowdown_shares: dict[str, float]  # reason -> share of samples it was active in
     first: ClockState | None
     last: ClockState | None
+    temp_max_c: int | None = None
+    power_mean_w: float | None = None
 
     @property
     def throttled(self) -> bool:
@@ -91,11 +94,13 @@ class ClockWatch:
         self._backend = backend or shared_backend()
         self._index = self._backend.resolve(device)
         self._states: list[ClockState] = []
+        self._times: list[float] = []  # time.monotonic() of each state
         self._thread = PeriodicThread(self._read, interval_s, name="gpudoctor-clockwatch")
         self._report: ClockReport | None = None
 
     def _read(self) -> None:
         self._states.append(self._backend.read_clocks(self._index))
+        self._times.append(time.monotonic())
 
     def __enter__(self) -> ClockWatch:
         self._thread.start()
@@ -114,9 +119,17 @@ class ClockWatch:
             raise RuntimeError("ClockWatch.report is available after the with block")
         return self._report
 
+    def report_between(self, start: float, end: float) -> ClockReport:
+        """The clocks over part of the region: the samples read from `start` to `end` (time.monotonic(),
+        system-wide on Linux: another process's readings of it compare)."""
+        read = zip(self._states, self._times, strict=False)  # a sampler stopped mid-read: one more state
+        return _report(self._index, [s for s, t in read if start <= t <= end])
+
 
 def _report(index: int, states: list[ClockState]) -> ClockReport:
     clocks = [s.sm_mhz for s in states if s.sm_mhz is not None]
+    temps = [s.temp_c for s in states if s.temp_c is not None]
+    powers = [s.power_w for s in states if s.power_w is not None]
     counts: dict[str, int] = {}
     for s in states:
         for name in s.slowdowns:
@@ -130,4 +143,6 @@ def _report(index: int, states: list[ClockState]) -> ClockReport:
         slowdown_shares={k: v / len(states) for k, v in counts.items()},
         first=states[0] if states else None,
         last=states[-1] if states else None,
+        temp_max_c=max(temps) if temps else None,
+        power_mean_w=statistics.fmean(powers) if powers else None,
     )

@@ -137,6 +137,8 @@ def proof_lines(report: FixReport) -> list[str]:
             out.append(
                 f"proof commands: {' '.join(proof.script_command)}  |  {' '.join(proof.patched_command)}"
             )
+            if proof.clocks:
+                out.append(proof.clocks)
         elif proof.recommended is None:
             out.append(f"proof not made: {proof.reason}")
         elif not (report.headline and report.headline.source == "proof"):

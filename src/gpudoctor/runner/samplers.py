@@ -103,3 +103,20 @@ class NvmlSampling:
             self.summary = summary.to_json()
         finally:
             backend.close()
+
+
+def child_clock_watch(env: dict[str, str], interval_s: float = 0.2) -> Any | None:
+    """A `monitor.ClockWatch` (not started) on the GPU a child started with `env` runs on — the first of
+    its CUDA_VISIBLE_DEVICES (an index, or a UUID), else GPU 0 — read from this process, nothing in the
+    child; None where NVML cannot read it (no NVML, no GPU, a MIG slice)."""
+    from gpudoctor.monitor.clocks import ClockWatch
+    from gpudoctor.util.errors import GpudoctorError
+
+    first = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    device: int | str = int(first) if first.isdigit() else first
+    if isinstance(device, str) and not device.lower().startswith("gpu-"):
+        return None  # MIG-…, empty (no device), or a name NVML does not resolve
+    try:
+        return ClockWatch(device, interval_s=interval_s)
+    except (GpudoctorError, OSError):
+        return None
