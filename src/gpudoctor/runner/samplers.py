@@ -114,8 +114,8 @@ def child_clock_watch(env: dict[str, str], interval_s: float = 0.2) -> Any | Non
 
     first = env.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
     device: int | str = int(first) if first.isdigit() else first
-    if isinstance(device, str) and not device.lower().startswith("gpu-"):
-        return None  # MIG-…, empty (no device), or a name NVML does not resolve
+    if isinstance(device, str) and (not device or device.lower().startswith("mig-")):
+        return None  # no device, or a MIG slice (NVML reads a whole GPU's clocks)
     try:
         return ClockWatch(device, interval_s=interval_s)
     except (GpudoctorError, OSError):
