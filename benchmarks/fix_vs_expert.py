@@ -178,10 +178,10 @@ def clock_watch() -> Any:
     """gpudoctor's NVML clock watch on the GPU the timer runs on, or None (no NVML, no GPU, gpudoctor
     not importable here)."""
     try:
-        from gpudoctor.runner.samplers import child_clock_watch
+        from gpudoctor.runner.samplers import child_clocks
     except ImportError:
         return None
-    return child_clock_watch(env())
+    return child_clocks(env())
 
 
 def timed_clocks(watch: Any, result: dict[str, Any]) -> dict[str, Any] | None:
@@ -190,7 +190,9 @@ def timed_clocks(watch: Any, result: dict[str, Any]) -> dict[str, Any] | None:
     seconds = sum(w[0] for w in result.get("windows") or [])
     if watch is None or not seconds or not result.get("monotonic"):
         return None
-    r = watch.report_between(result["monotonic"] - seconds, result["monotonic"])
+    r = watch.between(result["monotonic"] - seconds, result["monotonic"])
+    if r is None:
+        return None
     return {"samples": r.samples, "sm_mean_mhz": r.sm_mean_mhz, "sm_min_mhz": r.sm_min_mhz,
             "sm_max_mhz": r.sm_max_mhz, "slowdowns": r.slowdown_shares, "temp_max_c": r.temp_max_c,
             "power_mean_w": r.power_mean_w}  # fmt: skip

@@ -529,12 +529,12 @@ def test_the_proof_says_when_the_gpu_held_its_clocks_down_while_a_side_was_timed
 
 
 class Watched:
-    """A ClockWatch's stand-in: what span the prover asked the clocks of."""
+    """`ChildClocks`' stand-in: what span the prover asked the clocks of."""
 
     def __init__(self) -> None:
         self.asked: list[tuple[float, float]] = []
 
-    def report_between(self, start: float, end: float) -> object:
+    def between(self, start: float, end: float) -> object:
         from gpudoctor.monitor.clocks import ClockReport
 
         self.asked.append((start, end))
@@ -545,9 +545,9 @@ def test_a_plain_process_gets_the_clocks_of_its_timed_windows_alone() -> None:
     watch = Watched()
     doc = {"outcome": "timed", "mean_step_us": 1e3, "windows": [[0.5, 50], [0.5, 50]], "set_aside": [[1.0, 9, 0.8]],
            "monotonic": 100.0}  # fmt: skip
-    clocks = prove.timed_clocks(watch, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0)
+    clocks = prove.timed_clocks(watch, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0)  # type: ignore[arg-type]
     # the two timed windows and the one set aside end at the stopwatch's last reading: 2 s before it
     assert watch.asked == [(98.0, 100.0)]
     assert clocks == ProcessClocks(4, 1700.0, 1500, 1980, (("sw_power_cap", 0.5),), 61, 650.0)
     assert prove.timed_clocks(None, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0) is None
-    assert prove.timed_clocks(watch, ChildRun(0, {"windows": []}, None, "", 0, 3.0), ended=101.0) is None
+    assert prove.timed_clocks(watch, ChildRun(0, {"windows": []}, None, "", 0, 3.0), ended=101.0) is None  # type: ignore[arg-type]

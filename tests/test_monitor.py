@@ -400,6 +400,29 @@ def test_read_clocks_and_clock_watch_on_a_backend() -> None:
     assert watch.report_between(time.monotonic(), time.monotonic() + 1).samples == 0
 
 
+def test_a_childs_clocks_never_fail_what_they_watch() -> None:
+    from gpudoctor.runner.samplers import ChildClocks, child_clocks
+
+    backend = ReplayBackend(record(series(0.5, events=("sw_power_cap",), sm=1700)))
+    with ChildClocks(ClockWatch(0, backend=backend, interval_s=0.01)) as clocks:
+        time.sleep(0.03)
+    report = clocks.between(0.0, time.monotonic())
+    assert clocks.failed is None and report is not None and report.samples >= 2
+
+    class Broken:  # a sampler thread that failed: ClockWatch raises its error at the block's end
+        def __enter__(self) -> None: ...
+
+        def __exit__(self, *exc: object) -> None:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    with ChildClocks(Broken()) as lost:
+        pass
+    assert lost.failed == "RuntimeError: NVML_ERROR_GPU_IS_LOST" and lost.between(0.0, 1.0) is None
+    # no device to read, or a MIG slice: no clocks asked for
+    assert child_clocks({"CUDA_VISIBLE_DEVICES": ""}) is None
+    assert child_clocks({"CUDA_VISIBLE_DEVICES": "MIG-4f1c"}) is None
+
+
 # --- process ownership -----------------------------------------------------------------------------
 
 

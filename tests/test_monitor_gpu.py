@@ -91,17 +91,18 @@ def test_clocks_by_torch_uuid_and_a_clock_watch(backend) -> None:
 def test_the_clocks_of_a_childs_gpu_over_its_timed_seconds() -> None:
     # the proof's reading: a watch on the GPU a child is given (CUDA_VISIBLE_DEVICES), the span by
     # time.monotonic() as the child wrote it
-    from gpudoctor.runner.samplers import child_clock_watch
+    from gpudoctor.runner.samplers import child_clocks
 
-    watch = child_clock_watch({"CUDA_VISIBLE_DEVICES": str(torch.cuda.get_device_properties(0).uuid)})
-    assert watch is not None
-    with watch:
+    clocks = child_clocks({"CUDA_VISIBLE_DEVICES": str(torch.cuda.get_device_properties(0).uuid)})
+    assert clocks is not None
+    with clocks:
         _burn(0.5)
         start = time.monotonic()
         _burn(1.0)
         end = time.monotonic()
-    part = watch.report_between(start, end)
-    assert 3 <= part.samples < watch.report.samples and part.sm_mean_mhz and part.power_mean_w
+    part, whole = clocks.between(start, end), clocks.between(0.0, time.monotonic())
+    assert clocks.failed is None and part is not None and whole is not None
+    assert 3 <= part.samples < whole.samples and part.sm_mean_mhz and part.power_mean_w
 
 
 def test_once_json_on_the_gpu() -> None:

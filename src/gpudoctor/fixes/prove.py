@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from gpudoctor.fixes import stopwatch
 from gpudoctor.fixes.options import FixOptions
@@ -45,7 +44,7 @@ from gpudoctor.fixes.shadow import ShadowError, build_shadow
 from gpudoctor.runner.child import ChildRun, log_tail, read_result, run_plain
 from gpudoctor.runner.record import StepFound
 from gpudoctor.runner.rundir import proof_files, proof_folders, write_stopwatch
-from gpudoctor.runner.samplers import child_clock_watch
+from gpudoctor.runner.samplers import ChildClocks, child_clocks
 from gpudoctor.timing.paired import PairedComparison
 
 TIMEOUT_FACTOR = 3.0  # a side's processes after its first: this many times its longest so far, and at least
@@ -232,12 +231,12 @@ class PlainProver:
             )
             run = slowest_rank(run, result, self.options.nproc, log)
             return plain_process(side, run, str(log), self.options)
-        watch = None if self._no_clocks else child_clock_watch(env)
-        self._no_clocks = watch is None
-        with watch or contextlib.nullcontext():
+        clocks = None if self._no_clocks else child_clocks(env)
+        self._no_clocks = clocks is None
+        with clocks or contextlib.nullcontext():
             run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
             ended = time.monotonic()
-        return plain_process(side, run, str(log), self.options, timed_clocks(watch, run, ended))
+        return plain_process(side, run, str(log), self.options, timed_clocks(clocks, run, ended))
 
     def _failed(
         self, stated: Stated, p: PlainProcess, processes: list[PlainProcess], pairs: list[ProofPair]
@@ -278,17 +277,19 @@ def slowest_rank(run: ChildRun, result: Path, nproc: int, log: Path) -> ChildRun
     return replace(run, result=max(timed, key=lambda d: float(d["mean_step_us"])))
 
 
-def timed_clocks(watch: Any, run: ChildRun, ended: float) -> ProcessClocks | None:
+def timed_clocks(clocks: ChildClocks | None, run: ChildRun, ended: float) -> ProcessClocks | None:
     """The GPU's clocks over a plain process's timed windows: the seconds they took, up to the
     stopwatch's last reading (`monotonic`: system-wide; else when the process was seen to end)."""
-    if watch is None or not run.result:
+    if clocks is None or not run.result:
         return None
     timed_s = sum(float(w[0]) for w in run.result.get("windows") or [])
     timed_s += sum(float(w[0]) for w in run.result.get("set_aside") or [])
     if timed_s <= 0:
         return None
     end = float(run.result.get("monotonic") or ended)
-    r = watch.report_between(end - timed_s, end)
+    r = clocks.between(end - timed_s, end)
+    if r is None:
+        return None
     return ProcessClocks(
         samples=r.samples,
         sm_mean_mhz=r.sm_mean_mhz,

@@ -105,10 +105,38 @@ class NvmlSampling:
             backend.close()
 
 
-def child_clock_watch(env: dict[str, str], interval_s: float = 0.2) -> Any | None:
-    """A `monitor.ClockWatch` (not started) on the GPU a child started with `env` runs on — the first of
-    its CUDA_VISIBLE_DEVICES (an index, or a UUID), else GPU 0 — read from this process, nothing in the
-    child; None where NVML cannot read it (no NVML, no GPU, a MIG slice)."""
+class ChildClocks:
+    """The clocks of the GPU a child process runs on, sampled from this process while the `with` block
+    runs (nothing in the child); a sampler that fails leaves no clocks, never the block's failure."""
+
+    def __init__(self, watch: Any) -> None:
+        self._watch = watch  # a monitor.ClockWatch, not started
+        self.failed: str | None = None
+
+    def __enter__(self) -> ChildClocks:
+        try:
+            self._watch.__enter__()
+        except Exception as err:  # NVML's own errors: the child runs all the same
+            self.failed = f"{type(err).__name__}: {err}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.failed is None:
+            try:
+                self._watch.__exit__(None, None, None)
+            except Exception as err:  # the sampler thread's error, raised here
+                self.failed = f"{type(err).__name__}: {err}"
+
+    def between(self, start: float, end: float) -> Any | None:
+        """A `monitor.ClockReport` over the samples read from `start` to `end` (time.monotonic(),
+        system-wide on Linux: a child's readings of it compare), or None where sampling failed."""
+        return None if self.failed else self._watch.report_between(start, end)
+
+
+def child_clocks(env: dict[str, str], interval_s: float = 0.2) -> ChildClocks | None:
+    """`ChildClocks` on the GPU a child started with `env` runs on — the first of its
+    CUDA_VISIBLE_DEVICES (an index, or a UUID), else GPU 0; None where NVML cannot read it (no NVML,
+    no GPU, a MIG slice)."""
     from gpudoctor.monitor.clocks import ClockWatch
     from gpudoctor.util.errors import GpudoctorError
 
@@ -117,6 +145,6 @@ def child_clock_watch(env: dict[str, str], interval_s: float = 0.2) -> Any | Non
     if isinstance(device, str) and (not device or device.lower().startswith("mig-")):
         return None  # no device, or a MIG slice (NVML reads a whole GPU's clocks)
     try:
-        return ClockWatch(device, interval_s=interval_s)
+        return ChildClocks(ClockWatch(device, interval_s=interval_s))
     except (GpudoctorError, OSError):
         return None
