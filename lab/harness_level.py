@@ -8,11 +8,20 @@ cancels across rounds.
 
     PYTHONPATH=src python3 lab/harness_level.py --rounds 3 --configs plain,capture,observer,all -- \\
         benchmarks/fix_workloads/lm_three_modules.py --small
+
+`forked` runs the plain script in a child forked from a process that imported what the fix rounds' fork
+server imports ahead (torch, torch._dynamo, numpy, gpudoctor's round, and transformers where present) and
+froze its objects (`gc.freeze`), as each round is; `forked_all` adds every part. A loop without an
+optimizer (inference) counts its steps as calls of the top-level module of class `--module` instead.
+
+    PYTHONPATH=src python3 lab/harness_level.py --rounds 3 --configs plain,forked,all,forked_all \\
+        --module GPT2LMHeadModel -- benchmarks/fix_workloads/transformer_infer_b1.py
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -20,13 +29,42 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 PARTS = {"plain": (), "capture": ("capture",), "finder": ("finder",), "observer": ("observer",),
-         "recorder": ("recorder",), "all": ("capture", "observer", "recorder")}  # fmt: skip
+         "recorder": ("recorder",), "all": ("capture", "observer", "recorder"), "forked": ("fork",),
+         "forked_all": ("fork", "capture", "observer", "recorder")}  # fmt: skip
+PRELOAD = ("torch", "torch._dynamo", "numpy", "gpudoctor.fixes.child", "transformers")  # as the fork server
 
 
-def child(parts: tuple[str, ...], out: str, warmup: int, window_s: float, command: list[str]) -> None:
+def forked(run: Callable[[], None]) -> None:
+    """`run()` in a child forked from this process once it has imported what the fork server imports
+    ahead and frozen its objects; this process waits and ends with the child's status."""
+    import gc
+    import importlib
+
+    for name in PRELOAD:
+        with contextlib.suppress(ImportError):
+            importlib.import_module(name)
+    gc.freeze()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run()
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def child(
+    parts: tuple[str, ...], out: str, warmup: int, window_s: float, command: list[str], module: str | None
+) -> None:
+    if "fork" in parts:
+        rest = tuple(p for p in parts if p != "fork")
+        forked(lambda: child(rest, out, warmup, window_s, command, module))
+        return
     import torch
     from torch.optim.optimizer import register_optimizer_step_post_hook
 
@@ -61,7 +99,17 @@ def child(parts: tuple[str, ...], out: str, warmup: int, window_s: float, comman
                 Path(out).write_text(json.dumps({"step_us": 1e6 * elapsed / state["n"], "steps": state["n"]}))
                 os._exit(0)
 
-    register_optimizer_step_post_hook(stepped)
+    if module:  # calls of the top-level module of that class, counted as the proof's stopwatch counts them
+        from gpudoctor.fixes.stopwatch import RootCalls
+
+        class Counting:
+            def __init__(self) -> None:
+                self.module = module
+                self.on_step = lambda: stepped(self)
+
+        RootCalls(Counting(), torch).install()
+    else:
+        register_optimizer_step_post_hook(stepped)
     from gpudoctor.runner.hooks import RootFinder, patched, seed_everything
     from gpudoctor.runner.launch import run_script
 
@@ -99,6 +147,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--window-s", type=float, default=3.0)
+    parser.add_argument(
+        "--module", default="", help="count calls of this top-level module's class, not optimizer steps"
+    )
     parser.add_argument("--child", default="")
     parser.add_argument("--out", default="")
     parser.add_argument("command", nargs=argparse.REMAINDER)
@@ -106,7 +157,7 @@ def main() -> int:
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if a.child or a.out:
         parts = tuple(p for p in a.child.split(",") if p)
-        child(parts, a.out, a.warmup, a.window_s, command)
+        child(parts, a.out, a.warmup, a.window_s, command, a.module or None)
         return 1  # the script ended before its window
     configs = a.configs.split(",")
     results: dict[str, list[float]] = {c: [] for c in configs}
@@ -115,7 +166,8 @@ def main() -> int:
             for c in configs if k % 2 == 0 else configs[::-1]:
                 out = str(Path(tmp) / f"{c}-{k}.json")
                 cmd = [sys.executable, __file__, "--child", ",".join(PARTS[c]) or "none", "--out", out,
-                       "--warmup", str(a.warmup), "--window-s", str(a.window_s), "--", *command]  # fmt: skip
+                       "--warmup", str(a.warmup), "--window-s", str(a.window_s),
+                       *(["--module", a.module] if a.module else []), "--", *command]  # fmt: skip
                 subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
                 if Path(out).exists():
                     results[c].append(json.loads(Path(out).read_text())["step_us"])
