@@ -222,3 +222,45 @@ def test_in_a_plain_process_it_times_the_loop_and_ends_it(tmp_path: Path) -> Non
     steps = sum(n for _, n in doc["windows"])
     assert steps >= 10 and sum(s for s, _ in doc["windows"]) >= 0.3 and doc["mean_step_us"] > 0
     assert doc["steps_seen"] == doc["warmup_steps"] + steps + sum(n for _, n, _ in doc["set_aside"])
+
+
+COMPILED_INFERENCE = """\
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+model = Net().cuda().eval()
+model.compile(mode="reduce-overhead")  # as gpudoctor's diff writes it for transformer_infer_b1
+x = torch.randn(1, 256, device="cuda")
+with torch.no_grad():
+    for step in range(1_000_000):
+        y = model(x)
+raise SystemExit("the stopwatch should have ended the process")
+"""
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_in_a_plain_process_it_counts_calls_of_a_model_compiled_with_cuda_graphs(tmp_path: Path) -> None:
+    # the hooks of a module compiled with model.compile() run inside the compiled call and never run:
+    # the patched copy of transformer_infer_b1 ran 173 s with 0 steps counted before the stopwatch
+    # counted that call from outside
+    boot = tmp_path / "stopwatch"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(Path(stopwatch.__file__).read_text())
+    (tmp_path / "infer.py").write_text(COMPILED_INFERENCE)
+    config = {"out": str(tmp_path / "r.json"), "source": "module", "module": "Net", "warmup": 5, "warmup_s": 0.5,
+              "steps": 20, "steps_s": 0.5, "window_s": 0.1}  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(boot), stopwatch.ENV: json.dumps(config)}
+    out = subprocess.run([sys.executable, "infer.py"], env=env, capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)  # fmt: skip
+    assert out.returncode == 0, out.stderr[-2000:]
+    doc = json.loads((tmp_path / "r.json").read_text())
+    assert doc["outcome"] == "timed" and doc["error"] is None, doc
+    assert sum(n for _, n in doc["windows"]) >= 20 and doc["mean_step_us"] > 0
