@@ -6,7 +6,9 @@ each one's share of the expert's gain."""
 
 from __future__ import annotations
 
+import math
 import shutil
+import statistics
 import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
@@ -142,4 +144,27 @@ def proof_check(proof: dict[str, Any] | None, timing: dict[str, Any], no_gain: f
     check["proof_agrees"] = (
         abs(check["proof_vs_patched"]) <= AGREEMENT if check["proof_vs_patched"] is not None else None
     )
+    check["timers"] = timers_compared(proof, (timing.get("runs") or {}).get("patched"))
     return check
+
+
+def timers_compared(proof: dict[str, Any] | None, windows: list[Any] | None) -> dict[str, Any] | None:
+    """The patched copy's processes under the benchmark's timer against the proof's (each process's mean
+    step): the ratio of their geometric means and its 95% interval (Welch's t on the log means, as the
+    harness's level is judged). An interval that holds 1 means the two timers' figures are apart by no
+    more than their processes' own spread allows; None under two processes on a side."""
+    from gpudoctor.fixes.proof import level_interval
+
+    ours = [p["mean_step_us"] for p in (proof or {}).get("processes") or []
+            if p.get("side") == "patched" and p.get("mean_step_us")]  # fmt: skip
+    bench = [
+        1e6 * sum(s for s, _ in w) / sum(n for _, n in w) for w in windows or [] if w and sum(n for _, n in w)
+    ]
+    ci = level_interval(bench, ours)
+    if ci is None:
+        return None
+    ratio = math.exp(
+        statistics.fmean(math.log(v) for v in bench) - statistics.fmean(math.log(v) for v in ours)
+    )
+    return {"proof_processes": len(ours), "benchmark_processes": len(bench), "benchmark_over_proof_step": ratio,
+            "ci": [ci[0], ci[1]], "differ": not ci[0] <= 1 <= ci[1]}  # fmt: skip

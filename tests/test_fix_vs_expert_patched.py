@@ -251,6 +251,28 @@ def test_the_patched_copy_is_timed_again_while_its_interval_holds_an_end_of_the_
     assert not fve.proof_undecided({"patched_speedup_ci": list(ci)})  # no proof: nothing to agree with
 
 
+def test_a_disagreement_within_the_two_timers_processes_spread_is_said_and_timed_again() -> None:
+    # vit_train on 1 × H200: the proof's 7 patched processes 18.8–25.8 ms a step, the benchmark's 2 at
+    # 17.6 and 14.9 ms — 27% apart in their means, and no further than such processes' spread allows
+    ms = [23.04, 21.91, 23.58, 20.28, 22.78, 25.81, 18.76]
+    proof = {"processes": [{"side": "patched", "mean_step_us": 1e3 * v} for v in ms]
+             + [{"side": "script", "mean_step_us": 95_900.0}]}  # fmt: skip
+    windows = [[[1.0, 57], [1.0, 57]], [[1.0, 67], [1.0, 67]]]  # 17.5 and 14.9 ms
+    timers = patched_copy.timers_compared(proof, windows)
+    assert timers is not None and timers["proof_processes"] == 7 and timers["benchmark_processes"] == 2
+    assert timers["benchmark_over_proof_step"] == pytest.approx(0.727, abs=0.005)
+    assert timers["ci"][0] < 1 < timers["ci"][1] and timers["differ"] is False
+    # THEN the benchmark times the patched copy again, though its own interval lies outside the band
+    result = {"proof_check": {"proof": {"speedup": 4.31}, "proof_agrees": False, "timers": timers},
+              "patched_speedup_ci": [5.2, 6.5]}  # fmt: skip
+    assert fve.proof_undecided(result)
+    assert not fve.proof_undecided(
+        {**result, "proof_check": {**result["proof_check"], "timers": {"differ": True}}}
+    )
+    # AND one process on a side: no interval
+    assert patched_copy.timers_compared(proof, windows[:1]) is None
+
+
 def test_with_no_runtime_the_patched_copy_stands_for_the_kept_fixes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
