@@ -180,3 +180,13 @@ class _Net(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.b(torch.relu(self.a(x)))
+
+
+def test_a_module_compiled_by_the_script_either_way_is_known_as_compiled() -> None:
+    # the profiler's module view and the memory probe's per-module hooks stay off such a model
+    from gpudoctor.runner.modules import compiled_by_script
+
+    plain, by_method = _Net(), _Net()
+    by_method.compile(backend="eager")
+    assert not compiled_by_script(plain) and compiled_by_script(by_method)
+    assert compiled_by_script(torch.compile(_Net(), backend="eager"))

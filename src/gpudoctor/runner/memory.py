@@ -27,6 +27,7 @@ from gpudoctor.runner.memory_probe import (
     module_names,
     module_types,
 )
+from gpudoctor.runner.modules import compiled_by_script
 from gpudoctor.runner.rundir import snapshot_name, write_snapshot
 from gpudoctor.util.frames import frame_text, innermost_user_frame, is_library
 
@@ -234,8 +235,8 @@ class MemoryRecorder:
         self.snapshots["detail_start"] = (self._steps_seen, self._snapshot())
         self._set_history("all")
         self.detail_step = self._steps_seen + 1
-        if any(getattr(r, "_orig_mod", None) is not None for r in self._roots):
-            # global module hooks would make a compiled model recompile
+        if any(compiled_by_script(r) for r in self._roots):
+            # global module hooks would make a compiled model recompile (`model.compile()` too)
             self.notes.append("no activations per module: the model is compiled (torch.compile)")
             self._probe = ModuleProbe({}, self._allocated, cuda=True)  # not installed: no hooks
         else:

@@ -30,6 +30,16 @@ _PLUMBING = (
 )
 
 
+def compiled_by_script(module: Any) -> bool:
+    """The script compiled the module itself: `torch.compile(model)` (an OptimizedModule) or
+    `model.compile()` (its hooks run inside the compiled call: hooks put on it or on its submodules
+    would be traced into the graph, or recompile it)."""
+    return (
+        getattr(module, "_orig_mod", None) is not None
+        or getattr(module, "_compiled_call_impl", None) is not None
+    )
+
+
 def module_name(module: Any) -> str:
     """The class name; for a compiled module, its original class's and a mark."""
     original = getattr(module, "_orig_mod", None)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpudoctor.runner.light import step_times
-from gpudoctor.runner.modules import ModuleLabels
+from gpudoctor.runner.modules import ModuleLabels, compiled_by_script
 from gpudoctor.runner.phases import LiveOptions
 from gpudoctor.runner.proflog import ProfilerLog
 from gpudoctor.runner.record import StepTimes
@@ -109,11 +109,7 @@ class ProfilerSession:
         root = detector.root_module
         if root is None or self.options.module_depth < 0:
             return
-        # torch.compile(model), or model.compile() (its hooks too run inside the graph)
-        if (
-            getattr(root, "_orig_mod", None) is not None
-            or getattr(root, "_compiled_call_impl", None) is not None
-        ):
+        if compiled_by_script(root):
             self.notes.append(
                 "no module view: the root module is compiled (its submodules run inside the graph)"
             )
