@@ -45,6 +45,35 @@ def test_the_root_watcher_and_call_hook_do_not_break_a_compiled_graph() -> None:
         torch._dynamo.reset()
 
 
+def test_the_root_watcher_and_call_hook_see_each_call_of_a_model_compiled_with_module_compile() -> None:
+    # `model.compile()` runs the model's hooks inside its compiled call: `gpudoctor run`'s step
+    # discovery saw no model there and timed an inference loop by its iterations; now each call is
+    # seen from outside the compiled code, once, and compiled into one graph
+    before = torch.nn.Module.compile
+    roots: list[tuple[RootCall, Any]] = []
+    calls: list[int] = []
+    watcher = RootWatcher(lambda call, module: roots.append((call, module)), UserCode()).start()
+    torch._dynamo.reset()
+    graphs: list[Any] = []
+
+    def counting(graph: torch.fx.GraphModule, _inputs: Any) -> Any:
+        graphs.append(graph)
+        return graph.forward
+
+    model = _Net()
+    model.compile(backend=counting)
+    hook = CallHook(model, lambda: calls.append(1))
+    try:
+        for _ in range(3):
+            model(torch.ones(2, 4))
+        assert [m for _c, m in roots] == [model] * 3 and calls == [1, 1, 1] and len(graphs) == 1
+    finally:
+        hook.remove()
+        watcher.stop()
+        torch._dynamo.reset()
+    assert torch.nn.Module.compile is before  # put back with the last listener
+
+
 def test_the_memory_probe_does_not_break_a_compiled_graph() -> None:
     from gpudoctor.runner.memory_probe import ModuleProbe
 

@@ -179,6 +179,77 @@ def call_site(frame: FrameType | None = None) -> CallSite | None:
     return None if f is None else CallSite(f.f_code.co_filename, f.f_lineno, f.f_code.co_name)
 
 
+# -- calls of modules compiled with `Module.compile()` ----------------------------------------------------
+CompiledPre = Callable[[Any, tuple[Any, ...]], "tuple[Any, ...] | None"]  # (module, args) -> new args or None
+CompiledPost = Callable[
+    [Any, tuple[Any, ...], Any], Any
+]  # (module, args, output or None) -> new output or None
+_COMPILED_LISTENERS: list[tuple[CompiledPre, CompiledPost]] = []
+_TORCH_MODULE_COMPILE: list[Any] = []  # torch's Module.compile, while gpudoctor's stands in
+
+
+def on_compiled_calls(pre: CompiledPre, post: CompiledPost) -> Callable[[], None]:
+    """`pre` and `post` around every call of a module the script compiles with `model.compile()` from now
+    on, eagerly, as torch's global forward hooks run around an eager call: torch runs such a module's
+    hooks (global ones too) inside its compiled call, where they are traced and never run. While any
+    listener is in, `Module.compile` wraps the compiled call it makes; the wrapper passes calls straight
+    through once none is. Returns what takes the listener out (and puts torch's `Module.compile` back
+    after the last)."""
+    from torch.nn.modules import module
+
+    listener = (pre, post)
+    if not _TORCH_MODULE_COMPILE and getattr(module.Module, "compile", None) is not None:
+        torch_compile = module.Module.compile
+        _TORCH_MODULE_COMPILE.append(torch_compile)
+
+        def compile_watched(mod: Any, *args: Any, **kwargs: Any) -> Any:
+            out = torch_compile(mod, *args, **kwargs)
+            call = getattr(mod, "_compiled_call_impl", None)
+            if call is not None:
+                mod._compiled_call_impl = _watched_call(mod, call)
+            return out
+
+        module.Module.compile = compile_watched
+    _COMPILED_LISTENERS.append(listener)
+
+    def remove() -> None:
+        if listener in _COMPILED_LISTENERS:
+            _COMPILED_LISTENERS.remove(listener)
+        if not _COMPILED_LISTENERS and _TORCH_MODULE_COMPILE:
+            module.Module.compile = _TORCH_MODULE_COMPILE.pop()
+
+    return remove
+
+
+def _watched_call(mod: Any, call: Callable[..., Any]) -> Callable[..., Any]:
+    import torch
+
+    compiling = torch.compiler.is_compiling
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        listeners = tuple(_COMPILED_LISTENERS)
+        if not listeners or compiling():  # traced into code compiled around it: as eager_only's hooks
+            return call(*args, **kwargs)
+        given = args
+        for pre, _ in listeners:
+            new_args = pre(mod, args)
+            if new_args is not None:
+                args = new_args
+        try:
+            out = call(*args, **kwargs)
+        except BaseException:
+            for _, post in reversed(listeners):
+                post(mod, given, None)
+            raise
+        for _, post in reversed(listeners):
+            result = post(mod, given, out)
+            if result is not None:
+                out = result
+        return out
+
+    return run
+
+
 # -- the root module --------------------------------------------------------------------------------------
 RootCallback = Callable[[Any, tuple[Any, ...]], "tuple[Any, ...] | None"]
 
@@ -263,7 +334,7 @@ class RootFinder:
         self._handles: list[Any] = []
         self._depth = 0
         self._since: float | None = None
-        self._module_compile: Any = None  # torch's Module.compile, while the finder's stands in
+        self._compiled_off: Callable[[], None] | None = None  # takes its listener to compiled calls out
 
     # -- the first module (what a single-model script calls) ---------------------------------------------
     @property
@@ -333,46 +404,16 @@ class RootFinder:
             module.register_module_forward_pre_hook(eager_only(self._pre)),
             module.register_module_forward_hook(eager_only(self._post), always_call=True),
         ]
-        module_compile = getattr(module.Module, "compile", None)
-        if module_compile is not None:  # `model.compile()`: the hooks run inside its compiled call, traced
-
-            def compile_watched(mod: Any, *args: Any, **kwargs: Any) -> Any:
-                out = module_compile(mod, *args, **kwargs)
-                call = getattr(mod, "_compiled_call_impl", None)
-                if call is not None:
-                    mod._compiled_call_impl = self._watched(mod, call)
-                return out
-
-            module.Module.compile = compile_watched
-            self._module_compile = module_compile
+        self._compiled_off = on_compiled_calls(self._pre, self._post)  # `model.compile()`'s calls
         return self
-
-    def _watched(self, mod: Any, call: Callable[..., Any]) -> Callable[..., Any]:
-        """`mod.compile()`'s compiled call, seen by the finder as its global hooks see an eager call."""
-
-        def run(*args: Any, **kwargs: Any) -> Any:
-            if not self._handles:
-                return call(*args, **kwargs)
-            new_args = self._pre(mod, args)
-            try:
-                out = call(*(args if new_args is None else new_args), **kwargs)
-            except BaseException:
-                self._post(mod, args, None)
-                raise
-            result = self._post(mod, args, out)
-            return out if result is None else result
-
-        return run
 
     def uninstall(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if self._module_compile is not None:
-            from torch.nn.modules import module
-
-            module.Module.compile = self._module_compile
-            self._module_compile = None
+        if self._compiled_off is not None:
+            self._compiled_off()
+            self._compiled_off = None
 
     def _pre(self, module: Any, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         self._depth += 1

@@ -15,7 +15,7 @@ from types import FrameType
 from typing import Any
 
 from gpudoctor.runner.discovery import RootCall
-from gpudoctor.runner.hooks import eager_only
+from gpudoctor.runner.hooks import eager_only, on_compiled_calls
 from gpudoctor.runner.loops import UserCode
 
 MODULE_LABEL = "gpudoctor.module: "
@@ -56,6 +56,7 @@ class RootWatcher:
         self.user_code = user_code
         self._depth = threading.local()
         self._handles: list[Any] = []
+        self._compiled_off: Callable[[], None] | None = None
 
     def start(self) -> RootWatcher:
         from torch.nn.modules import module
@@ -65,12 +66,16 @@ class RootWatcher:
             module.register_module_forward_pre_hook(eager_only(self._pre)),
             module.register_module_forward_hook(eager_only(self._post), always_call=True),
         ]
+        self._compiled_off = on_compiled_calls(self._pre, self._post)  # a module of `model.compile()`
         return self
 
     def stop(self) -> None:
         for handle in self._handles:
             handle.remove()
         self._handles = []
+        if self._compiled_off is not None:
+            self._compiled_off()
+            self._compiled_off = None
 
     def _pre(self, module: Any, args: Any) -> None:
         depth = getattr(self._depth, "n", 0)
@@ -106,13 +111,31 @@ def _function_name(frame: FrameType) -> str:
 
 
 class CallHook:
-    """A forward pre-hook on one module instance: `on_call()` at each of its eager calls."""
+    """A forward pre-hook on one module instance: `on_call()` at each of its eager calls (and at each
+    call of it compiled with `model.compile()`, whose hooks run inside the compiled call)."""
 
     def __init__(self, module: Any, on_call: Callable[[], None]) -> None:
-        self.handle = module.register_forward_pre_hook(eager_only(lambda _m, _a: on_call()))
+        inside = [0]  # compiled calls of it under way: one that Dynamo runs eagerly is counted once
+
+        def eager(_m: Any, _a: Any) -> None:
+            if not inside[0]:
+                on_call()
+
+        def before(called: Any, _args: Any) -> None:
+            if called is module:
+                on_call()
+                inside[0] += 1
+
+        def after(called: Any, _args: Any, _out: Any) -> None:
+            if called is module:
+                inside[0] -= 1
+
+        self.handle = module.register_forward_pre_hook(eager_only(eager))
+        self._compiled_off = on_compiled_calls(before, after)
 
     def remove(self) -> None:
         self.handle.remove()
+        self._compiled_off()
 
 
 class ModuleLabels:
