@@ -216,3 +216,37 @@ def test_no_validation_switches_in_blocks_beneath_a_compiled_step_function(
     assert r.outputs_kind == "loss" and all(math.isfinite(v) for step in r.outputs for v in step)
     c = paired_compare(block_pairs(r.blocks))
     print("no_validation beneath compile_fn", c.verdict, f"{100 * c.saving:.1f}%", c.test)
+
+
+COMPILED_INFERENCE = """\
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+model = Net().cuda().eval()
+model.compile(mode="reduce-overhead")
+x = torch.randn(1, 256, device="cuda")
+with torch.no_grad():
+    for step in range(1_000_000):
+        y = model(x)
+"""
+
+
+def test_a_round_times_the_calls_of_a_model_the_script_compiles_with_module_compile(tmp_path: Path) -> None:
+    # its hooks run inside the compiled call (CUDA graphs here): the step is seen from outside it, as
+    # one call of the model, not as an iteration of the loop around it
+    script = tmp_path / "infer.py"
+    script.write_text(COMPILED_INFERENCE)
+    r = run_round(
+        parse(["--out", str(tmp_path / "r.json"), "--warmup", "10", "--steps", "50", "--", str(script)])
+    )
+    assert r.failure is None, r.failure
+    assert r.step is not None and r.step.source == "module" and r.step.module == "Net", r.step
+    assert len(r.step_times_us) >= 50 and r.clock == "cuda_events"
+    assert r.observations is not None and r.observations.root is not None and r.observations.root.compiled
