@@ -180,10 +180,9 @@ def call_site(frame: FrameType | None = None) -> CallSite | None:
 
 
 # -- calls of modules compiled with `Module.compile()` ----------------------------------------------------
-CompiledPre = Callable[[Any, tuple[Any, ...]], "tuple[Any, ...] | None"]  # (module, args) -> new args or None
-CompiledPost = Callable[
-    [Any, tuple[Any, ...], Any], Any
-]  # (module, args, output or None) -> new output or None
+# (module, args) -> new args or None; (module, args, output, None where the call raised) -> new output or None
+CompiledPre = Callable[[Any, tuple[Any, ...]], "tuple[Any, ...] | None"]
+CompiledPost = Callable[[Any, tuple[Any, ...], Any], Any]
 _COMPILED_LISTENERS: list[tuple[CompiledPre, CompiledPost]] = []
 _TORCH_MODULE_COMPILE: list[Any] = []  # torch's Module.compile, while gpudoctor's stands in
 
