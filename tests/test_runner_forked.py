@@ -68,3 +68,15 @@ def test_strip_takes_out_gpudoctors_global_hooks_alone() -> None:
     finally:
         for h in handles:
             h.remove()
+
+
+def test_strip_takes_out_the_listeners_to_compiled_calls_and_puts_module_compile_back() -> None:
+    before = torch.nn.Module.compile
+    watcher = RootWatcher(lambda c, m: None, UserCode()).start()
+    try:
+        assert torch.nn.Module.compile is not before  # wrapped while the watcher listens
+        assert strip_instrumentation() == 3  # its two global hooks and its listener
+        assert torch.nn.Module.compile is before
+    finally:
+        watcher.stop()
+    assert torch.nn.Module.compile is before

@@ -1,7 +1,8 @@
 """What a process forked from one gpudoctor measures (a DataLoader's worker, started at the loop's first
 batch) must not inherit: gpudoctor's instrumentation. A fork copies the process as it is — torch's
 global module and optimizer hooks that step discovery and the fix observer installed, and the loop
-watcher's tracer (`sys.settrace` on Python 3.11, a `sys.monitoring` tool on 3.12+) — so every module a
+watcher's tracer (`sys.settrace` on Python 3.11, a `sys.monitoring` tool on 3.12+), and the listeners
+to calls of modules compiled with `model.compile()` (`runner.hooks.on_compiled_calls`) — so every module a
 worker calls (torchvision's transforms are `nn.Module`s) ran gpudoctor's hooks, and every line of the
 user's Dataset code its line tracer, for as long as the worker lived: the batches came slower inside a
 round than in the script run plainly, and every saving was measured against that slower baseline.
@@ -68,6 +69,9 @@ def strip_instrumentation() -> int:
             if is_ours(fn):
                 del hooks[key]
                 removed += 1
+    ours = sys.modules.get("gpudoctor.runner.hooks")  # the listeners to `model.compile()`'s calls
+    if ours is not None:
+        removed += ours.drop_compiled_listeners()
     return removed
 
 

@@ -220,6 +220,18 @@ def on_compiled_calls(pre: CompiledPre, post: CompiledPost) -> Callable[[], None
     return remove
 
 
+def drop_compiled_listeners() -> int:
+    """Every listener to compiled calls taken out, and torch's `Module.compile` put back (a forked child's
+    copy of them: `runner.forked`); how many listeners there were."""
+    count = len(_COMPILED_LISTENERS)
+    _COMPILED_LISTENERS.clear()
+    if _TORCH_MODULE_COMPILE:
+        from torch.nn.modules import module
+
+        module.Module.compile = _TORCH_MODULE_COMPILE.pop()
+    return count
+
+
 def _watched_call(mod: Any, call: Callable[..., Any]) -> Callable[..., Any]:
     import torch
 
