@@ -175,7 +175,7 @@ TIMED_OUT = 124
 
 
 def clock_watch() -> Any:
-    """gpudoctor's NVML clock watch on the GPU the timer runs on, or None (no NVML, no GPU, gpudoctor
+    """gpudoctor's NVML clock reading of the GPU the timer runs on, or None (no NVML, no GPU, gpudoctor
     not importable here)."""
     try:
         from gpudoctor.runner.samplers import child_clocks
@@ -185,17 +185,17 @@ def clock_watch() -> Any:
 
 
 def timed_clocks(watch: Any, result: dict[str, Any]) -> dict[str, Any] | None:
-    """The GPU's clocks over a timer process's windows (read from here, by NVML), as the proof reads
-    them for its plain processes: beside the proof's, they tell a clock held down from a timer's fault."""
-    seconds = sum(w[0] for w in result.get("windows") or [])
-    if watch is None or not seconds or not result.get("monotonic"):
+    """The GPU's clocks over a timer process's windows, read as the proof reads them for its plain
+    processes (`fixes.prove.timed_clocks`): beside the proof's, they tell a clock held down from a
+    timer's fault."""
+    if watch is None or not result.get("monotonic"):
         return None
-    r = watch.between(result["monotonic"] - seconds, result["monotonic"])
-    if r is None:
-        return None
-    return {"samples": r.samples, "sm_mean_mhz": r.sm_mean_mhz, "sm_min_mhz": r.sm_min_mhz,
-            "sm_max_mhz": r.sm_max_mhz, "slowdowns": r.slowdown_shares, "temp_max_c": r.temp_max_c,
-            "power_mean_w": r.power_mean_w}  # fmt: skip
+    from dataclasses import asdict
+
+    from gpudoctor.fixes.prove import timed_clocks as over_windows
+
+    clocks = over_windows(watch, result, result["monotonic"])
+    return None if clocks is None else asdict(clocks)
 
 
 def run_timer(cmd: list[str], limit: float | None, lead_s: float = 20.0) -> subprocess.CompletedProcess[str]:

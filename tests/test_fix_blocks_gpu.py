@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from compiled_scripts import COMPILED_INFERENCE  # noqa: E402
 from gpudoctor.fixes.child import parse, run_round  # noqa: E402
 from gpudoctor.fixes.round import RoundResult  # noqa: E402
 from gpudoctor.timing.blocks import block_pairs  # noqa: E402
@@ -216,26 +217,6 @@ def test_no_validation_switches_in_blocks_beneath_a_compiled_step_function(
     assert r.outputs_kind == "loss" and all(math.isfinite(v) for step in r.outputs for v in step)
     c = paired_compare(block_pairs(r.blocks))
     print("no_validation beneath compile_fn", c.verdict, f"{100 * c.saving:.1f}%", c.test)
-
-
-COMPILED_INFERENCE = """\
-import torch
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-model = Net().cuda().eval()
-model.compile(mode="reduce-overhead")
-x = torch.randn(1, 256, device="cuda")
-with torch.no_grad():
-    for step in range(1_000_000):
-        y = model(x)
-"""
 
 
 def test_a_round_times_the_calls_of_a_model_the_script_compiles_with_module_compile(tmp_path: Path) -> None:

@@ -545,9 +545,9 @@ def test_a_plain_process_gets_the_clocks_of_its_timed_windows_alone() -> None:
     watch = Watched()
     doc = {"outcome": "timed", "mean_step_us": 1e3, "windows": [[0.5, 50], [0.5, 50]], "set_aside": [[1.0, 9, 0.8]],
            "monotonic": 100.0}  # fmt: skip
-    clocks = prove.timed_clocks(watch, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0)  # type: ignore[arg-type]
+    clocks = prove.timed_clocks(watch, doc, ended=101.0)  # type: ignore[arg-type]
     # the two timed windows and the one set aside end at the stopwatch's last reading: 2 s before it
     assert watch.asked == [(98.0, 100.0)]
     assert clocks == ProcessClocks(4, 1700.0, 1500, 1980, (("sw_power_cap", 0.5),), 61, 650.0)
-    assert prove.timed_clocks(None, ChildRun(0, doc, None, "", 0, 30.0), ended=101.0) is None
-    assert prove.timed_clocks(watch, ChildRun(0, {"windows": []}, None, "", 0, 3.0), ended=101.0) is None  # type: ignore[arg-type]
+    assert prove.timed_clocks(None, doc, ended=101.0) is None
+    assert prove.timed_clocks(watch, {"windows": []}, ended=101.0) is None  # type: ignore[arg-type]

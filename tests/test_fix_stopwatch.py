@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+from compiled_scripts import COMPILED_INFERENCE
 from gpudoctor.fixes import stopwatch
 from gpudoctor.fixes.stopwatch import AfterImport, RootCalls, Stopwatch, hook_torch
 
@@ -222,27 +223,6 @@ def test_in_a_plain_process_it_times_the_loop_and_ends_it(tmp_path: Path) -> Non
     steps = sum(n for _, n in doc["windows"])
     assert steps >= 10 and sum(s for s, _ in doc["windows"]) >= 0.3 and doc["mean_step_us"] > 0
     assert doc["steps_seen"] == doc["warmup_steps"] + steps + sum(n for _, n, _ in doc["set_aside"])
-
-
-COMPILED_INFERENCE = """\
-import torch
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a, self.b = torch.nn.Linear(256, 1024), torch.nn.Linear(1024, 256)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-model = Net().cuda().eval()
-model.compile(mode="reduce-overhead")  # as gpudoctor's diff writes it for transformer_infer_b1
-x = torch.randn(1, 256, device="cuda")
-with torch.no_grad():
-    for step in range(1_000_000):
-        y = model(x)
-raise SystemExit("the stopwatch should have ended the process")
-"""
 
 
 @pytest.mark.gpu

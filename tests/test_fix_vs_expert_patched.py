@@ -297,3 +297,24 @@ def test_with_no_runtime_the_patched_copy_stands_for_the_kept_fixes(
     fve.measure("gan_dcgan", ["compile"], tmp_path, argparse.Namespace(**(vars(a) | {"no_runtime": False})),
                 patched=tmp_path / "copy.py", proof=PROOF)  # fmt: skip
     assert timed.count("gpudoctor") == 2 and len(timed) == 8
+
+
+def test_a_timer_process_gets_the_clocks_of_its_windows_as_the_proofs_do() -> None:
+    asked: list[tuple[float, float]] = []
+
+    class Clocks:  # `runner.samplers.ChildClocks`' stand-in
+        def between(self, start: float, end: float) -> object:
+            from gpudoctor.monitor.clocks import ClockReport
+
+            asked.append((start, end))
+            return ClockReport(0, 5, 1980, 1600, 1800.0, {"sw_power_cap": 0.4}, None, None, 70, 690.0)
+
+    result = {"windows": [[1.0, 50], [1.0, 50]], "monotonic": 50.0}
+    clocks = fve.timed_clocks(Clocks(), result)
+    assert asked == [(48.0, 50.0)]  # its two 1 s windows, up to its last reading
+    assert (
+        clocks is not None
+        and clocks["sm_mean_mhz"] == 1800.0
+        and clocks["slowdowns"] == (("sw_power_cap", 0.4),)
+    )
+    assert fve.timed_clocks(None, result) is None and fve.timed_clocks(Clocks(), {"windows": []}) is None

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from gpudoctor.fixes import stopwatch
 from gpudoctor.fixes.options import FixOptions
@@ -236,7 +237,7 @@ class PlainProver:
         with clocks or contextlib.nullcontext():
             run = run_plain(cmd, env=env, cwd=str(self.cwd), result=result, log=log, timeout_s=limit)
             ended = time.monotonic()
-        return plain_process(side, run, str(log), self.options, timed_clocks(clocks, run, ended))
+        return plain_process(side, run, str(log), self.options, timed_clocks(clocks, run.result, ended))
 
     def _failed(
         self, stated: Stated, p: PlainProcess, processes: list[PlainProcess], pairs: list[ProofPair]
@@ -277,16 +278,19 @@ def slowest_rank(run: ChildRun, result: Path, nproc: int, log: Path) -> ChildRun
     return replace(run, result=max(timed, key=lambda d: float(d["mean_step_us"])))
 
 
-def timed_clocks(clocks: ChildClocks | None, run: ChildRun, ended: float) -> ProcessClocks | None:
-    """The GPU's clocks over a plain process's timed windows: the seconds they took, up to the
-    stopwatch's last reading (`monotonic`: system-wide; else when the process was seen to end)."""
-    if clocks is None or not run.result:
+def timed_clocks(
+    clocks: ChildClocks | None, result: dict[str, Any] | None, ended: float
+) -> ProcessClocks | None:
+    """The GPU's clocks over a plain process's timed windows (`result`: what its timer wrote, windows of
+    seconds and steps): the seconds they took, up to the timer's last reading (`monotonic`:
+    system-wide; else `ended`, when the process was seen to end)."""
+    if clocks is None or not result:
         return None
-    timed_s = sum(float(w[0]) for w in run.result.get("windows") or [])
-    timed_s += sum(float(w[0]) for w in run.result.get("set_aside") or [])
+    timed_s = sum(float(w[0]) for w in result.get("windows") or [])
+    timed_s += sum(float(w[0]) for w in result.get("set_aside") or [])
     if timed_s <= 0:
         return None
-    end = float(run.result.get("monotonic") or ended)
+    end = float(result.get("monotonic") or ended)
     r = clocks.between(end - timed_s, end)
     if r is None:
         return None
