@@ -175,8 +175,8 @@ TIMED_OUT = 124
 
 
 def clock_watch() -> Any:
-    """gpudoctor's NVML clock reading of the GPU the timer runs on, or None (no NVML, no GPU, gpudoctor
-    not importable here)."""
+    """gpudoctor's reading of the GPU the timer runs on (NVML) and of the host (/proc), or None
+    (neither readable, or gpudoctor not importable here)."""
     try:
         from gpudoctor.runner.samplers import child_clocks
     except ImportError:
@@ -185,9 +185,9 @@ def clock_watch() -> Any:
 
 
 def timed_clocks(watch: Any, result: dict[str, Any]) -> dict[str, Any] | None:
-    """The GPU's clocks over a timer process's windows, read as the proof reads them for its plain
-    processes (`fixes.prove.timed_clocks`): beside the proof's, they tell a clock held down from a
-    timer's fault."""
+    """The GPU's clocks and the host over a timer process's windows, read as the proof reads them for
+    its plain processes (`fixes.prove.timed_clocks`): beside the proof's, they tell a clock held down,
+    or a slower or busier host, from a timer's fault."""
     if watch is None or not result.get("monotonic"):
         return None
     from dataclasses import asdict
@@ -449,6 +449,9 @@ def merge(runs: Path, into: Path, measured_at: str, host_note: str | None = None
         report = path.parent / "fix" / w["workload"] / "fix.json"
         if "harness_level" not in w["fix"] and report.exists():  # the same: from its fix.json
             w["fix"]["harness_level"] = json.loads(report.read_text()).get("harness_level")
+        proof = json.loads(report.read_text()).get("proof") if report.exists() else None
+        if proof and (w.get("timing") or {}).get("proof_check"):  # judged again by this harness's code
+            w["timing"]["proof_check"] = proof_check(proof, w["timing"], NO_GAIN)
         if (w.get("timing") or {}).get("partial"):
             print(
                 f"{path}: its timing was cut after {w['timing']['rounds']} round(s); merged, marked partial"
@@ -842,6 +845,16 @@ def _line(r: dict[str, Any]) -> str:
             f"modules per step {r.get('modules_per_step')}; {r.get('wall_s', 0):.0f} s")  # fmt: skip
 
 
+def _timers_words(timers: dict[str, Any]) -> str:
+    """`patched_copy.timers_compared` in words; an entry merged before it compared the speedups (the
+    patched copy's steps alone) in its own."""
+    ci = f"95% CI {timers['ci'][0]:.2f}–{timers['ci'][1]:.2f}×"
+    if "benchmark_over_proof_speedup" not in timers:
+        return f"the benchmark's step {timers['benchmark_over_proof_step']:.2f}× the proof's, {ci}"
+    return (f"the benchmark's speedup {timers['benchmark_over_proof_speedup']:.2f}× the proof's, {ci}; the "
+            f"script's step {timers['script_step']:.2f}×, the patched copy's {timers['patched_step']:.2f}×")  # fmt: skip
+
+
 def _proof_words(r: dict[str, Any]) -> str:
     """The patched copy's speedup and the proof's beside it, for the one-line summary."""
     patched = r.get("patched") or {}
@@ -859,8 +872,7 @@ def _proof_words(r: dict[str, Any]) -> str:
         timers = check.get("timers") or {}
         spread = ""
         if not check["proof_agrees"] and timers and not timers["differ"]:
-            spread = (f"; within its processes' spread: the benchmark's step {timers['benchmark_over_proof_step']:.2f}× "
-                      f"the proof's, 95% CI {timers['ci'][0]:.2f}–{timers['ci'][1]:.2f}×")  # fmt: skip
+            spread = f"; within its processes' spread: {_timers_words(timers)}"
         words.append(f"{agrees} ({100 * check['proof_vs_patched']:+.1f}%{spread})")
     if check.get("share_of_expert_by_proof") is not None:
         words.append(f"{100 * check['share_of_expert_by_proof']:.0f}% of the expert's gain by the proof")

@@ -144,27 +144,44 @@ def proof_check(proof: dict[str, Any] | None, timing: dict[str, Any], no_gain: f
     check["proof_agrees"] = (
         abs(check["proof_vs_patched"]) <= AGREEMENT if check["proof_vs_patched"] is not None else None
     )
-    check["timers"] = timers_compared(proof, (timing.get("runs") or {}).get("patched"))
+    check["timers"] = timers_compared(proof, timing.get("runs"))
     return check
 
 
-def timers_compared(proof: dict[str, Any] | None, windows: list[Any] | None) -> dict[str, Any] | None:
-    """The patched copy's processes under the benchmark's timer against the proof's (each process's mean
-    step): the ratio of their geometric means and its 95% interval (Welch's t on the log means, as the
-    harness's level is judged). An interval that holds 1 means the two timers' figures are apart by no
-    more than their processes' own spread allows; None under two processes on a side."""
-    from gpudoctor.fixes.proof import level_interval
+def timers_compared(proof: dict[str, Any] | None, runs: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The benchmark's speedup of the patched copy (its plain and patched processes, `runs`) against the
+    proof's (its process pairs): their ratio and its 95% interval (Welch's t on the log speedups, the
+    proof's from its pairs' log ratios, the benchmark's from its two sides' log means, with
+    Welch–Satterthwaite's degrees of freedom). An interval that holds 1 means the two figures are apart
+    by no more than their processes' own spread allows. Beside it, each side's step under the benchmark
+    over the proof's (`script_step`, `patched_step`): which side moved. None under two processes on a
+    side or two pairs."""
+    from gpudoctor.timing.paired import t_quantile
 
-    ours = [p["mean_step_us"] for p in (proof or {}).get("processes") or []
-            if p.get("side") == "patched" and p.get("mean_step_us")]  # fmt: skip
-    bench = [
-        1e6 * sum(s for s, _ in w) / sum(n for _, n in w) for w in windows or [] if w and sum(n for _, n in w)
-    ]
-    ci = level_interval(bench, ours)
-    if ci is None:
+    pairs = [(p["script_us"], p["patched_us"]) for p in (proof or {}).get("pairs") or []
+             if p.get("script_us") and p.get("patched_us")]  # fmt: skip
+    bench = {side: [1e6 * sum(s for s, _ in w) / sum(n for _, n in w)
+                    for w in (runs or {}).get(side) or [] if w and sum(n for _, n in w)]
+             for side in ("plain", "patched")}  # fmt: skip
+    if len(pairs) < 2 or min(len(v) for v in bench.values()) < 2:
         return None
-    ratio = math.exp(
-        statistics.fmean(math.log(v) for v in bench) - statistics.fmean(math.log(v) for v in ours)
-    )
-    return {"proof_processes": len(ours), "benchmark_processes": len(bench), "benchmark_over_proof_step": ratio,
-            "ci": [ci[0], ci[1]], "differ": not ci[0] <= 1 <= ci[1]}  # fmt: skip
+    ratios = [math.log(a / b) for a, b in pairs]
+    logs = {side: [math.log(v) for v in values] for side, values in bench.items()}
+    parts = [(statistics.variance(ratios) / len(ratios), len(ratios))] + [
+        (statistics.variance(v) / len(v), len(v)) for v in logs.values()
+    ]
+    center = statistics.fmean(logs["plain"]) - statistics.fmean(logs["patched"]) - statistics.fmean(ratios)
+    var = sum(v for v, _ in parts)
+    half = 0.0
+    if var > 0:
+        df = var**2 / sum(v**2 / (n - 1) for v, n in parts)
+        half = t_quantile(0.975, df) * math.sqrt(var)
+
+    def step(side: str, index: int) -> float:
+        ours = statistics.fmean(math.log(pair[index]) for pair in pairs)
+        return math.exp(statistics.fmean(logs[side]) - ours)
+
+    ci = [math.exp(center - half), math.exp(center + half)]
+    return {"proof_pairs": len(pairs), "benchmark_processes": {k: len(v) for k, v in bench.items()},
+            "benchmark_over_proof_speedup": math.exp(center), "ci": ci, "differ": not ci[0] <= 1 <= ci[1],
+            "script_step": step("plain", 0), "patched_step": step("patched", 1)}  # fmt: skip

@@ -528,6 +528,35 @@ def test_the_proof_says_when_the_gpu_held_its_clocks_down_while_a_side_was_timed
     assert "maximum 1,980 MHz" in note
 
 
+def hosted(
+    side: str, step_us: float, probe_us: float, others: float = 0.0, steal: float = 0.0
+) -> PlainProcess:
+    clocks = ProcessClocks(samples=0, sm_mean_mhz=None, sm_min_mhz=None, sm_max_mhz=None, host_samples=4,
+                           others_cores=others, steal_cores=steal, probe_us=probe_us)  # fmt: skip
+    return PlainProcess(side, step_us, 50, 0, 5, 3.0, 0, None, "x.log", clocks)
+
+
+def test_the_proof_says_when_the_host_beside_a_side_was_busy_or_slower() -> None:
+    # a quiet host, its probe steady: nothing to say (no NVML here: the GPU's part is empty)
+    quiet = [hosted("script", 8_000.0, 100.0), hosted("patched", 1_200.0, 104.0)]
+    assert clocks_note(quiet) is None
+    # transformer_infer_b1 on 1 × H200: the script's processes 5.1–8.6 ms a step, the first ones the
+    # slowest; a host-bound step runs at the speed of its host
+    slow = [hosted("script", 8_600.0, 160.0), hosted("patched", 1_150.0, 150.0),
+            hosted("script", 5_100.0, 100.0, others=2.0), hosted("patched", 1_140.0, 101.0, steal=0.4)]  # fmt: skip
+    note = clocks_note(slow)
+    assert note is not None and note.startswith("the host while they were timed: ")
+    assert "other processes kept 1.0 cores busy under the script" in note  # the mean of its two
+    assert "the hypervisor took 0.2 cores under the patched copy" in note and "took 0.0" not in note
+    assert (
+        "1.60× longer in one process than in another (the script's 100–160 µs, the patched copy's 101–150 µs)"
+        in note
+    )
+    # AND with the GPU's clocks held down too, both are said, the GPU's first
+    both = clocks_note([*slow, clocked("patched", 1600, (("sw_power_cap", 0.6),))])
+    assert both is not None and both.index("the GPU's clocks") < both.index(" — the host while")
+
+
 class Watched:
     """`ChildClocks`' stand-in: what span the prover asked the clocks of."""
 
@@ -540,6 +569,11 @@ class Watched:
         self.asked.append((start, end))
         return ClockReport(0, 4, 1980, 1500, 1700.0, {"sw_power_cap": 0.5}, None, None, 61, 650.0)
 
+    def host_between(self, start: float, end: float) -> object:
+        from gpudoctor.monitor.host import HostReport
+
+        return HostReport(samples=4, others_cores=1.5, steal_cores=0.0, probe_us=120.0)
+
 
 def test_a_plain_process_gets_the_clocks_of_its_timed_windows_alone() -> None:
     watch = Watched()
@@ -548,6 +582,8 @@ def test_a_plain_process_gets_the_clocks_of_its_timed_windows_alone() -> None:
     clocks = prove.timed_clocks(watch, doc, ended=101.0)  # type: ignore[arg-type]
     # the two timed windows and the one set aside end at the stopwatch's last reading: 2 s before it
     assert watch.asked == [(98.0, 100.0)]
-    assert clocks == ProcessClocks(4, 1700.0, 1500, 1980, (("sw_power_cap", 0.5),), 61, 650.0)
+    assert clocks == ProcessClocks(
+        4, 1700.0, 1500, 1980, (("sw_power_cap", 0.5),), 61, 650.0, 4, 1.5, 0.0, 120.0
+    )
     assert prove.timed_clocks(None, doc, ended=101.0) is None
     assert prove.timed_clocks(watch, {"windows": []}, ended=101.0) is None  # type: ignore[arg-type]

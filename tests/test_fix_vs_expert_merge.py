@@ -302,3 +302,36 @@ def test_timings_of_different_kept_fixes_are_not_pooled(tmp_path: Path) -> None:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "timed different kept fixes" in done.stderr
     assert "Traceback" not in done.stderr and not into.exists()
+
+
+def test_the_merge_judges_the_proof_against_the_patched_copy_again_with_this_harness(tmp_path: Path) -> None:
+    # a device run judged by an older harness (its `timers` compared the patched copy's steps alone);
+    # its fix.json keeps the proof's pairs, so the merge compares the speedups from them again
+    runs = tmp_path / "runs" / "fve_gpu0"
+    report = runs / "fix" / "transformer_infer_b1"
+    report.mkdir(parents=True)
+    pairs = [
+        {"script_us": a, "patched_us": b} for a, b in ((8100.0, 1150.0), (5200.0, 1140.0), (6300.0, 1270.0))
+    ]
+    report.joinpath("fix.json").write_text(json.dumps({"proof": {"speedup": 5.3, "speedup_low": 4.4,
+                                                                 "speedup_high": 6.4, "pairs": pairs}}))  # fmt: skip
+    w = workload("transformer_infer_b1", "10m")
+    w["timing"] |= {
+        "expert_speedup": 4.1,
+        "gpudoctor_speedup": 3.9,
+        "speedup_ratio": 0.95,
+        "patched_speedup": 3.9,
+        "runs": {"plain": [[[1.0, 190]], [[1.0, 200]]], "patched": [[[1.0, 740]], [[1.0, 780]]]},
+        "proof_check": {"timers": {"benchmark_over_proof_step": 1.08, "ci": [1.0, 1.17], "differ": True}},
+    }
+    (runs / "fix_vs_expert_transformer_infer_b1.json").write_text(json.dumps(w))
+    into = tmp_path / "fix_vs_expert.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "fix_vs_expert.py"), "--merge", str(tmp_path / "runs"),
+           "--measured-at", "abc1234", "--into", str(into)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    check = json.loads(into.read_text())["workloads"][0]["timing"]["proof_check"]
+    assert check["proof"]["speedup"] == 5.3 and check["proof_vs_patched"] == pytest.approx(5.3 / 3.9 - 1)
+    timers = check["timers"]
+    assert timers["proof_pairs"] == 3 and timers["benchmark_processes"] == {"plain": 2, "patched": 2}
+    assert "benchmark_over_proof_step" not in timers and timers["script_step"] < 1 < timers["patched_step"]

@@ -252,16 +252,21 @@ def test_the_patched_copy_is_timed_again_while_its_interval_holds_an_end_of_the_
 
 
 def test_a_disagreement_within_the_two_timers_processes_spread_is_said_and_timed_again() -> None:
-    # vit_train on 1 × H200: the proof's 7 patched processes 18.8–25.8 ms a step, the benchmark's 2 at
-    # 17.6 and 14.9 ms — 27% apart in their means, and no further than such processes' spread allows
+    # vit_train on 1 × H200: the script 95.9 ms a step in every process; the proof's 7 patched processes
+    # 18.8–25.8 ms, the benchmark's 2 at 17.5 and 14.9 ms — 27% apart in their means, and no further
+    # than such processes' spread allows
     ms = [23.04, 21.91, 23.58, 20.28, 22.78, 25.81, 18.76]
-    proof = {"processes": [{"side": "patched", "mean_step_us": 1e3 * v} for v in ms]
-             + [{"side": "script", "mean_step_us": 95_900.0}]}  # fmt: skip
-    windows = [[[1.0, 57], [1.0, 57]], [[1.0, 67], [1.0, 67]]]  # 17.5 and 14.9 ms
-    timers = patched_copy.timers_compared(proof, windows)
-    assert timers is not None and timers["proof_processes"] == 7 and timers["benchmark_processes"] == 2
-    assert timers["benchmark_over_proof_step"] == pytest.approx(0.727, abs=0.005)
+    proof = {"pairs": [{"script_us": 95_900.0, "patched_us": 1e3 * v} for v in ms]}
+    runs = {"plain": [[[1.0, 10], [1.0, 11]], [[1.0, 10], [1.0, 11]]],  # 95.2 ms
+            "patched": [[[1.0, 57], [1.0, 57]], [[1.0, 67], [1.0, 67]]]}  # 17.5 and 14.9 ms  # fmt: skip
+    timers = patched_copy.timers_compared(proof, runs)
+    assert timers is not None and timers["proof_pairs"] == 7
+    assert timers["benchmark_processes"] == {"plain": 2, "patched": 2}
+    assert timers["benchmark_over_proof_speedup"] == pytest.approx(1.365, abs=0.005)
     assert timers["ci"][0] < 1 < timers["ci"][1] and timers["differ"] is False
+    # which side moved: the patched copy's step, not the script's
+    assert timers["script_step"] == pytest.approx(0.993, abs=0.002)
+    assert timers["patched_step"] == pytest.approx(0.727, abs=0.005)
     # THEN the benchmark times the patched copy again, though its own interval lies outside the band
     result = {"proof_check": {"proof": {"speedup": 4.31}, "proof_agrees": False, "timers": timers},
               "patched_speedup_ci": [5.2, 6.5]}  # fmt: skip
@@ -270,7 +275,26 @@ def test_a_disagreement_within_the_two_timers_processes_spread_is_said_and_timed
         {**result, "proof_check": {**result["proof_check"], "timers": {"differ": True}}}
     )
     # AND one process on a side: no interval
-    assert patched_copy.timers_compared(proof, windows[:1]) is None
+    assert patched_copy.timers_compared(proof, {**runs, "plain": runs["plain"][:1]}) is None
+
+
+def test_a_disagreement_beyond_the_processes_spread_says_which_side_moved() -> None:
+    # transformer_infer_b1 on 1 × H200: the proof's script processes 5.1–8.6 ms a step (the first ones,
+    # early in the proof, the slowest), the benchmark's three 5.0–5.6 ms; the patched copy 1.14–1.39 ms
+    # under the proof, 1.27–1.36 under the benchmark
+    pairs = [(8099.3, 1146.7), (7203.0, 1272.3), (8552.9, 1137.7), (6282.3, 1137.3), (5284.2, 1141.9),
+             (5116.0, 1390.7), (6323.3, 1271.7), (5204.1, 1165.4)]  # fmt: skip
+    proof = {"pairs": [{"script_us": a, "patched_us": b} for a, b in pairs]}
+    per_s = {
+        "plain": [(182, 185, 180, 136, 145), (196, 195, 191, 189, 204), (197, 206, 202, 199, 200)],
+        "patched": [(736, 738, 735, 737, 743), (775, 780, 828, 739, 707), (733, 810, 819, 800, 816)],
+    }
+    runs = {side: [[[1.0, n] for n in process] for process in v] for side, v in per_s.items()}
+    timers = patched_copy.timers_compared(proof, runs)
+    assert timers is not None and timers["differ"] is True and timers["ci"][1] < 1
+    assert timers["benchmark_over_proof_speedup"] == pytest.approx(0.776, abs=0.005)
+    assert timers["script_step"] == pytest.approx(0.841, abs=0.005)  # the script moved the most
+    assert timers["patched_step"] == pytest.approx(1.084, abs=0.005)
 
 
 def test_with_no_runtime_the_patched_copy_stands_for_the_kept_fixes(
@@ -309,6 +333,11 @@ def test_a_timer_process_gets_the_clocks_of_its_windows_as_the_proofs_do() -> No
             asked.append((start, end))
             return ClockReport(0, 5, 1980, 1600, 1800.0, {"sw_power_cap": 0.4}, None, None, 70, 690.0)
 
+        def host_between(self, start: float, end: float) -> object:
+            from gpudoctor.monitor.host import HostReport
+
+            return HostReport(samples=4, others_cores=0.2, steal_cores=0.0, probe_us=95.0)
+
     result = {"windows": [[1.0, 50], [1.0, 50]], "monotonic": 50.0}
     clocks = fve.timed_clocks(Clocks(), result)
     assert asked == [(48.0, 50.0)]  # its two 1 s windows, up to its last reading
@@ -316,5 +345,7 @@ def test_a_timer_process_gets_the_clocks_of_its_windows_as_the_proofs_do() -> No
         clocks is not None
         and clocks["sm_mean_mhz"] == 1800.0
         and clocks["slowdowns"] == (("sw_power_cap", 0.4),)
+        and clocks["others_cores"] == 0.2  # the host beside it, over the same windows
+        and clocks["probe_us"] == 95.0
     )
     assert fve.timed_clocks(None, result) is None and fve.timed_clocks(Clocks(), {"windows": []}) is None

@@ -418,9 +418,10 @@ def test_a_childs_clocks_never_fail_what_they_watch() -> None:
     with ChildClocks(Broken()) as lost:
         pass
     assert lost.failed == "RuntimeError: NVML_ERROR_GPU_IS_LOST" and lost.between(0.0, 1.0) is None
-    # no device to read, or a MIG slice: no clocks asked for
-    assert child_clocks({"CUDA_VISIBLE_DEVICES": ""}) is None
-    assert child_clocks({"CUDA_VISIBLE_DEVICES": "MIG-4f1c"}) is None
+    # no device to read, or a MIG slice: no clocks asked for, the host's readings alone (Linux /proc)
+    for env in ({"CUDA_VISIBLE_DEVICES": ""}, {"CUDA_VISIBLE_DEVICES": "MIG-4f1c"}):
+        alone = child_clocks(env)
+        assert alone is not None and alone.failed == "no NVML" and alone.between(0.0, 1.0) is None
 
 
 # --- process ownership -----------------------------------------------------------------------------

@@ -24,12 +24,15 @@ COUNTABLE = ("optimizer", "module", "dataloader")  # step sources the stopwatch 
 UNIT = "process pair"
 CLOCK_GAP = 0.03  # the two sides' mean SM clocks this far apart while timed: said beside the proof
 SLOWDOWN_SHARE = 0.10  # a clock-lowering reason active in this share of a side's samples: said
+OTHERS_CORES = 0.5  # other processes kept this many cores busy (mean) while a side was timed: said
+STEAL_CORES = 0.1  # the hypervisor took this many cores: said
+PROBE_SPREAD = 1.2  # the host's probe this much slower in one process than in another: said
 
 
 @dataclass(frozen=True)
 class ProcessClocks:
-    """The GPU's clocks while a plain process's steps were timed, read by NVML from the proof's own
-    process (nothing in the timed one)."""
+    """The GPU's clocks (NVML) and the host (/proc, `monitor.host`) while a plain process's steps were
+    timed, read from the proof's own process (nothing in the timed one); `samples` 0: no NVML."""
 
     samples: int
     sm_mean_mhz: float | None
@@ -38,6 +41,12 @@ class ProcessClocks:
     slowdowns: tuple[tuple[str, float], ...] = ()  # a reason that lowers clocks, the share of samples
     temp_max_c: int | None = None
     power_mean_w: float | None = None
+    # the host over the same windows (`monitor.host`), read from /proc: cores other processes kept busy,
+    # cores the hypervisor took, a fixed Python loop's time (µs); None where /proc was not read
+    host_samples: int = 0
+    others_cores: float | None = None
+    steal_cores: float | None = None
+    probe_us: float | None = None
 
 
 @dataclass(frozen=True)
@@ -53,7 +62,7 @@ class PlainProcess:
     exit_code: int | None  # None: ended at its time limit
     failure: str | None
     log: str
-    clocks: ProcessClocks | None = None  # None: no NVML (or ranks on several GPUs)
+    clocks: ProcessClocks | None = None  # None: neither NVML nor /proc (or ranks on several GPUs)
 
 
 @dataclass(frozen=True)
@@ -286,9 +295,10 @@ def headline_of(proof: Proof | None, final: tuple[str, ...], saving_pct: float |
 
 
 def clocks_note(processes: Sequence[PlainProcess]) -> str | None:
-    """What the GPU's clocks did while the two sides were timed, where it could bend the proof: a
-    reason that lowers clocks (power cap, heat) active in a side's samples, or the two sides' mean SM
-    clocks apart. None where the clocks held, or were not read."""
+    """What the GPU's clocks and the host did while the two sides were timed, where it could bend the
+    proof: a reason that lowers clocks (power cap, heat) active in a side's samples, or the two sides'
+    mean SM clocks apart; other processes' cores, the hypervisor's steal, the host's probe spread
+    (`_host_parts`). None where all held, or nothing was read."""
     parts: list[str] = []
     means: dict[str, float] = {}
     top = None
@@ -313,4 +323,36 @@ def clocks_note(processes: Sequence[PlainProcess]) -> str | None:
             f"SM clock {means['script']:,.0f} MHz under the script, {means['patched']:,.0f} under the patched "
             f"copy" + (f" (its maximum {top:,} MHz)" if top else "")
         )
-    return "the GPU's clocks while the steps were timed: " + "; ".join(parts) if parts else None
+    host = _host_parts(processes)
+    said = ["the GPU's clocks while the steps were timed: " + "; ".join(parts)] if parts else []
+    if host:
+        said.append("the host while they were timed: " + "; ".join(host))
+    return " — ".join(said) or None
+
+
+def _host_parts(processes: Sequence[PlainProcess]) -> list[str]:
+    """The host's part of `clocks_note`: other processes' cores or the hypervisor's steal past their
+    thresholds under a side, and the probe's spread over the processes past PROBE_SPREAD."""
+    parts: list[str] = []
+    for side, label in (("script", "the script"), ("patched", "the patched copy")):
+        read = [
+            p.clocks for p in processes if p.side == side and p.clocks is not None and p.clocks.host_samples
+        ]
+        for field, limit, words in (("others_cores", OTHERS_CORES, "other processes kept {:.1f} cores busy"),
+                                    ("steal_cores", STEAL_CORES, "the hypervisor took {:.1f} cores")):  # fmt: skip
+            values = [(getattr(c, field), c.host_samples) for c in read if getattr(c, field) is not None]
+            if values:
+                mean = sum(v * k for v, k in values) / sum(k for _, k in values)
+                if mean >= limit:
+                    parts.append(words.format(mean) + f" under {label}")
+    probes = {side: [p.clocks.probe_us for p in processes if p.side == side and p.clocks and p.clocks.probe_us]
+              for side in ("script", "patched")}  # fmt: skip
+    every = probes["script"] + probes["patched"]
+    if every and max(every) >= PROBE_SPREAD * min(every):
+        ranges = ", ".join(f"{label} {min(v):,.0f}–{max(v):,.0f} µs" for label, v in
+                           (("the script's", probes["script"]), ("the patched copy's", probes["patched"])) if v)  # fmt: skip
+        parts.append(
+            f"a fixed Python loop took up to {max(every) / min(every):.2f}× longer in one process than in "
+            f"another ({ranges}): the host's speed changed, and a host-bound step changes with it"
+        )
+    return parts

@@ -281,9 +281,9 @@ def slowest_rank(run: ChildRun, result: Path, nproc: int, log: Path) -> ChildRun
 def timed_clocks(
     clocks: ChildClocks | None, result: dict[str, Any] | None, ended: float
 ) -> ProcessClocks | None:
-    """The GPU's clocks over a plain process's timed windows (`result`: what its timer wrote, windows of
-    seconds and steps): the seconds they took, up to the timer's last reading (`monotonic`:
-    system-wide; else `ended`, when the process was seen to end)."""
+    """The GPU's clocks and the host over a plain process's timed windows (`result`: what its timer
+    wrote, windows of seconds and steps): the seconds they took, up to the timer's last reading
+    (`monotonic`: system-wide; else `ended`, when the process was seen to end)."""
     if clocks is None or not result:
         return None
     timed_s = sum(float(w[0]) for w in result.get("windows") or [])
@@ -292,16 +292,21 @@ def timed_clocks(
         return None
     end = float(result.get("monotonic") or ended)
     r = clocks.between(end - timed_s, end)
-    if r is None:
+    h = clocks.host_between(end - timed_s, end)
+    if r is None and h is None:
         return None
     return ProcessClocks(
-        samples=r.samples,
-        sm_mean_mhz=r.sm_mean_mhz,
-        sm_min_mhz=r.sm_min_mhz,
-        sm_max_mhz=r.sm_max_mhz,
-        slowdowns=tuple(sorted(r.slowdown_shares.items())),
-        temp_max_c=r.temp_max_c,
-        power_mean_w=r.power_mean_w,
+        samples=r.samples if r else 0,
+        sm_mean_mhz=r.sm_mean_mhz if r else None,
+        sm_min_mhz=r.sm_min_mhz if r else None,
+        sm_max_mhz=r.sm_max_mhz if r else None,
+        slowdowns=tuple(sorted(r.slowdown_shares.items())) if r else (),
+        temp_max_c=r.temp_max_c if r else None,
+        power_mean_w=r.power_mean_w if r else None,
+        host_samples=h.samples if h else 0,
+        others_cores=h.others_cores if h else None,
+        steal_cores=h.steal_cores if h else None,
+        probe_us=h.probe_us if h else None,
     )
 
 

@@ -106,18 +106,27 @@ class NvmlSampling:
 
 
 class ChildClocks:
-    """The clocks of the GPU a child process runs on, sampled from this process while the `with` block
-    runs (nothing in the child); a sampler that fails leaves no clocks, never the block's failure."""
+    """The clocks of the GPU a child process runs on and the host beside it (`monitor.host`), sampled
+    from this process while the `with` block runs (nothing in the child); a sampler that fails leaves
+    no readings of its own, never the block's failure."""
 
-    def __init__(self, watch: Any) -> None:
-        self._watch = watch  # a monitor.ClockWatch, not started
-        self.failed: str | None = None
+    def __init__(self, watch: Any | None, host: Any | None = None) -> None:
+        self._watch = watch  # a monitor.ClockWatch, not started; None: no NVML here
+        self._host = host  # a monitor.host.HostWatch, not started; None: no /proc here
+        self.failed: str | None = None if watch is not None else "no NVML"
+        self.host_failed: str | None = None if host is not None else "no /proc"
 
     def __enter__(self) -> ChildClocks:
-        try:
-            self._watch.__enter__()
-        except Exception as err:  # NVML's own errors: the child runs all the same
-            self.failed = f"{type(err).__name__}: {err}"
+        if self.failed is None:
+            try:
+                self._watch.__enter__()
+            except Exception as err:  # NVML's own errors: the child runs all the same
+                self.failed = f"{type(err).__name__}: {err}"
+        if self.host_failed is None:
+            try:
+                self._host.__enter__()
+            except Exception as err:  # /proc unreadable, or the reading thread's error
+                self.host_failed = f"{type(err).__name__}: {err}"
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -126,17 +135,37 @@ class ChildClocks:
                 self._watch.__exit__(None, None, None)
             except Exception as err:  # the sampler thread's error, raised here
                 self.failed = f"{type(err).__name__}: {err}"
+        if self.host_failed is None:
+            try:
+                self._host.__exit__(None, None, None)
+            except Exception as err:  # /proc unreadable, or the reading thread's error
+                self.host_failed = f"{type(err).__name__}: {err}"
 
     def between(self, start: float, end: float) -> Any | None:
         """A `monitor.ClockReport` over the samples read from `start` to `end` (time.monotonic(),
         system-wide on Linux: a child's readings of it compare), or None where sampling failed."""
         return None if self.failed else self._watch.report_between(start, end)
 
+    def host_between(self, start: float, end: float) -> Any | None:
+        """A `monitor.host.HostReport` from `start` to `end`, or None where reading /proc failed."""
+        return None if self.host_failed else self._host.report_between(start, end)
 
-def child_clocks(env: dict[str, str], interval_s: float = 0.2) -> ChildClocks | None:
+
+def child_clocks(
+    env: dict[str, str], interval_s: float = 0.2, host_interval_s: float = 0.5
+) -> ChildClocks | None:
     """`ChildClocks` on the GPU a child started with `env` runs on — the first of its
-    CUDA_VISIBLE_DEVICES (an index, or a UUID), else GPU 0; None where NVML cannot read it (no NVML,
-    no GPU, a MIG slice)."""
+    CUDA_VISIBLE_DEVICES (an index, or a UUID), else GPU 0 — and on the host; the GPU's part left out
+    where NVML cannot read it (no NVML, no GPU, a MIG slice), the host's where there is no /proc; None
+    where neither can be read."""
+    from gpudoctor.monitor.host import HostWatch
+
+    host = HostWatch(interval_s=host_interval_s) if HostWatch.available() else None
+    watch = _clock_watch(env, interval_s)
+    return None if watch is None and host is None else ChildClocks(watch, host)
+
+
+def _clock_watch(env: dict[str, str], interval_s: float) -> Any | None:
     from gpudoctor.monitor.clocks import ClockWatch
     from gpudoctor.util.errors import GpudoctorError
 
@@ -145,6 +174,6 @@ def child_clocks(env: dict[str, str], interval_s: float = 0.2) -> ChildClocks | 
     if isinstance(device, str) and (not device or device.lower().startswith("mig-")):
         return None  # no device, or a MIG slice (NVML reads a whole GPU's clocks)
     try:
-        return ChildClocks(ClockWatch(device, interval_s=interval_s))
+        return ClockWatch(device, interval_s=interval_s)
     except (GpudoctorError, OSError):
         return None
