@@ -130,7 +130,7 @@ class HostWatch:
     process (`root`, default this one: its descendants are the timed process and its workers).
 
     with HostWatch() as host:
-        subprocess.run(cmd)
+        run_the_timed_process()
     host.report_between(t0, t1).others_cores
     """
 

@@ -233,9 +233,17 @@ def _parse_chunk(buf: bytearray, lo: int, hi: int, decode: Decode) -> tuple[Even
         buf[lo - 1], buf[hi] = before, after
 
 
+def _bad_utf8(err: Exception) -> bool:
+    """Invalid UTF-8 inside a string: msgspec before 0.23 raises UnicodeDecodeError, 0.23 a DecodeError
+    that names no byte."""
+    return isinstance(err, UnicodeDecodeError) or (
+        isinstance(err, msgspec.DecodeError) and "UTF-8" in str(err) and _BYTE.search(str(err)) is None
+    )
+
+
 def _error_byte(err: Exception, doc: bytes | memoryview) -> int | None:
     """Where malformed JSON went wrong; None when the input simply ended too soon."""
-    if isinstance(err, UnicodeDecodeError):
+    if _bad_utf8(err):
         try:
             bytes(doc).decode("utf-8")
         except UnicodeDecodeError as bad:
@@ -254,7 +262,7 @@ def _error_byte(err: Exception, doc: bytes | memoryview) -> int | None:
 
 
 def _reason(err: Exception) -> str:
-    if isinstance(err, UnicodeDecodeError):
+    if _bad_utf8(err):
         return "invalid UTF-8 in a string"
     return str(err).split(" (byte")[0]
 
