@@ -181,6 +181,36 @@ def test_compile_waits_for_the_finder_and_compiles_each_module_once() -> None:
     assert SPECS["compile"].not_in_effect(RoundWork(None, CompileCounts(), 3)) is not None
 
 
+def test_cuda_graphs_that_inductor_skipped_are_said_with_its_reason() -> None:
+    # mode="reduce-overhead" runs without its CUDA graphs where Inductor skips them (an input the graph
+    # mutates, a CPU tensor in it): the round counts its skips and hears its reasons, which the fix's
+    # evidence then says beside the graphs
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    torch._dynamo.reset()
+    lm = LanguageModel()
+    steps = [0]
+
+    def body() -> None:
+        for _ in range(5):
+            lm.step(torch.randint(0, 50, (2, 8)))
+            steps[0] += 1
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (1 instances)")
+
+    _, _, obs = run(["compile:reduce-overhead"], body, steps, compile_backend="eager")
+    assert obs.compiled is not None and obs.compiled.cudagraph_skips == 1
+    assert obs.compiled.cudagraph_reasons == ("skipping cudagraphs due to mutated inputs (1 instances)",)
+    words = SPECS["compile"].evidence(RoundWork(None, obs.compiled, 3))
+    assert words is not None and words.endswith(
+        "; CUDA graphs skipped 1 time: skipping cudagraphs due to mutated inputs (1 instances)"
+    )
+    # AND a later round of the same process hears only its own
+    _, _, again = run(["compile"], lambda: steps.__setitem__(0, 3), [0], compile_backend="eager")
+    assert again.compiled is not None and again.compiled.cudagraph_skips == 0
+    assert again.compiled.cudagraph_reasons == ()
+    assert "CUDA graphs" not in (SPECS["compile"].evidence(RoundWork(None, again.compiled, 3)) or "")
+
+
 def test_flops_are_counted_from_shapes() -> None:
     a, b = torch.empty(4, 8), torch.empty(8, 16)
     assert op_flops("mm", (a, b), None) == ("matmul", 2 * 4 * 8 * 16)

@@ -6,6 +6,8 @@ ran no matmul in bfloat16."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,10 @@ class CompileCounts(Serialized):
     frames: int = 0  # frames converted into graphs
     ops: int = 0  # calls captured into them
     graph_breaks: int = 0
+    # CUDA graphs (mode="reduce-overhead") that Inductor skipped, and why ("skipping cudagraphs due to
+    # mutated inputs …"): the compiled code then runs without them
+    cudagraph_skips: int = 0
+    cudagraph_reasons: tuple[str, ...] = ()
 
 
 def summed(tallies: Sequence[WorkTally]) -> WorkTally:
@@ -137,8 +143,40 @@ def work_probe() -> Any:
     return WorkProbe()
 
 
+# Inductor says why it skips CUDA graphs on this logger (torch._inductor.cudagraph_utils'
+# `cudagraphs` artifact, off unless TORCH_LOGS asks: it does not reach its parents then, but a handler of
+# its own still hears it)
+CUDAGRAPHS_LOGGER = "torch._inductor.cudagraph_utils.__cudagraphs"
+MAX_REASONS = 3
+
+
+class _SkipReasons(logging.Handler):
+    """The distinct messages of Inductor's CUDA-graph skips in this process, in order, the first few."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.seen: dict[str, None] = {}
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if len(self.seen) < MAX_REASONS:
+            with contextlib.suppress(Exception):  # a message that does not format: not a reason
+                self.seen.setdefault(" ".join(record.getMessage().split())[:300], None)
+
+
+_reasons: _SkipReasons | None = None
+
+
+def listen_for_cudagraph_skips() -> None:
+    """Hear Inductor's reasons for skipping CUDA graphs from now on, in this process (once)."""
+    global _reasons
+    if _reasons is None:
+        _reasons = _SkipReasons()
+        logging.getLogger(CUDAGRAPHS_LOGGER).addHandler(_reasons)
+
+
 def compile_counts() -> CompileCounts:
-    """Dynamo's counters as they stand (zero where torch._dynamo was never imported)."""
+    """Dynamo's and Inductor's counters as they stand (zero where torch._dynamo was never imported), and
+    the CUDA-graph skips' reasons heard so far (`listen_for_cudagraph_skips`)."""
     import sys
 
     utils = sys.modules.get("torch._dynamo.utils")
@@ -151,6 +189,8 @@ def compile_counts() -> CompileCounts:
         frames=int(frames.get("ok", 0)),
         ops=int(stats.get("calls_captured", 0)),
         graph_breaks=int(sum(counters.get("graph_break", {}).values())),
+        cudagraph_skips=int(counters.get("inductor", {}).get("cudagraph_skips", 0)),
+        cudagraph_reasons=tuple(_reasons.seen) if _reasons is not None else (),
     )
 
 
@@ -160,6 +200,8 @@ def since(now: CompileCounts, start: CompileCounts) -> CompileCounts:
         now.frames - start.frames,
         now.ops - start.ops,
         now.graph_breaks - start.graph_breaks,
+        now.cudagraph_skips - start.cudagraph_skips,
+        tuple(r for r in now.cudagraph_reasons if r not in start.cudagraph_reasons),
     )
 
 

@@ -16,7 +16,15 @@ from collections import Counter, deque
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpudoctor.fixes.evidence import CompileCounts, WorkTally, compile_counts, since, summed, work_probe
+from gpudoctor.fixes.evidence import (
+    CompileCounts,
+    WorkTally,
+    compile_counts,
+    listen_for_cudagraph_skips,
+    since,
+    summed,
+    work_probe,
+)
 from gpudoctor.fixes.patches.layout import conv2d_layers
 from gpudoctor.runner.hooks import (
     CallSite,
@@ -321,6 +329,7 @@ class Observer:
         r.replace(torch.optim.Optimizer, "__init__", opt_init)
         self._watch_ddp()
         self._count_calls(torch)
+        listen_for_cudagraph_skips()
         self._compile_start = compile_counts()
         self.finder.on_root(self._on_root)
         self.finder.around_first_call(self._probe)

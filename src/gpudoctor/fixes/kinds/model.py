@@ -93,7 +93,13 @@ class CompileFix(Fix):
             return f"{count} {noun}{'' if count == 1 else 's'}"
 
         breaks = f", {n(c.graph_breaks, 'graph break')}" if c.graph_breaks else ""
-        return f"{n(c.graphs, 'graph')} compiled from {n(c.frames, 'frame')} ({n(c.ops, 'op')}){breaks}"
+        skipped = ""
+        if c.cudagraph_skips:  # mode="reduce-overhead" without its CUDA graphs, where Inductor skipped them
+            why = f": {'; '.join(c.cudagraph_reasons)}" if c.cudagraph_reasons else ""
+            skipped = f"; CUDA graphs skipped {n(c.cudagraph_skips, 'time')}{why}"
+        return (
+            f"{n(c.graphs, 'graph')} compiled from {n(c.frames, 'frame')} ({n(c.ops, 'op')}){breaks}{skipped}"
+        )
 
     def in_framework(self, fw: Framework, arg: str, edits: Sequence[Edit]) -> list[Edit] | None:
         if fw.name == "transformers":
