@@ -211,6 +211,38 @@ def test_cuda_graphs_that_inductor_skipped_are_said_with_its_reason() -> None:
     assert "CUDA graphs" not in (SPECS["compile"].evidence(RoundWork(None, again.compiled, 3)) or "")
 
 
+class Encoder(torch.nn.Module):
+    """A VAE encoder as a diffusion fine-tune calls it: it samples its latents in its own forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mean, logvar = self.conv(x).chunk(2, dim=1)
+        return mean + torch.exp(0.5 * logvar) * torch.randn_like(mean)
+
+
+def test_a_module_that_samples_in_its_forward_is_compiled_drawing_as_eager_does() -> None:
+    # GIVEN a frozen sampling encoder and a trained head called in one step, no dropout anywhere
+    torch.manual_seed(0)
+    encoder, head = Encoder(), torch.nn.Linear(4 * 8 * 8, 1)
+    steps = [0]
+
+    def body() -> None:
+        for _ in range(4):
+            head(encoder(torch.randn(2, 3, 8, 8)).flatten(1)).sum()
+            steps[0] += 1
+
+    _, _, obs = run([], body, steps)
+    sampler = next(r for r in obs.step_roots if r.cls == "Encoder")
+    # THEN its first call's forward is seen drawing, though it has no dropout module
+    assert not sampler.dropout and sampler.work is not None and sampler.work.random_ops == 1
+    assert sampler.draws_random and not next(r for r in obs.step_roots if r.cls == "Linear").draws_random
+    # AND compile's rounds draw as eager does, so that the losses compare
+    assert random_differs(("compile",), obs) and not random_differs(("tf32",), obs)
+
+
 def test_flops_are_counted_from_shapes() -> None:
     a, b = torch.empty(4, 8), torch.empty(8, 16)
     assert op_flops("mm", (a, b), None) == ("matmul", 2 * 4 * 8 * 16)

@@ -268,15 +268,16 @@ def evidence_of(at: Attempt, moving: tuple[str, ...]) -> tuple[str, ...]:
 
 
 def random_differs(fixes: tuple[str, ...], obs: Observations | None) -> bool:
-    """Compiled code draws other random numbers than eager: with dropout the losses differ unless
-    Inductor is told to draw them as eager does (`fallback_random`), which every round of such a
+    """Compiled code draws other random numbers than eager: with dropout, or a sampling in a module's
+    forward (a VAE encoder's `randn_like`), the losses differ unless Inductor is told to draw them as
+    eager does (`fallback_random`), which every round of such a
     configuration then does — a little slower than plain compile, so its saving is understated. The
     step's functions compiled whole draw what the code between the modules draws too (a policy's
     samples, an environment's resets): always as eager does."""
     if any(f.split(":")[0] == "compile_fn" for f in fixes):
         return True
     return any(f.startswith("compile") for f in fixes) and bool(
-        obs and any(r.dropout for r in obs.step_roots)
+        obs and any(r.draws_random for r in obs.step_roots)
     )
 
 

@@ -19,6 +19,13 @@ HALF = ("bfloat16", "float16")
 IN_EFFECT = 0.5  # a share of the work the fix is for below this: it did not take effect
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "_addmm_activation"}
 CONVOLUTIONS = {"convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"}
+# ops that draw from a random generator (as a forward's dispatch sees them: dropout is `bernoulli_`,
+# `native_dropout` or `_fused_dropout`; a VAE's sampling `randn_like`): compiled, they draw other numbers
+RANDOM_OPS = {"bernoulli", "bernoulli_", "native_dropout", "_fused_dropout", "rand", "rand_like", "randn",
+              "randn_like", "randint", "randint_like", "randperm", "normal", "normal_", "uniform_", "random_",
+              "exponential_", "geometric_", "cauchy_", "log_normal_", "multinomial", "poisson",
+              "_standard_gamma", "rrelu_with_noise"}  # fmt: skip
+DROPOUT_OPS = {"bernoulli_", "native_dropout", "_fused_dropout"}  # what dropout modules draw with
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,8 @@ class WorkTally(Serialized):
     conv_nhwc_flops: float = 0.0
     attention_calls: int = 0  # fused scaled_dot_product_attention kernels
     ops: int = 0  # every op the forward ran
+    random_ops: int = 0  # ops that drew random numbers (RANDOM_OPS)
+    sampling_ops: int = 0  # of those, the ones dropout does not draw with: a sampling of the forward's own
 
     @property
     def total(self) -> float:
@@ -65,6 +74,8 @@ def summed(tallies: Sequence[WorkTally]) -> WorkTally:
         sum(t.conv_nhwc_flops for t in tallies),
         sum(t.attention_calls for t in tallies),
         sum(t.ops for t in tallies),
+        sum(t.random_ops for t in tallies),
+        sum(t.sampling_ops for t in tallies),
     )
 
 
@@ -112,12 +123,15 @@ def work_probe() -> Any:
             super().__init__()
             self.flops: dict[str, float] = {}
             self.conv = self.nhwc = 0.0
-            self.attention = self.ops = 0
+            self.attention = self.ops = self.random = self.sampling = 0
 
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
             out = func(*args, **(kwargs or {}))
             self.ops += 1
             name = func.overloadpacket.__name__
+            if name in RANDOM_OPS:
+                self.random += 1
+                self.sampling += name not in DROPOUT_OPS
             try:
                 counted = op_flops(name, args, out)
             except (IndexError, AttributeError, TypeError, RuntimeError):
@@ -138,7 +152,9 @@ def work_probe() -> Any:
             return out
 
         def tally(self) -> WorkTally:
-            return WorkTally(dict(self.flops), self.conv, self.nhwc, self.attention, self.ops)
+            return WorkTally(
+                dict(self.flops), self.conv, self.nhwc, self.attention, self.ops, self.random, self.sampling
+            )
 
     return WorkProbe()
 

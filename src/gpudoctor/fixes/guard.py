@@ -53,7 +53,7 @@ def numerics_of(
     if reseeded is not None and reseeded.outputs and tolerance is not None and not loader:
         # (beside a loader fix the reference is that fix's round, other batches than the yardstick's)
         others.append(list(reseeded.outputs))
-        notes.append("with dropout it draws other masks: also held to how far other random draws move them")
+        notes.append("it draws other random numbers: also held to how far other random draws move them")
     if nudged is not None and nudged.outputs and tolerance is not None and not loader and reorders(fixes):
         moved = rel_diff(reference, list(nudged.outputs))
         if NOISE_FACTOR * moved > tolerance:  # (where it moves them less, it allows nothing more)

@@ -66,6 +66,19 @@ class RootInfo:
     # least differs from NCHW: 1x1 kernels read as both)
     channels_last: bool = False
 
+    @property
+    def draws_random(self) -> bool:
+        """Its forward draws random numbers — dropout, or a sampling of its own (a VAE encoder's
+        `randn_like`) its first call ran: compiled, or in bfloat16, it draws other ones."""
+        return self.dropout or bool(self.work is not None and self.work.random_ops)
+
+    @property
+    def samples(self) -> bool:
+        """Its forward draws random numbers other than dropout's (a VAE encoder's `randn_like`): compiled
+        code may draw other ones even with Inductor's `fallback_random` (torch 2.13 on the CPU:
+        `randn_like` of a channel slice)."""
+        return bool(self.work is not None and self.work.sampling_ops)
+
 
 @dataclass(frozen=True)
 class LoaderInfo:

@@ -399,14 +399,17 @@ class FixSession:
 
     def _reseeded(self, fixes: tuple[str, ...]) -> RoundResult | None:
         """Where a fix draws other dropout masks than the baseline (bf16 autocast) and the step's modules
-        have dropout: a round of the unchanged script whose step draws anew (once, then kept), the
+        draw random numbers, or compiles modules whose forward samples (a VAE encoder's): a round of the unchanged script whose step draws anew (once, then kept), the
         yardstick for how far other draws move the losses; else None."""
         seen = self.reference.observations if self.reference is not None else None
-        if seen is None or not any(r.dropout for r in seen.step_roots):
-            return None
-        if not any(spec_of(f).draws_differ for f in fixes) or any(spec_of(f).speed_only for f in fixes):
+        if seen is None or any(spec_of(f).speed_only for f in fixes):
             return None  # (beside a loader fix the losses are held against that fix's own round)
-        return self._yardstick("reseed", "reseeded")
+        roots = seen.step_roots
+        masks = any(r.draws_random for r in roots) and any(spec_of(f).draws_differ for f in fixes)
+        # compiled code draws as eager does where Inductor falls back to eager's random ops, which does
+        # not hold for every sampling (`RootInfo.samples`)
+        sampled = any(r.samples for r in roots) and any(spec_of(f).compiled for f in fixes)
+        return self._yardstick("reseed", "reseeded") if masks or sampled else None
 
     def _yardstick(self, patch: str, label: str) -> RoundResult:
         """A round of the unchanged script under `patch` (reseed, nudge), named `label`: run once, then

@@ -56,6 +56,9 @@ class Fix:
     # amplifies rounding (thresholds that flip, a loss that is a small difference of large terms) its
     # losses are also held to how far a one-ulp change of the weights moves them
     reorders: ClassVar[bool] = False
+    # runs the forward as compiled code, whose random draws may differ from eager's where the forward
+    # samples (`RootInfo.samples`), Inductor's `fallback_random` notwithstanding
+    compiled: ClassVar[bool] = False
     patch: ClassVar[type[FixPatch]]
     example_arg: ClassVar[str] = ""  # for the one-line error of a bad argument
 

@@ -40,6 +40,7 @@ class CompileFix(Fix):
     rules = ("launch_overhead", "unfused_elementwise", "host_python")
     tolerance_note = "fused kernels reorder float arithmetic"
     reorders = True
+    compiled = True
     patch: ClassVar[type[FixPatch]] = Compile
     example_arg = "compile:reduce-overhead"
 
