@@ -273,3 +273,31 @@ def test_the_unified_diff_names_the_file_and_shows_only_the_changed_lines(
         "-        opt.zero_grad(set_to_none=False)\n+        opt.zero_grad(set_to_none=True)\n" in result.diff
     )
     assert (tmp_path / "train.py").read_text() == SCRIPT  # the user's file is never edited
+
+
+def test_modules_made_in_one_unpacking_assignment_are_each_compiled_after_it() -> None:
+    # GIVEN a GAN's two networks made in one statement, as DCGAN scripts write them, and remade in a branch
+    # the calls lie outside
+    text = (
+        "import torch\n"
+        "netG, netD = Generator().cuda(), Discriminator().cuda()\n"
+        "if args.expert:\n"
+        "    netG, netD = netG.half(), netD.half()\n"
+        "for real in loader:\n"
+        "    out = netD(real)\n"
+        "    fake = netG(noise)\n"
+    )
+    both = [edit("after_assignment", 6, name="netD", code=("{name}.compile()",)),
+            edit("after_assignment", 7, name="netG", code=("{name}.compile()",))]  # fmt: skip
+    new, unplaced = apply(*both, text=text)
+    # THEN each goes after the statement that made it, not "no assignment to netD"
+    assert not unplaced, unplaced
+    assert (
+        "netG, netD = Generator().cuda(), Discriminator().cuda()\nnetD.compile()\nnetG.compile()\nif" in new
+    )
+    # AND a starred or nested target binds its names too; another name does not
+    nested = "import torch\n(a, *rest), b = f()\nout = rest(x)\n"
+    new, unplaced = apply(edit("after_assignment", 3, name="rest", code=("{name}.compile()",)), text=nested)
+    assert not unplaced and "(a, *rest), b = f()\nrest.compile()\nout" in new
+    _, unplaced = apply(edit("after_assignment", 3, name="c", code=("{name}.compile()",)), text=nested)
+    assert unplaced and "no assignment to c before line 3" in unplaced[0][1]

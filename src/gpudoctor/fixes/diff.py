@@ -400,6 +400,16 @@ def _after_docstring(tree: ast.Module) -> int:
     return 0
 
 
+def _binds(target: ast.AST | None, name: str) -> bool:
+    """An assignment's target binds `name`: the name itself, or an element of what it unpacks into
+    (`netG, netD = Generator(), Discriminator()`, `*rest`)."""
+    if isinstance(target, ast.Name):
+        return target.id == name
+    if isinstance(target, (ast.Tuple, ast.List)):
+        return any(_binds(e, name) for e in target.elts)
+    return isinstance(target, ast.Starred) and _binds(target.value, name)
+
+
 def _last_assignment(scope: ast.AST, name: str, before: int) -> ast.stmt | None:
     """The last assignment to `name` in `scope` before line `before`, preferring one that always runs on
     the way there: not in a branch or block that `before` lies outside (`if args.expert: model = ...`)."""
@@ -412,9 +422,7 @@ def _last_assignment(scope: ast.AST, name: str, before: int) -> ast.stmt | None:
             if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 continue
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [getattr(stmt, "target", None)]
-            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and any(
-                isinstance(t, ast.Name) and t.id == name for t in targets
-            ):
+            if isinstance(stmt, (ast.Assign, ast.AnnAssign)) and any(_binds(t, name) for t in targets):
                 found.append((stmt, on_path))
             blocks = [getattr(stmt, b, None) for b in ("body", "orelse", "finalbody")]
             blocks += [h.body for h in getattr(stmt, "handlers", None) or ()]
