@@ -141,6 +141,37 @@ def test_earlier_gpudoctor_outputs_are_not_copied_as_the_users_files(workdir: Pa
     files.finish()
 
 
+def test_gpudoctors_own_output_sent_to_a_file_here_is_not_put_back(workdir: Path, tmp_path: Path) -> None:
+    # GIVEN `gpudoctor fix train.py > fix.log 2>&1` run where the script writes: gpudoctor's own log is
+    # a file under the watched folder, and it grows while the script runs
+    import subprocess
+    import sys
+
+    (workdir / "fix.log").write_text("an earlier session's log\n")
+    program = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from gpudoctor.runner.userfiles import UserFiles\n"
+        f"guard = UserFiles.protect(None, Path({str(tmp_path / 'out')!r}))\n"
+        "print('copying the files here that the script may write', flush=True)\n"
+        "Path('train.log').write_text('the script wrote this\\n')\n"
+        "print('the report', flush=True)\n"
+        "print('err line', file=sys.stderr, flush=True)\n"
+        "w = guard.finish()\n"
+        "print('restored', list(w.restored), 'created', list(w.created), flush=True)\n"
+    )
+    with open(workdir / "fix.log", "a") as log:  # as `>>`: what was there stays
+        done = subprocess.run([sys.executable, "-c", program], stdout=log, stderr=subprocess.STDOUT, timeout=120,
+                              cwd=workdir)  # fmt: skip
+    text = (workdir / "fix.log").read_text()
+    # THEN the log holds everything gpudoctor wrote, not the copy taken before it started
+    assert done.returncode == 0, text
+    assert text.startswith("an earlier session's log\ncopying") and "the report\nerr line\n" in text
+    # AND the script's write is put back, the log is neither restored nor the script's
+    assert "restored ['train.log'] created []" in text
+    assert (workdir / "train.log").read_text() == LOG
+
+
 def test_the_script_s_own_folder_is_watched_too(workdir: Path, tmp_path: Path) -> None:
     scripts = tmp_path / "code"
     scripts.mkdir()

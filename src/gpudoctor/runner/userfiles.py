@@ -73,11 +73,27 @@ def roots_of(script: str | None, cwd: Path | None = None) -> tuple[Path, ...]:
     return tuple(out)
 
 
+def own_outputs() -> frozenset[tuple[int, int]]:
+    """(device, inode) of the regular files this process's stdout and stderr write to: gpudoctor's own
+    log where the user sends it to a file here (`gpudoctor fix train.py > fix.log 2>&1`), which the
+    script does not write and which is not put back over what gpudoctor wrote."""
+    own = set()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError, ValueError):
+            st = os.fstat(fd)
+            if stat.S_ISREG(st.st_mode):
+                own.add((st.st_dev, st.st_ino))
+    return frozenset(own)
+
+
 def _walk(
-    roots: tuple[Path, ...], skip: tuple[Path, ...], deadline: float
+    roots: tuple[Path, ...],
+    skip: tuple[Path, ...],
+    deadline: float,
+    own: frozenset[tuple[int, int]] = frozenset(),
 ) -> tuple[dict[Path, _Stat], str | None]:
-    """Size and mtime of every regular file under `roots` (symbolic links not followed), and why the
-    walk stopped early, if it did."""
+    """Size and mtime of every regular file under `roots` (symbolic links not followed) but the files
+    `own` names, and why the walk stopped early, if it did."""
     files: dict[Path, _Stat] = {}
     seen = 0
     for root in roots:
@@ -99,6 +115,8 @@ def _walk(
                         stack.append(Path(entry.path))
                     elif entry.is_file(follow_symlinks=False):
                         st = entry.stat(follow_symlinks=False)
+                        if own and (st.st_dev, st.st_ino) in own:
+                            continue
                         files[Path(entry.path)] = _Stat(st.st_size, st.st_mtime_ns)
                 except OSError:
                     continue
@@ -140,6 +158,7 @@ class UserFiles:
 
     def __init__(self, roots: tuple[Path, ...], skip: tuple[Path, ...], backup: Path, cwd: Path) -> None:
         self.roots, self.skip, self.backup, self.cwd = roots, skip, backup, cwd
+        self.own = own_outputs()  # gpudoctor's own output, sent to a file here: not the script's
         self.before: dict[Path, _Stat] = {}
         self.capped: str | None = None
         self.copies: dict[Path, tuple[Path, _Stat]] = {}  # original -> (copy, its size and mtime then)
@@ -159,7 +178,7 @@ class UserFiles:
     ) -> UserFiles:
         cwd = Path.cwd().resolve()
         guard = cls(roots_of(script, cwd), (out.resolve(),), out.resolve() / BACKUP_DIR, cwd)
-        guard.before, guard.capped = _walk(guard.roots, guard.skip, time.monotonic() + walk_s)
+        guard.before, guard.capped = _walk(guard.roots, guard.skip, time.monotonic() + walk_s, guard.own)
         originals = guard.backup / "originals"
         total = 0
         for i, (path, st) in enumerate(sorted(guard.before.items(), key=lambda kv: (kv[1].size, str(kv[0])))):
@@ -233,7 +252,7 @@ class UserFiles:
                 restored.append(shown)
             except OSError as err:
                 lost.append(f"{shown}: not put back, {err.strerror or err} (its copy: {copy})")
-        after, capped = _walk(self.roots, self.skip, time.monotonic() + WALK_S)
+        after, capped = _walk(self.roots, self.skip, time.monotonic() + WALK_S, self.own)
         risky = set(self.at_risk)
         for path in sorted(risky):
             now = after.get(path)
