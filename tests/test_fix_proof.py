@@ -552,6 +552,14 @@ def test_the_proof_says_when_the_host_beside_a_side_was_busy_or_slower() -> None
         "1.60× longer in one process than in another (the script's 100–160 µs, the patched copy's 101–150 µs)"
         in note
     )
+    # AND a busy host under both sides is said once, each side's share beside it
+    busy = clocks_note(
+        [hosted("script", 5_000.0, 100.0, others=1.0), hosted("patched", 1_000.0, 100.0, others=0.8)]
+    )
+    assert busy == (
+        "the host while they were timed: other processes kept 1.0 cores busy under the script, 0.8 under the "
+        "patched copy"
+    )
     # AND with the GPU's clocks held down too, both are said, the GPU's first
     both = clocks_note([*slow, clocked("patched", 1600, (("sw_power_cap", 0.6),))])
     assert both is not None and both.index("the GPU's clocks") < both.index(" — the host while")

@@ -334,17 +334,20 @@ def _host_parts(processes: Sequence[PlainProcess]) -> list[str]:
     """The host's part of `clocks_note`: other processes' cores or the hypervisor's steal past their
     thresholds under a side, and the probe's spread over the processes past PROBE_SPREAD."""
     parts: list[str] = []
-    for side, label in (("script", "the script"), ("patched", "the patched copy")):
-        read = [
-            p.clocks for p in processes if p.side == side and p.clocks is not None and p.clocks.host_samples
-        ]
-        for field, limit, words in (("others_cores", OTHERS_CORES, "other processes kept {:.1f} cores busy"),
-                                    ("steal_cores", STEAL_CORES, "the hypervisor took {:.1f} cores")):  # fmt: skip
-            values = [(getattr(c, field), c.host_samples) for c in read if getattr(c, field) is not None]
-            if values:
-                mean = sum(v * k for v, k in values) / sum(k for _, k in values)
-                if mean >= limit:
-                    parts.append(words.format(mean) + f" under {label}")
+    for field, limit, words in (("others_cores", OTHERS_CORES, "other processes kept {:.1f} cores busy under {}"),
+                                ("steal_cores", STEAL_CORES, "the hypervisor took {:.1f} cores under {}")):  # fmt: skip
+        said: list[tuple[float, str]] = []
+        for side, label in (("script", "the script"), ("patched", "the patched copy")):
+            values = [(getattr(p.clocks, field), p.clocks.host_samples) for p in processes
+                      if p.side == side and p.clocks is not None and p.clocks.host_samples
+                      and getattr(p.clocks, field) is not None]  # fmt: skip
+            mean = sum(v * k for v, k in values) / sum(k for _, k in values) if values else 0.0
+            if mean >= limit:
+                said.append((mean, label))
+        if said:  # "other processes kept 1.0 cores busy under the script, 0.8 under the patched copy"
+            parts.append(
+                words.format(*said[0]) + "".join(f", {v:.1f} under {label}" for v, label in said[1:])
+            )
     probes = {side: [p.clocks.probe_us for p in processes if p.side == side and p.clocks and p.clocks.probe_us]
               for side in ("script", "patched")}  # fmt: skip
     every = probes["script"] + probes["patched"]
