@@ -120,4 +120,6 @@ def test_the_training_threads_wait_for_loader_workers_is_measured() -> None:
     starved, fed = _waited(0.030, 0.005), _waited(0.0, 0.005)
     # THEN the wait per batch (the later half of the batches: the workers' start-up left out) says so
     assert starved is not None and 0.005 < starved < 0.030
-    assert fed is not None and fed < 0.003
+    # AND a fed loop waits only for a batch to cross from its worker: well under a millisecond on an idle
+    # host, 3.3 ms on a busy 2-core one (a CI run), and in any case less than half the starved loop's wait
+    assert fed is not None and fed < min(0.005, starved / 2), (fed, starved)
